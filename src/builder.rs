@@ -1,0 +1,114 @@
+//! The message builder: a pure function from stored rows to the message array.
+//!
+//! No I/O and no clock: the same rows always give the same messages, and so the
+//! same bytes and hash (G3). The store guarantees the rows a step read never
+//! change afterwards (completed steps, finished invocations and completed
+//! compactions are never updated), so rebuilding a step at any later time
+//! reproduces what it sent.
+
+use crate::error::Result;
+use crate::message::{ContentBlock, Message, ModelResponse, ResponseBlock, Role};
+use crate::store::HistoryTurn;
+use std::collections::HashMap;
+
+/// The compaction summary a step reads, as rendered.
+#[derive(Debug, Clone, Copy)]
+pub struct SummaryView<'a> {
+    /// The summary replaces turns `0..=up_to_turn_index`.
+    pub up_to_turn_index: i64,
+    /// The summary text.
+    pub summary: &'a str,
+}
+
+/// The text of the summary message. Part of the stored format: changing it
+/// would change the bytes of every step that read a compaction.
+pub fn summary_text(view: SummaryView<'_>) -> String {
+    format!(
+        "[Summary of the conversation so far (turns 0 to {}), replacing those turns]\n\n{}",
+        view.up_to_turn_index, view.summary
+    )
+}
+
+/// Builds the message array: the system prompt, the summary (if any), then each
+/// turn's input, its steps' assistant blocks and their tool results in the order
+/// the step produced them.
+///
+/// Blocks of unknown type ([`ResponseBlock::Other`]) stay in the store but are
+/// not sent back. A tool call with no recorded result (impossible for a completed
+/// step) is rendered as an error result, so no tool call is ever orphaned.
+pub fn build_messages(
+    system_prompt: &str,
+    summary: Option<SummaryView<'_>>,
+    turns: &[HistoryTurn],
+) -> Result<Vec<Message>> {
+    let mut out = Vec::with_capacity(2 + turns.len() * 3);
+    out.push(Message::text(Role::System, system_prompt));
+    if let Some(view) = summary {
+        out.push(Message::text(Role::User, summary_text(view)));
+    }
+    for turn in turns {
+        out.push(Message::text(Role::User, turn.input.clone()));
+        for step in &turn.steps {
+            let response: ModelResponse = serde_json::from_str(&step.response)?;
+            render_step(&response, &step.results, &mut out);
+        }
+    }
+    Ok(out)
+}
+
+fn render_step(
+    response: &ModelResponse,
+    results: &[(String, String, bool)],
+    out: &mut Vec<Message>,
+) {
+    let mut content = Vec::with_capacity(response.blocks.len());
+    let mut calls = Vec::new();
+    for block in &response.blocks {
+        match block {
+            ResponseBlock::Text { text } => content.push(ContentBlock::Text { text: text.clone() }),
+            ResponseBlock::ToolUse { id, name, input } => {
+                calls.push(id.as_str());
+                content.push(ContentBlock::ToolUse {
+                    id: id.clone(),
+                    name: name.clone(),
+                    input: input.clone(),
+                });
+            }
+            ResponseBlock::Data { value } => content.push(ContentBlock::Data {
+                value: value.clone(),
+            }),
+            ResponseBlock::Other { .. } => {}
+        }
+    }
+    if !content.is_empty() {
+        out.push(Message {
+            role: Role::Assistant,
+            content,
+        });
+    }
+    if calls.is_empty() {
+        return;
+    }
+    let by_id: HashMap<&str, (&str, bool)> = results
+        .iter()
+        .map(|(id, r, e)| (id.as_str(), (r.as_str(), *e)))
+        .collect();
+    let blocks = calls
+        .into_iter()
+        .map(|id| {
+            let (content, is_error) = by_id
+                .get(id)
+                .copied()
+                .unwrap_or(("no result was recorded for this tool call", true));
+            ContentBlock::ToolResult {
+                tool_use_id: id.to_string(),
+                content: content.to_string(),
+                is_error,
+            }
+        })
+        .collect();
+    out.push(Message {
+        role: Role::User,
+        content: blocks,
+    });
+}

@@ -1,0 +1,279 @@
+//! Compaction settings, validated when built.
+
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// When a session's context counts as outgrown.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Threshold {
+    /// Never compact automatically (manual compaction still works, and existing
+    /// compactions are still read).
+    Off,
+    /// Compact when the context reaches this many tokens (> 0).
+    Tokens(u64),
+    /// Compact at this fraction, in (0, 1], of the model's context window. An
+    /// unknown window means off (said once in a warning event).
+    Fraction(f64),
+}
+
+impl Threshold {
+    /// Parses `off`, an integer token count, or a fraction such as `0.9`.
+    pub fn parse(s: &str) -> Result<Threshold> {
+        let s = s.trim();
+        if s.eq_ignore_ascii_case("off") {
+            return Ok(Threshold::Off);
+        }
+        if let Ok(n) = s.parse::<u64>() {
+            let t = Threshold::Tokens(n);
+            t.validate()?;
+            return Ok(t);
+        }
+        match s.parse::<f64>() {
+            Ok(f) => {
+                let t = Threshold::Fraction(f);
+                t.validate()?;
+                Ok(t)
+            }
+            Err(_) => Err(Error::Config(format!(
+                "threshold {s:?} is neither `off`, a token count nor a fraction"
+            ))),
+        }
+    }
+
+    /// Refuses out-of-range values.
+    pub fn validate(&self) -> Result<()> {
+        match *self {
+            Threshold::Off => Ok(()),
+            Threshold::Tokens(0) => Err(Error::Config("Tokens threshold must be > 0".into())),
+            Threshold::Tokens(_) => Ok(()),
+            Threshold::Fraction(f) if f.is_finite() && f > 0.0 && f <= 1.0 => Ok(()),
+            Threshold::Fraction(f) => Err(Error::Config(format!(
+                "Fraction threshold must be in (0, 1], got {f}"
+            ))),
+        }
+    }
+
+    /// The threshold in tokens for a model with `window`; None when off.
+    pub fn tokens(&self, window: Option<u64>) -> Option<u64> {
+        match *self {
+            Threshold::Off => None,
+            Threshold::Tokens(n) => Some(n),
+            Threshold::Fraction(f) => window.map(|w| ((w as f64) * f).floor().max(1.0) as u64),
+        }
+    }
+}
+
+/// What a step does when its compaction fails after the last attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailurePolicy {
+    /// Fail the turn with [`Error::CompactionFailed`].
+    FailTurn,
+    /// Go on with the last completed compaction (or none); the boundary stays
+    /// failed and is not tried again in this turn.
+    #[default]
+    ProceedUncompacted,
+}
+
+/// The summariser's rules.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum PromptStyle {
+    /// Dense prose: facts, figures, ids, commitments, decisions, open items.
+    #[default]
+    Prose,
+    /// Goal; Constraints & Preferences; Progress (Done / In Progress / Blocked);
+    /// Key Decisions; Next Steps; Critical Context.
+    Structured,
+    /// The host's own rules, replacing the built-in ones wholesale.
+    Custom(String),
+}
+
+/// Counts tokens deterministically (the same text always gives the same count).
+pub trait TokenCounter: Send + Sync {
+    /// Tokens in `text`.
+    fn count(&self, text: &str) -> u64;
+}
+
+/// The default counter: characters / 4, rounded up.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CharsPerFour;
+
+impl TokenCounter for CharsPerFour {
+    fn count(&self, text: &str) -> u64 {
+        (text.chars().count() as u64).div_ceil(4)
+    }
+}
+
+/// Built-in context windows, by model-name prefix (longest prefix wins).
+const WINDOWS: &[(&str, u64)] = &[
+    ("gpt-4o", 128_000),
+    ("gpt-4.1", 1_047_576),
+    ("gpt-4-turbo", 128_000),
+    ("gpt-4", 8_192),
+    ("gpt-3.5-turbo", 16_385),
+    ("gpt-5", 400_000),
+    ("o1", 200_000),
+    ("o3", 200_000),
+    ("o4-mini", 200_000),
+    ("claude-3", 200_000),
+    ("claude-sonnet-4", 200_000),
+    ("claude-opus-4", 200_000),
+    ("claude-haiku-4", 200_000),
+    ("claude", 200_000),
+    ("gemini-1.5-pro", 2_097_152),
+    ("gemini-1.5-flash", 1_048_576),
+    ("gemini-2", 1_048_576),
+    ("gemini", 1_048_576),
+    ("mistral-large", 128_000),
+    ("llama-3", 128_000),
+    ("deepseek", 128_000),
+    ("qwen", 131_072),
+];
+
+/// How compaction behaves. Build with [`CompactionConfig::default`] and the
+/// `with_*` methods; [`CompactionConfig::validate`] runs when the runner is built.
+#[derive(Clone)]
+pub struct CompactionConfig {
+    /// When to compact. Default `Fraction(0.9)`.
+    pub compact_at: Threshold,
+    /// Most recent completed turns kept verbatim. Default 0.
+    pub keep_last_turns: u32,
+    /// Context windows registered by the host, by exact model name (these win
+    /// over the built-in table).
+    pub context_windows: HashMap<String, u64>,
+    /// Counts tokens where the provider reports none, and for G7.
+    pub token_counter: Arc<dyn TokenCounter>,
+    /// The summariser's rules.
+    pub style: PromptStyle,
+    /// Cap on one text block in the summariser's transcript (chars). Default 4,000.
+    pub text_cap: usize,
+    /// Cap on one tool result in the transcript (chars). Default 2,000.
+    pub tool_result_cap: usize,
+    /// Cap on a summary (chars); a longer one is cut. Default 6,000.
+    pub max_summary_chars: usize,
+    /// Largest summariser request (tokens); larger spans go in chunks. Default 100,000.
+    pub input_budget_tokens: u64,
+    /// Summariser attempts per claim. Default 3.
+    pub max_attempts: u32,
+    /// Backoff before the second attempt; doubles each time. Default 500 ms.
+    pub retry_backoff: Duration,
+    /// Timeout of one summariser call. Default 120 s.
+    pub attempt_timeout: Duration,
+    /// Lease on a pending row; renewed while summarising. Default 60 s.
+    pub lease_ttl: Duration,
+    /// How long to wait for a live other's pending row. Default 300 s.
+    pub wait_timeout: Duration,
+    /// What a step does after the last failed attempt.
+    pub on_failure: FailurePolicy,
+}
+
+impl std::fmt::Debug for CompactionConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompactionConfig")
+            .field("compact_at", &self.compact_at)
+            .field("keep_last_turns", &self.keep_last_turns)
+            .field("style", &self.style)
+            .field("on_failure", &self.on_failure)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for CompactionConfig {
+    fn default() -> Self {
+        CompactionConfig {
+            compact_at: Threshold::Fraction(0.9),
+            keep_last_turns: 0,
+            context_windows: HashMap::new(),
+            token_counter: Arc::new(CharsPerFour),
+            style: PromptStyle::Prose,
+            text_cap: 4_000,
+            tool_result_cap: 2_000,
+            max_summary_chars: 6_000,
+            input_budget_tokens: 100_000,
+            max_attempts: 3,
+            retry_backoff: Duration::from_millis(500),
+            attempt_timeout: Duration::from_secs(120),
+            lease_ttl: Duration::from_secs(60),
+            wait_timeout: Duration::from_secs(300),
+            on_failure: FailurePolicy::ProceedUncompacted,
+        }
+    }
+}
+
+impl CompactionConfig {
+    /// Sets the threshold.
+    pub fn with_compact_at(mut self, t: Threshold) -> Self {
+        self.compact_at = t;
+        self
+    }
+    /// Sets `keep_last_turns`.
+    pub fn with_keep_last_turns(mut self, n: u32) -> Self {
+        self.keep_last_turns = n;
+        self
+    }
+    /// Registers a model's context window.
+    pub fn with_context_window(mut self, model: impl Into<String>, tokens: u64) -> Self {
+        self.context_windows.insert(model.into(), tokens);
+        self
+    }
+    /// Sets the prompt style.
+    pub fn with_style(mut self, style: PromptStyle) -> Self {
+        self.style = style;
+        self
+    }
+    /// Sets the failure policy.
+    pub fn with_on_failure(mut self, p: FailurePolicy) -> Self {
+        self.on_failure = p;
+        self
+    }
+    /// Sets the token counter.
+    pub fn with_token_counter(mut self, c: impl TokenCounter + 'static) -> Self {
+        self.token_counter = Arc::new(c);
+        self
+    }
+
+    /// The context window of `model`: registered, else the built-in table.
+    pub fn context_window(&self, model: &str) -> Option<u64> {
+        if let Some(w) = self.context_windows.get(model) {
+            return Some(*w);
+        }
+        WINDOWS
+            .iter()
+            .filter(|(p, _)| model.starts_with(p))
+            .max_by_key(|(p, _)| p.len())
+            .map(|(_, w)| *w)
+    }
+
+    /// Refuses out-of-range values with [`Error::Config`].
+    pub fn validate(&self) -> Result<()> {
+        self.compact_at.validate()?;
+        let positive = [
+            ("text_cap", self.text_cap),
+            ("tool_result_cap", self.tool_result_cap),
+            ("max_summary_chars", self.max_summary_chars),
+            ("max_attempts", self.max_attempts as usize),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                return Err(Error::Config(format!("{name} must be > 0")));
+            }
+        }
+        if self.input_budget_tokens < 256 {
+            return Err(Error::Config(
+                "input_budget_tokens must be at least 256".into(),
+            ));
+        }
+        if self.lease_ttl < Duration::from_millis(10) {
+            return Err(Error::Config("lease_ttl must be at least 10 ms".into()));
+        }
+        if let PromptStyle::Custom(p) = &self.style {
+            if p.trim().is_empty() {
+                return Err(Error::Config(
+                    "a custom summary prompt must not be empty".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+}

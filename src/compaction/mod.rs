@@ -1,0 +1,607 @@
+//! Exactly-once compaction: decide, claim, summarise, complete.
+//!
+//! [`Compactor::ensure`] runs inside every step, before the messages are built.
+//! It returns the completed compaction the step reads (G4), creating it first
+//! when the context has outgrown the threshold. See `docs/design.md` for the
+//! protocol and its outcome table.
+
+mod config;
+mod offline;
+pub mod planner;
+mod summarise;
+
+pub use config::{
+    CharsPerFour, CompactionConfig, FailurePolicy, PromptStyle, Threshold, TokenCounter,
+};
+pub use offline::{extract, ExtractiveSummariser};
+pub use summarise::{
+    cap_block, chunk_entries, rules_for, transcript_entries, truncate_chars, ModelSummariser,
+    Summariser, SummaryRequest, SummaryResponse, PROSE_RULES, STRUCTURED_RULES,
+};
+
+use crate::error::{Error, Result};
+use crate::events::{Event, EventSink};
+use crate::fault::{self, FaultHook, FaultPoint};
+use crate::message::sha256_hex;
+use crate::store::{
+    self, ClaimOutcome, CompactionRow, CompactionStats, CompactionStatus, SessionRow, Store,
+};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tracing::{info, instrument, warn};
+
+/// Decides whether a liveness-checkable owner is dead (see [`crate::owner`]).
+pub(crate) type DeadCheck = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// Runs the compaction protocol for one store.
+#[derive(Clone)]
+pub struct Compactor {
+    pub(crate) store: Store,
+    pub(crate) summariser: Arc<dyn Summariser>,
+    pub(crate) config: CompactionConfig,
+    pub(crate) owner: String,
+    pub(crate) events: EventSink,
+    pub(crate) fault: Option<FaultHook>,
+    pub(crate) owner_is_dead: DeadCheck,
+    warned: Arc<Mutex<HashSet<String>>>,
+}
+
+impl std::fmt::Debug for Compactor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Compactor")
+            .field("owner", &self.owner)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a compaction request came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trigger {
+    Auto,
+    Manual,
+}
+
+impl Compactor {
+    pub(crate) fn new(
+        store: Store,
+        summariser: Arc<dyn Summariser>,
+        config: CompactionConfig,
+        owner: String,
+        events: EventSink,
+        fault: Option<FaultHook>,
+        owner_is_dead: DeadCheck,
+    ) -> Result<Compactor> {
+        config.validate()?;
+        Ok(Compactor {
+            store,
+            summariser,
+            config,
+            owner,
+            events,
+            fault,
+            owner_is_dead,
+            warned: Arc::default(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CompactionConfig {
+        &self.config
+    }
+
+    fn warn_once(&self, key: String, message: String) {
+        let first = self
+            .warned
+            .lock()
+            .map(|mut w| w.insert(key))
+            .unwrap_or(false);
+        if first {
+            warn!(%message);
+            self.events.emit(Event::Warning { message });
+        }
+    }
+
+    /// The threshold in tokens for `model`, None when compaction is off for it.
+    fn threshold_tokens(&self, model: &str) -> Option<u64> {
+        let window = self.config.context_window(model);
+        if matches!(self.config.compact_at, Threshold::Fraction(_)) && window.is_none() {
+            self.warn_once(
+                format!("window:{model}"),
+                format!("no context window known for model {model:?}: automatic compaction is off for it"),
+            );
+        }
+        self.config.compact_at.tokens(window)
+    }
+
+    /// Returns the completed compaction a step of `turn_idx` reads, after
+    /// compacting when the context has outgrown the threshold.
+    ///
+    /// - The boundary is fixed for the turn (`turn_idx - 1 - keep_last_turns`), so
+    ///   a turn compacts at most once and can never loop.
+    /// - A pending row at the boundary (a crash mid-summary) is finished without
+    ///   re-deciding the threshold.
+    /// - The measure is the newest executed step's persisted context tokens, so a
+    ///   re-run decides exactly as the first run did.
+    #[instrument(skip(self, session), fields(session = session.id))]
+    pub async fn ensure(
+        &self,
+        session: &SessionRow,
+        turn_idx: i64,
+        step_idx: i64,
+    ) -> Result<Option<CompactionRow>> {
+        let sid = session.id;
+        let boundary = planner::boundary(turn_idx, self.config.keep_last_turns);
+        let threshold = self.threshold_tokens(&session.model);
+        let (latest, existing, measure) = self
+            .store
+            .call(move |c| {
+                let latest = store::latest_completed(c, sid, turn_idx)?;
+                let Some(b) = boundary else {
+                    return Ok((latest, None, None));
+                };
+                if latest.as_ref().is_some_and(|l| l.up_to_turn_index >= b) {
+                    return Ok((latest, None, None));
+                }
+                let existing = store::compaction_at(c, sid, b)?;
+                let measure = if existing.is_none() && threshold.is_some() {
+                    store::latest_context_tokens(c, sid, turn_idx, step_idx)?
+                } else {
+                    None
+                };
+                Ok((latest, existing, measure))
+            })
+            .await?;
+        let Some(b) = boundary else { return Ok(latest) };
+        if latest.as_ref().is_some_and(|l| l.up_to_turn_index >= b) {
+            return Ok(latest);
+        }
+        match existing {
+            Some(row) if row.status == CompactionStatus::Failed => {
+                // Failed earlier in this turn (or before a crash): the policy
+                // decides, and the boundary is not tried again automatically.
+                return self.on_failed(row, latest);
+            }
+            Some(row) if row.status == CompactionStatus::Completed => return Ok(Some(row)),
+            Some(_) => {} // pending: finish it, whatever the measure says now
+            None => {
+                let Some(limit) = threshold else {
+                    return Ok(latest);
+                };
+                if !planner::should_compact(measure, limit) {
+                    return Ok(latest);
+                }
+            }
+        }
+        let row = self
+            .claim_and_finish(sid, b, Trigger::Auto, None, measure)
+            .await;
+        match row {
+            Ok(_) => {
+                fault::check(&self.fault, FaultPoint::AfterCompactionComplete)?;
+                self.store
+                    .call(move |c| store::latest_completed(c, sid, turn_idx))
+                    .await
+            }
+            Err(Error::CompactionFailed { .. })
+                if self.config.on_failure == FailurePolicy::ProceedUncompacted =>
+            {
+                Ok(latest)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn on_failed(
+        &self,
+        row: CompactionRow,
+        latest: Option<CompactionRow>,
+    ) -> Result<Option<CompactionRow>> {
+        match self.config.on_failure {
+            FailurePolicy::ProceedUncompacted => Ok(latest),
+            FailurePolicy::FailTurn => Err(Error::CompactionFailed {
+                compaction_id: row.id,
+                session_id: row.session_id,
+                boundary: row.up_to_turn_index,
+                message: row.error.unwrap_or_default(),
+            }),
+        }
+    }
+
+    /// Manual compaction of every turn of the session (less `keep_last_turns`),
+    /// from any process, while no turn is running. Uses the same unique index as
+    /// automatic compaction, so the two can never double.
+    ///
+    /// Errors: [`Error::TurnRunning`] while a turn runs; [`Error::NothingToCompact`]
+    /// when no completed turn lies past the newest compaction.
+    pub async fn compact_now(
+        &self,
+        session_id: i64,
+        focus: Option<String>,
+    ) -> Result<CompactionRow> {
+        let keep = self.config.keep_last_turns as i64;
+        let (b, existing) = self
+            .store
+            .call(move |c| {
+                let turns = store::list_turns(c, session_id)?;
+                if let Some(r) = turns
+                    .iter()
+                    .find(|t| t.status == crate::store::TurnStatus::Running)
+                {
+                    return Err(Error::TurnRunning {
+                        session_id,
+                        running_idx: r.idx,
+                    });
+                }
+                let last = turns.last().map_or(-1, |t| t.idx);
+                let b = last - keep;
+                let latest = store::latest_completed(c, session_id, i64::MAX)?;
+                if b < 0 || latest.as_ref().is_some_and(|l| l.up_to_turn_index >= b) {
+                    return Err(Error::NothingToCompact { session_id });
+                }
+                Ok((b, store::compaction_at(c, session_id, b)?))
+            })
+            .await?;
+        if let Some(row) = existing {
+            if row.status == CompactionStatus::Completed {
+                return Ok(row);
+            }
+        }
+        self.claim_and_finish(session_id, b, Trigger::Manual, focus, None)
+            .await
+    }
+
+    /// Re-arms a failed boundary; the next ensure() or compact_now() claims it.
+    pub async fn retry_failed(&self, session_id: i64, boundary: i64) -> Result<bool> {
+        self.store
+            .call(move |c| store::retry_compaction(c, session_id, boundary))
+            .await
+    }
+
+    /// Claims the boundary and drives the row to completed (or failed).
+    async fn claim_and_finish(
+        &self,
+        session_id: i64,
+        boundary: i64,
+        trigger: Trigger,
+        focus: Option<String>,
+        measure: Option<i64>,
+    ) -> Result<CompactionRow> {
+        let deadline = tokio::time::Instant::now() + self.config.wait_timeout;
+        let mut poll = Duration::from_millis(10);
+        loop {
+            let owner = self.owner.clone();
+            let ttl = self.config.lease_ttl.as_millis() as i64;
+            let focus_c = focus.clone();
+            let dead = self.owner_is_dead.clone();
+            let outcome = self
+                .store
+                .call(move |c| {
+                    store::claim_compaction(
+                        c,
+                        &store::Claim {
+                            session_id,
+                            boundary,
+                            owner: &owner,
+                            ttl_ms: ttl,
+                            trigger: if trigger == Trigger::Auto {
+                                "auto"
+                            } else {
+                                "manual"
+                            },
+                            focus: focus_c.as_deref(),
+                            trigger_tokens: measure,
+                        },
+                        &*dead,
+                    )
+                })
+                .await?;
+            info!(
+                session_id,
+                boundary,
+                outcome = outcome_name(&outcome),
+                "compaction claim"
+            );
+            match outcome {
+                ClaimOutcome::Claimed(row) | ClaimOutcome::TakenOver(row) => {
+                    fault::check(&self.fault, FaultPoint::AfterClaim)?;
+                    return self.summarise_and_complete(row).await;
+                }
+                ClaimOutcome::AlreadyCompleted(row) => return Ok(row),
+                ClaimOutcome::Failed(row) => {
+                    return Err(Error::CompactionFailed {
+                        compaction_id: row.id,
+                        session_id,
+                        boundary,
+                        message: row.error.unwrap_or_default(),
+                    })
+                }
+                ClaimOutcome::HeldByLiveOther(row) => {
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(Error::CompactionWaitTimeout {
+                            compaction_id: row.id,
+                            owner: row.lease_owner.unwrap_or_default(),
+                        });
+                    }
+                    tokio::time::sleep(poll).await;
+                    poll = (poll * 2).min(Duration::from_millis(200));
+                }
+            }
+        }
+    }
+
+    /// Summarises the row's span (folding the previous summary), checks G7, and
+    /// completes the row; the first completion wins (G2).
+    async fn summarise_and_complete(&self, row: CompactionRow) -> Result<CompactionRow> {
+        let sid = row.session_id;
+        let b = row.up_to_turn_index;
+        let prev_id = row.previous_id;
+        let (previous, span) = self
+            .store
+            .call(move |c| {
+                let prev = match prev_id {
+                    Some(id) => Some(store::get_compaction(c, id)?),
+                    None => None,
+                };
+                let after = prev.as_ref().map_or(-1, |p| p.up_to_turn_index);
+                let span = store::load_history(c, sid, after, b, i64::MAX)?;
+                Ok((prev.and_then(|p| p.summary), span))
+            })
+            .await?;
+        self.events.emit(Event::Compacting {
+            session_id: sid,
+            boundary: b,
+            compaction_id: row.id,
+            attempt: row.attempts,
+            trigger_tokens: row.trigger_tokens,
+        });
+
+        let counter = &*self.config.token_counter;
+        let span_msgs = crate::builder::build_messages("", None, &span)?;
+        let span_json = crate::message::to_bytes(&span_msgs[1..]);
+        let tokens_before = counter.count(&String::from_utf8_lossy(&span_json))
+            + previous.as_deref().map_or(0, |p| counter.count(p));
+
+        let mut rules = rules_for(&self.config.style).to_string();
+        if let Some(focus) = row.focus.as_deref().filter(|f| !f.trim().is_empty()) {
+            rules.push_str("\n\nFocus of this compaction (give it priority): ");
+            rules.push_str(focus);
+        }
+        let prompt_sha256 = sha256_hex(rules.as_bytes());
+
+        // Heartbeat: keep the row's lease while this process is alive and working.
+        let hb = {
+            let store = self.store.clone();
+            let owner = self.owner.clone();
+            let ttl = self.config.lease_ttl;
+            let id = row.id;
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(ttl / 3);
+                tick.tick().await;
+                loop {
+                    tick.tick().await;
+                    let o = owner.clone();
+                    let ms = ttl.as_millis() as i64;
+                    match store
+                        .call(move |c| store::renew_compaction_lease(c, id, &o, ms))
+                        .await
+                    {
+                        Ok(true) => {}
+                        _ => break,
+                    }
+                }
+            })
+        };
+        let result = self
+            .attempts(&row, &rules, previous, &span, tokens_before)
+            .await;
+        hb.abort();
+
+        match result {
+            Ok((summary, mut stats)) => {
+                fault::check(&self.fault, FaultPoint::MidSummary)?;
+                stats.prompt_sha256 = prompt_sha256;
+                let id = row.id;
+                let (done, won) = {
+                    let stats = stats.clone();
+                    self.store
+                        .call(move |c| store::complete_compaction(c, id, &summary, &stats))
+                        .await?
+                };
+                if done.status != CompactionStatus::Completed {
+                    // Failed by another holder after a takeover; report it as failed.
+                    return Err(Error::CompactionFailed {
+                        compaction_id: done.id,
+                        session_id: sid,
+                        boundary: b,
+                        message: done.error.clone().unwrap_or_default(),
+                    });
+                }
+                info!(
+                    session_id = sid,
+                    boundary = b,
+                    won,
+                    tokens_before = done.tokens_before,
+                    tokens_after = done.tokens_after,
+                    "compaction completed"
+                );
+                if won {
+                    self.events.emit(Event::Compacted {
+                        session_id: sid,
+                        boundary: b,
+                        compaction_id: done.id,
+                        tokens_before: stats.tokens_before,
+                        tokens_after: stats.tokens_after,
+                        input_tokens: stats.input_tokens,
+                        output_tokens: stats.output_tokens,
+                        summary_calls: stats.summary_calls,
+                    });
+                }
+                Ok(done)
+            }
+            Err(Error::Injected(p)) => Err(Error::Injected(p)),
+            Err(e) => {
+                let msg = e.to_string();
+                let id = row.id;
+                let owner = self.owner.clone();
+                let m = msg.clone();
+                let failed = self
+                    .store
+                    .call(move |c| store::fail_compaction(c, id, &owner, &m))
+                    .await?;
+                warn!(session_id = sid, boundary = b, error = %msg, "compaction failed");
+                self.events.emit(Event::CompactionFailed {
+                    session_id: sid,
+                    boundary: b,
+                    compaction_id: id,
+                    error: msg.clone(),
+                    last: true,
+                });
+                if failed.status == CompactionStatus::Completed {
+                    // Someone else completed it meanwhile: their summary stands.
+                    return Ok(failed);
+                }
+                Err(Error::CompactionFailed {
+                    compaction_id: id,
+                    session_id: sid,
+                    boundary: b,
+                    message: msg,
+                })
+            }
+        }
+    }
+
+    /// Up to `max_attempts` runs of the whole (possibly chunked) summary, with
+    /// backoff; an empty or not-smaller summary is a failed attempt (G7).
+    async fn attempts(
+        &self,
+        row: &CompactionRow,
+        rules: &str,
+        previous: Option<String>,
+        span: &[crate::store::HistoryTurn],
+        tokens_before: u64,
+    ) -> Result<(String, CompactionStats)> {
+        let cfg = &self.config;
+        let counter = &*cfg.token_counter;
+        let entries = transcript_entries(span, cfg.text_cap, cfg.tool_result_cap);
+        // The budget left for the transcript once the rules, the running summary
+        // (at most max_summary_chars) and the framing are in.
+        let fixed = counter.count(rules) + (cfg.max_summary_chars as u64).div_ceil(2) + 64;
+        let chunk_budget = cfg
+            .input_budget_tokens
+            .saturating_sub(fixed)
+            .max(cfg.input_budget_tokens / 4);
+        let chunks = chunk_entries(entries, chunk_budget, counter);
+        let mut backoff = cfg.retry_backoff;
+        let mut last_err = String::from("no attempt made");
+        for attempt in 1..=cfg.max_attempts {
+            if attempt > 1 {
+                tokio::time::sleep(backoff).await;
+                backoff *= 2;
+            }
+            match self.one_attempt(rules, previous.clone(), &chunks).await {
+                Ok((text, input, output, calls)) => {
+                    let text = truncate_chars(text.trim(), cfg.max_summary_chars);
+                    let after = counter.count(&text);
+                    if text.is_empty() {
+                        last_err = "summariser returned an empty summary".into();
+                    } else if after >= tokens_before {
+                        last_err = format!(
+                            "summary ({after} tokens) is not smaller than what it replaces ({tokens_before} tokens)"
+                        );
+                    } else {
+                        return Ok((
+                            text,
+                            CompactionStats {
+                                model: self.summariser.model(),
+                                prompt_sha256: String::new(),
+                                tokens_before: tokens_before as i64,
+                                tokens_after: after as i64,
+                                input_tokens: input,
+                                output_tokens: output,
+                                summary_calls: calls,
+                            },
+                        ));
+                    }
+                }
+                Err(Error::Injected(p)) => return Err(Error::Injected(p)),
+                Err(e) => last_err = e.to_string(),
+            }
+            let last = attempt == cfg.max_attempts;
+            self.events.emit(Event::CompactionFailed {
+                session_id: row.session_id,
+                boundary: row.up_to_turn_index,
+                compaction_id: row.id,
+                error: last_err.clone(),
+                last: false,
+            });
+            if !last {
+                let id = row.id;
+                let m = last_err.clone();
+                self.store
+                    .call(move |c| store::note_compaction_error(c, id, &m))
+                    .await?;
+            }
+        }
+        Err(Error::Summary(last_err))
+    }
+
+    /// One pass over the chunks, each folded into the running summary.
+    async fn one_attempt(
+        &self,
+        rules: &str,
+        previous: Option<String>,
+        chunks: &[String],
+    ) -> Result<(String, Option<i64>, Option<i64>, i64)> {
+        let mut running = previous;
+        let (mut input, mut output) = (None::<i64>, None::<i64>);
+        let mut calls = 0i64;
+        let chunks: Vec<&str> = if chunks.is_empty() {
+            vec![""]
+        } else {
+            chunks.iter().map(String::as_str).collect()
+        };
+        for chunk in chunks {
+            let req = SummaryRequest {
+                rules: rules.to_string(),
+                previous: running.take(),
+                transcript: chunk.to_string(),
+                max_chars: self.config.max_summary_chars,
+            };
+            let fut = self.summariser.summarise(&req);
+            let resp = match tokio::time::timeout(self.config.attempt_timeout, fut).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => return Err(Error::Summary(e.to_string())),
+                Err(_) => {
+                    return Err(Error::Summary(format!(
+                        "summariser timed out after {:?}",
+                        self.config.attempt_timeout
+                    )))
+                }
+            };
+            calls += 1;
+            if let Some(n) = resp.usage.input_tokens {
+                input = Some(input.unwrap_or(0) + n as i64);
+            }
+            if let Some(n) = resp.usage.output_tokens {
+                output = Some(output.unwrap_or(0) + n as i64);
+            }
+            running = Some(truncate_chars(
+                resp.text.trim(),
+                self.config.max_summary_chars,
+            ));
+        }
+        Ok((running.unwrap_or_default(), input, output, calls))
+    }
+}
+
+fn outcome_name(o: &ClaimOutcome) -> &'static str {
+    match o {
+        ClaimOutcome::Claimed(_) => "claimed",
+        ClaimOutcome::AlreadyCompleted(_) => "already_completed",
+        ClaimOutcome::TakenOver(_) => "taken_over",
+        ClaimOutcome::HeldByLiveOther(_) => "held_by_live_other",
+        ClaimOutcome::Failed(_) => "failed",
+    }
+}

@@ -1,0 +1,167 @@
+//! The built-in offline summariser: deterministic, extractive, no model needed.
+//!
+//! It keeps, from the span: every number and identifier, the user's stated facts,
+//! each tool call's name and the head of its result, the assistant's
+//! commitments, and what is still open; and it folds the previous summary in
+//! section by section, so a fact from the first turn survives every
+//! re-compaction. The same request always gives the same summary, which makes it
+//! the default wherever no model endpoint is configured, and a real choice for
+//! desktop apps and tests.
+
+use super::summarise::{truncate_chars, Summariser, SummaryRequest, SummaryResponse};
+use crate::message::Usage;
+use crate::model::ModelError;
+use async_trait::async_trait;
+
+const SECTIONS: [&str; 5] = [
+    "Figures and ids",
+    "User facts",
+    "Tool results",
+    "Commitments",
+    "Open",
+];
+/// Most entries kept per section (newest kept); ids are kept oldest first.
+const PER_SECTION: [usize; 5] = [400, 24, 16, 12, 6];
+
+/// The offline extractive summariser.
+#[derive(Debug, Clone, Default)]
+pub struct ExtractiveSummariser;
+
+fn is_id_like(w: &str) -> bool {
+    w.chars().any(|c| c.is_ascii_digit()) && w.chars().count() >= 2 && w.len() <= 40
+}
+
+fn words(s: &str) -> impl Iterator<Item = &str> {
+    s.split(|c: char| {
+        c.is_whitespace() || matches!(c, ',' | ';' | '"' | '(' | ')' | '{' | '}' | '[' | ']')
+    })
+    .map(|w| w.trim_matches(|c: char| matches!(c, '.' | ':' | '!' | '?' | '\'')))
+    .filter(|w| !w.is_empty())
+}
+
+fn parse_previous(prev: &str) -> [Vec<String>; 5] {
+    let mut out: [Vec<String>; 5] = Default::default();
+    let mut cur: Option<usize> = None;
+    for line in prev.lines() {
+        if let Some(h) = line.strip_prefix("## ") {
+            cur = SECTIONS.iter().position(|s| *s == h.trim());
+            continue;
+        }
+        let Some(i) = cur else { continue };
+        if i == 0 {
+            out[0].extend(
+                line.split(", ")
+                    .filter(|w| !w.is_empty())
+                    .map(str::to_string),
+            );
+        } else if let Some(item) = line.strip_prefix("- ") {
+            out[i].push(item.to_string());
+        }
+    }
+    out
+}
+
+fn commitment(text: &str) -> bool {
+    let l = text.to_lowercase();
+    [
+        "i will",
+        "i'll",
+        "we will",
+        "we'll",
+        "i have placed",
+        "confirmed",
+        "quoted",
+        "promise",
+        "scheduled",
+    ]
+    .iter()
+    .any(|k| l.contains(k))
+}
+
+/// Builds the summary text from a request (pure).
+pub fn extract(request: &SummaryRequest) -> String {
+    let mut sec = request
+        .previous
+        .as_deref()
+        .map(parse_previous)
+        .unwrap_or_default();
+    let mut open_now: Vec<String> = Vec::new();
+    for line in request.transcript.lines() {
+        let Some((tag, body)) = line.split_once("] ") else {
+            continue;
+        };
+        let tag = format!("{tag}]");
+        for w in words(body) {
+            if is_id_like(w) && !sec[0].iter().any(|x| x == w) {
+                sec[0].push(w.to_string());
+            }
+        }
+        let head = |s: &str, n| truncate_chars(s.trim(), n);
+        if let Some(t) = body.strip_prefix("user: ") {
+            sec[1].push(format!("{tag} {}", head(t, 160)));
+            if t.trim_end().ends_with('?') {
+                open_now.push(format!("{tag} {}", head(t, 120)));
+            }
+        } else if let Some(t) = body.strip_prefix("tool result ") {
+            sec[2].push(format!("{tag} {}", head(t, 120)));
+        } else if let Some(t) = body.strip_prefix("tool error ") {
+            sec[2].push(format!("{tag} error {}", head(t, 120)));
+        } else if let Some(t) = body.strip_prefix("assistant: ") {
+            if commitment(t) {
+                sec[3].push(format!("{tag} {}", head(t, 160)));
+            }
+            if t.trim_end().ends_with('?') {
+                open_now.push(format!("{tag} asked: {}", head(t, 120)));
+            }
+        }
+    }
+    // What is open is what the newest span left open; earlier open items either
+    // got answered or are carried in the user facts.
+    if !open_now.is_empty() {
+        sec[4] = open_now;
+    }
+    for (i, list) in sec.iter_mut().enumerate() {
+        let keep = PER_SECTION[i];
+        if list.len() > keep {
+            if i == 0 {
+                list.truncate(keep);
+            } else {
+                list.drain(..list.len() - keep);
+            }
+        }
+    }
+    let mut out = String::new();
+    for (i, name) in SECTIONS.iter().enumerate() {
+        if sec[i].is_empty() {
+            continue;
+        }
+        out.push_str("## ");
+        out.push_str(name);
+        out.push('\n');
+        if i == 0 {
+            out.push_str(&sec[0].join(", "));
+            out.push('\n');
+        } else {
+            for item in &sec[i] {
+                out.push_str("- ");
+                out.push_str(item);
+                out.push('\n');
+            }
+        }
+    }
+    truncate_chars(out.trim_end(), request.max_chars)
+}
+
+#[async_trait]
+impl Summariser for ExtractiveSummariser {
+    async fn summarise(&self, request: &SummaryRequest) -> Result<SummaryResponse, ModelError> {
+        Ok(SummaryResponse {
+            text: extract(request),
+            usage: Usage::default(),
+        })
+    }
+
+    fn model(&self) -> Option<String> {
+        Some("abridge-extractive".into())
+    }
+}

@@ -1,0 +1,333 @@
+//! The summariser: its trait, the request it gets, the transcript of a span with
+//! per-block caps, and chunking of spans larger than its input budget.
+
+use super::config::{PromptStyle, TokenCounter};
+use crate::message::{Message, ModelRequest, ResponseBlock, Role, Usage};
+use crate::model::{ModelClient, ModelError};
+use crate::store::HistoryTurn;
+use async_trait::async_trait;
+use std::sync::Arc;
+
+/// Built-in prose rules.
+pub const PROSE_RULES: &str = "\
+You are compacting the earlier part of a long conversation so that it can go on \
+within the model's context window. Your summary replaces those turns: anything you \
+leave out is gone from the model's view for good.
+
+Write dense plain prose that keeps everything a later turn may rely on:
+- every fact the user stated: names, sizes, budgets, addresses, postal codes, order \
+numbers, product choices, dates and quantities, verbatim where short;
+- every figure and identifier from tool results (ids, amounts, statuses);
+- every commitment the assistant made (prices quoted, delivery windows, promised \
+next steps) and every decision already taken, so nothing is asked twice;
+- what was asked and is still open.
+
+Do not invent anything, do not add advice, do not comment on the summarising. \
+Answer with the summary text only, in the conversation's own language.";
+
+/// Built-in structured rules.
+pub const STRUCTURED_RULES: &str = "\
+You are compacting the earlier part of a long conversation into a structured \
+checkpoint that the assistant will read instead of those turns. Do not continue the \
+conversation and do not answer questions inside it. Use exactly this format:
+
+## Goal
+[What the user is trying to accomplish]
+
+## Constraints & Preferences
+- [Constraints or preferences the user stated, or \"(none)\"]
+
+## Progress
+### Done
+- [x] [Completed work]
+### In Progress
+- [ ] [Current work]
+### Blocked
+- [Blockers, if any]
+
+## Key Decisions
+- **[Decision]**: [Rationale]
+
+## Next Steps
+1. [What should happen next]
+
+## Critical Context
+- [Data, names, ids and references needed to continue, or \"(none)\"]
+
+Keep each section short. Preserve exact identifiers, names, figures and error messages.";
+
+/// The rules for a style.
+pub fn rules_for(style: &PromptStyle) -> &str {
+    match style {
+        PromptStyle::Prose => PROSE_RULES,
+        PromptStyle::Structured => STRUCTURED_RULES,
+        PromptStyle::Custom(p) => p,
+    }
+}
+
+/// One summariser call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SummaryRequest {
+    /// The rules (built-in style or the host's prompt), with the focus appended.
+    pub rules: String,
+    /// The running summary to fold in (the previous compaction's, or the one
+    /// built from earlier chunks of this span).
+    pub previous: Option<String>,
+    /// The new span as a transcript, one entry per line group.
+    pub transcript: String,
+    /// Upper bound on the answer's length, chars.
+    pub max_chars: usize,
+}
+
+impl SummaryRequest {
+    /// The request as one user message body (what a model-backed summariser sends
+    /// after the rules).
+    pub fn body(&self) -> String {
+        let mut out = String::new();
+        if let Some(prev) = &self.previous {
+            out.push_str(
+                "## The summary so far (fold it into the new one: its facts must survive)\n\n",
+            );
+            out.push_str(prev);
+            out.push_str("\n\n");
+        }
+        out.push_str("## The turns to compact\n\n");
+        out.push_str(&self.transcript);
+        out.push_str(&format!(
+            "\n\nWrite the new summary now, at most {} characters.",
+            self.max_chars
+        ));
+        out
+    }
+}
+
+/// A summariser's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SummaryResponse {
+    /// The summary text.
+    pub text: String,
+    /// Usage, as reported.
+    pub usage: Usage,
+}
+
+/// Writes summaries. May be called again for the same compaction after a crash
+/// (the call is at-least-once; the completed row is exactly-once).
+#[async_trait]
+pub trait Summariser: Send + Sync {
+    /// Summarises one request.
+    async fn summarise(&self, request: &SummaryRequest) -> Result<SummaryResponse, ModelError>;
+
+    /// The model name recorded on the row.
+    fn model(&self) -> Option<String> {
+        None
+    }
+}
+
+/// A summariser over a [`ModelClient`], with its own model name (a cheaper
+/// summary model is allowed).
+pub struct ModelSummariser {
+    client: Arc<dyn ModelClient>,
+    model: String,
+    max_output_tokens: Option<u32>,
+}
+
+impl ModelSummariser {
+    /// Summarises with `model` through `client`.
+    pub fn new(client: Arc<dyn ModelClient>, model: impl Into<String>) -> ModelSummariser {
+        ModelSummariser {
+            client,
+            model: model.into(),
+            max_output_tokens: Some(2_048),
+        }
+    }
+}
+
+#[async_trait]
+impl Summariser for ModelSummariser {
+    async fn summarise(&self, request: &SummaryRequest) -> Result<SummaryResponse, ModelError> {
+        let req = ModelRequest {
+            model: self.model.clone(),
+            messages: vec![
+                Message::text(Role::System, request.rules.clone()),
+                Message::text(Role::User, request.body()),
+            ],
+            tools: Vec::new(),
+            max_output_tokens: self.max_output_tokens,
+        };
+        let resp = self.client.complete(&req).await?;
+        let text = resp
+            .blocks
+            .iter()
+            .filter_map(|b| match b {
+                ResponseBlock::Text { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        Ok(SummaryResponse {
+            text,
+            usage: resp.usage,
+        })
+    }
+
+    fn model(&self) -> Option<String> {
+        Some(self.model.clone())
+    }
+}
+
+/// True for chars that belong to the preceding one (combining marks, joiners,
+/// variation selectors, emoji modifiers): a cut never separates them from it.
+fn is_attached(c: char) -> bool {
+    matches!(c as u32,
+        0x0300..=0x036F | 0x0483..=0x0489 | 0x0591..=0x05BD | 0x0610..=0x061A | 0x064B..=0x065F
+        | 0x0E31 | 0x0E34..=0x0E3A | 0x0E47..=0x0E4E | 0x1AB0..=0x1AFF | 0x1DC0..=0x1DFF
+        | 0x200C | 0x200D | 0x20D0..=0x20FF | 0x302A..=0x302F | 0x3099 | 0x309A
+        | 0xFE00..=0xFE0F | 0xFE20..=0xFE2F | 0x1F3FB..=0x1F3FF | 0xE0020..=0xE007F
+        | 0xE0100..=0xE01EF)
+}
+
+/// Byte offset of the `n`th char boundary, moved back so it never splits a
+/// char from the marks attached to it.
+fn head_cut(s: &str, n_chars: usize) -> usize {
+    let mut idx = s.char_indices().nth(n_chars).map_or(s.len(), |(i, _)| i);
+    while idx > 0 {
+        let next = s[idx..].chars().next();
+        let prev = s[..idx].chars().next_back();
+        match (prev, next) {
+            (_, Some(c)) if is_attached(c) => idx -= prev.map_or(0, char::len_utf8),
+            (Some('\u{200D}'), _) => idx -= 3,
+            _ => break,
+        }
+    }
+    idx
+}
+
+/// Byte offset where the last `n_chars` chars start, moved forward past attached marks.
+fn tail_cut(s: &str, n_chars: usize) -> usize {
+    let total = s.chars().count();
+    let mut idx = s
+        .char_indices()
+        .nth(total.saturating_sub(n_chars))
+        .map_or(s.len(), |(i, _)| i);
+    while let Some(c) = s[idx..].chars().next() {
+        let prev = s[..idx].chars().next_back();
+        if is_attached(c) || prev == Some('\u{200D}') {
+            idx += c.len_utf8();
+        } else {
+            break;
+        }
+    }
+    idx
+}
+
+/// Caps `s` at `cap` chars: keeps 75% head and 25% tail with a marker between,
+/// cutting on char boundaries, never inside a UTF-8 sequence nor between a char
+/// and its combining marks.
+pub fn cap_block(s: &str, cap: usize) -> String {
+    let total = s.chars().count();
+    if total <= cap {
+        return s.to_string();
+    }
+    let head_n = cap * 3 / 4;
+    let tail_n = cap - head_n;
+    let h = head_cut(s, head_n);
+    let t = tail_cut(s, tail_n).max(h);
+    let omitted = s[h..t].chars().count();
+    format!("{}\n[… {omitted} chars omitted …]\n{}", &s[..h], &s[t..])
+}
+
+/// Cuts `s` to at most `max` chars (head only), on a char boundary.
+pub fn truncate_chars(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    s[..head_cut(s, max)].to_string()
+}
+
+/// The span as transcript entries, in order: each user input, assistant text,
+/// tool call with its arguments, and tool result, each capped.
+pub fn transcript_entries(span: &[HistoryTurn], text_cap: usize, tool_cap: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    for turn in span {
+        let t = turn.idx;
+        out.push(format!(
+            "[turn {t}] user: {}",
+            cap_block(&turn.input, text_cap)
+        ));
+        for step in &turn.steps {
+            let Ok(resp) = serde_json::from_str::<crate::message::ModelResponse>(&step.response)
+            else {
+                continue;
+            };
+            let mut names = std::collections::HashMap::new();
+            for block in &resp.blocks {
+                match block {
+                    ResponseBlock::Text { text } if !text.trim().is_empty() => out.push(format!(
+                        "[turn {t}] assistant: {}",
+                        cap_block(text, text_cap)
+                    )),
+                    ResponseBlock::ToolUse { id, name, input } => {
+                        names.insert(id.as_str(), name.as_str());
+                        out.push(format!(
+                            "[turn {t}] tool call {name}({})",
+                            cap_block(&input.to_string(), text_cap)
+                        ));
+                    }
+                    ResponseBlock::Data { value } => out.push(format!(
+                        "[turn {t}] assistant data: {}",
+                        cap_block(&value.to_string(), text_cap)
+                    )),
+                    _ => {}
+                }
+            }
+            for (id, result, is_error) in &step.results {
+                let name = names.get(id.as_str()).copied().unwrap_or("?");
+                let kind = if *is_error {
+                    "tool error"
+                } else {
+                    "tool result"
+                };
+                out.push(format!(
+                    "[turn {t}] {kind} {name}: {}",
+                    cap_block(result, tool_cap)
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Splits entries into chunks that each fit `budget` tokens. An entry larger
+/// than the budget on its own is capped to fit, so every chunk fits.
+pub fn chunk_entries(entries: Vec<String>, budget: u64, counter: &dyn TokenCounter) -> Vec<String> {
+    let budget = budget.max(16);
+    let mut chunks = Vec::new();
+    let mut cur = String::new();
+    let mut cur_tokens = 0u64;
+    for mut e in entries {
+        let mut n = counter.count(&e) + 1;
+        if n > budget {
+            // Shrink until it fits; chars/4-like counters converge in a few rounds.
+            let mut cap = e.chars().count();
+            while n > budget && cap > 16 {
+                cap = cap * budget as usize / n as usize;
+                cap = cap.saturating_sub(cap / 10).max(16);
+                e = cap_block(&e, cap);
+                n = counter.count(&e) + 1;
+            }
+        }
+        if cur_tokens + n > budget && !cur.is_empty() {
+            chunks.push(std::mem::take(&mut cur));
+            cur_tokens = 0;
+        }
+        if !cur.is_empty() {
+            cur.push('\n');
+        }
+        cur.push_str(&e);
+        cur_tokens += n;
+    }
+    if !cur.is_empty() {
+        chunks.push(cur);
+    }
+    chunks
+}

@@ -1,0 +1,530 @@
+//! The scripted customer-support workload behind `abridge demo` and `abridge chaos`.
+//!
+//! Everything here is deterministic for a seed: the users' turns, the model's
+//! answers (a pure function of the request it is sent), the tools' results, and
+//! the offline summariser. A run killed at any point and run again produces the
+//! same transcript as a run that was never interrupted.
+
+use crate::compaction::{ExtractiveSummariser, Summariser, SummaryRequest, SummaryResponse};
+use crate::message::{
+    ContentBlock, ModelRequest, ModelResponse, ResponseBlock, Role, ToolSpec, Usage,
+};
+use crate::model::{ModelClient, ModelError};
+use crate::store::demo::{append_effect, append_external, DemoTable};
+use crate::tools::{Tool, ToolCall, ToolError, Tools, TransactionalTool};
+use async_trait::async_trait;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// splitmix64: a tiny, well-mixed deterministic generator.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator for `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `0..n` (n > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+    /// Picks one element.
+    pub fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
+        &xs[self.below(xs.len() as u64) as usize]
+    }
+}
+
+/// FNV-1a of some strings and a seed: a stable hash for deriving decisions.
+pub fn stable_hash(seed: u64, parts: &[&str]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ seed;
+    for p in parts {
+        for b in p.as_bytes() {
+            h ^= *b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+const NAMES: &[&str] = &[
+    "Ana", "Bruno", "Chen", "Dara", "Emeka", "Fatima", "Goran", "Hana", "Ines", "Jonas",
+];
+const PRODUCTS: &[&str] = &[
+    "trail shoes",
+    "rain jacket",
+    "wool sweater",
+    "desk lamp",
+    "backpack",
+    "kettle",
+];
+const SIZES: &[&str] = &["XS", "S", "M", "L", "XL", "42", "44"];
+const DATES: &[&str] = &[
+    "2026-12-03",
+    "2026-12-09",
+    "2026-12-14",
+    "2026-12-20",
+    "2027-01-05",
+];
+
+/// The system prompt of every demo session.
+pub const SYSTEM_PROMPT: &str =
+    "You are a customer-support agent for an online shop. Look orders up \
+before answering, quote shipping before promising a date, and confirm every change you place.";
+
+/// The model name demo sessions use.
+pub const DEMO_MODEL: &str = "scripted-support-1";
+
+/// The user's input for turn `idx` of session `session` (pure in seed/session/idx).
+pub fn user_turn(seed: u64, session: u64, idx: u64) -> String {
+    let mut r = Rng::new(stable_hash(seed, &[&session.to_string(), &idx.to_string()]));
+    let name = NAMES[(stable_hash(seed, &[&session.to_string()]) % NAMES.len() as u64) as usize];
+    let order = format!(
+        "ORD-{}",
+        10_000 + stable_hash(seed, &[&session.to_string(), "order"]) % 90_000
+    );
+    let postcode = format!("{:05}", r.below(99_999));
+    let size = r.pick(SIZES);
+    let product = r.pick(PRODUCTS);
+    let budget = 20 + r.below(480);
+    let date = r.pick(DATES);
+    match (idx, r.below(6)) {
+        (0, _) => format!(
+            "Hi, I'm {name}. My order number is {order}. Can you tell me where it is?"
+        ),
+        (_, 0) => format!("Could you check if you deliver to postal code {postcode} for {order}?"),
+        (_, 1) => format!("Please change the size on {order} to {size}; I need it by {date}."),
+        (_, 2) => format!(
+            "How much would shipping to postal code {postcode} cost for {order}? My budget is {budget} EUR."
+        ),
+        (_, 3) => format!("I'd also like to add a {product} to {order}, size {size}, under {budget} EUR."),
+        (_, 4) => format!("Thanks. Just to confirm, what did we agree for {order} so far?"),
+        _ => format!("Can you change the delivery date of {order} to {date} and ship to postal code {postcode}?"),
+    }
+}
+
+fn find(input: &str, prefix: &str, len: usize) -> Option<String> {
+    let i = input.find(prefix)?;
+    let rest = &input[i + prefix.len()..];
+    let v: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .take(len)
+        .collect();
+    (!v.is_empty()).then_some(v)
+}
+
+/// A tool call planned by the scripted model.
+type Planned = (String, Value);
+
+/// What the scripted model does for a turn input: steps of tool calls.
+fn plan(input: &str) -> Vec<Vec<Planned>> {
+    let order = find(input, "ORD-", 5).map(|o| format!("ORD-{o}"));
+    let postcode = find(input, "postal code ", 5);
+    let size = find(input, "size on ", 0)
+        .or_else(|| find(input, " to ", 3).filter(|s| SIZES.contains(&s.as_str())));
+    let date = DATES
+        .iter()
+        .find(|d| input.contains(*d))
+        .map(|d| d.to_string());
+    let Some(order) = order else {
+        return Vec::new();
+    };
+    let mut steps: Vec<Vec<Planned>> = Vec::new();
+    let mut first = vec![("lookup_order".to_string(), json!({"order_id": order}))];
+    if let Some(pc) = &postcode {
+        first.push(("check_postcode".into(), json!({"postcode": pc})));
+    }
+    steps.push(first);
+    let lower = input.to_lowercase();
+    let mut second = Vec::new();
+    if let Some(pc) = &postcode {
+        if lower.contains("cost") || lower.contains("ship") || lower.contains("deliver") {
+            second.push((
+                "quote_shipping".to_string(),
+                json!({"order_id": order, "postcode": pc}),
+            ));
+        }
+    }
+    if lower.contains("change") || lower.contains("add") {
+        let change = match (&size, &date) {
+            (Some(s), _) if lower.contains("size") => {
+                json!({"order_id": order, "field": "size", "value": s})
+            }
+            (_, Some(d)) => json!({"order_id": order, "field": "delivery_date", "value": d}),
+            _ => json!({"order_id": order, "field": "items", "value": "+1"}),
+        };
+        second.push(("place_change".to_string(), change));
+    }
+    if !second.is_empty() {
+        steps.push(second);
+    }
+    steps
+}
+
+/// The deterministic model of the demo: its answer is a pure function of the
+/// request, so a repeated call after a crash gets the same answer.
+#[derive(Debug, Clone)]
+pub struct ScriptedModel {
+    /// Seed for the phrasing.
+    pub seed: u64,
+    /// Simulated latency per call.
+    pub latency: Duration,
+    /// Whether usage is reported (otherwise abridge estimates).
+    pub report_usage: bool,
+    /// Extra tools the model calls in every turn's second step, by name and
+    /// effect (for the chaos workload: an idempotent and an at-most-once tool).
+    pub extra_tools: Vec<String>,
+}
+
+impl ScriptedModel {
+    /// A model for `seed` with no latency that reports usage.
+    pub fn new(seed: u64) -> ScriptedModel {
+        ScriptedModel {
+            seed,
+            latency: Duration::ZERO,
+            report_usage: true,
+            extra_tools: Vec::new(),
+        }
+    }
+
+    /// The pure answer to a request.
+    pub fn respond(&self, req: &ModelRequest) -> ModelResponse {
+        let msgs = &req.messages;
+        let user_at = msgs.iter().rposition(|m| {
+            m.role == Role::User
+                && matches!(m.content.first(), Some(ContentBlock::Text { text }) if !text.starts_with("[Summary of"))
+        });
+        let (input, after) = match user_at {
+            Some(i) => match &msgs[i].content[0] {
+                ContentBlock::Text { text } => (text.as_str(), &msgs[i + 1..]),
+                _ => ("", &msgs[0..0]),
+            },
+            None => ("", &msgs[0..0]),
+        };
+        let done = after.iter().filter(|m| m.role == Role::Assistant).count();
+        let mut steps = plan(input);
+        if !self.extra_tools.is_empty() && !steps.is_empty() {
+            let key = stable_hash(self.seed, &[input]);
+            let extra: Vec<Planned> = self
+                .extra_tools
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| (key >> i) & 1 == 1)
+                .map(|(_, name)| {
+                    (
+                        name.clone(),
+                        json!({"ref": format!("{:x}", key & 0xffff), "text": input.len()}),
+                    )
+                })
+                .collect();
+            if !extra.is_empty() {
+                steps.push(extra);
+            }
+        }
+        let input_tokens: u64 = msgs
+            .iter()
+            .map(|m| {
+                4 + m
+                    .content
+                    .iter()
+                    .map(|b| match b {
+                        ContentBlock::Text { text } => text.chars().count() as u64,
+                        ContentBlock::ToolResult { content, .. } => content.chars().count() as u64,
+                        ContentBlock::ToolUse { input, .. } => input.to_string().len() as u64,
+                        ContentBlock::Data { value } => value.to_string().len() as u64,
+                    })
+                    .sum::<u64>()
+                    / 4
+            })
+            .sum();
+        let blocks = if done < steps.len() {
+            let mut b = vec![ResponseBlock::Text {
+                text: "Let me check that for you.".into(),
+            }];
+            for (j, (name, args)) in steps[done].iter().enumerate() {
+                b.push(ResponseBlock::ToolUse {
+                    id: format!("call_{done}_{j}"),
+                    name: name.clone(),
+                    input: args.clone(),
+                });
+            }
+            b
+        } else {
+            vec![ResponseBlock::Text {
+                text: final_answer(self.seed, input, after),
+            }]
+        };
+        ModelResponse {
+            blocks,
+            usage: if self.report_usage {
+                Usage {
+                    input_tokens: Some(input_tokens),
+                    output_tokens: Some(20),
+                }
+            } else {
+                Usage::default()
+            },
+        }
+    }
+}
+
+fn final_answer(seed: u64, input: &str, after: &[crate::message::Message]) -> String {
+    let mut facts = Vec::new();
+    for m in after {
+        for b in &m.content {
+            if let ContentBlock::ToolResult {
+                content, is_error, ..
+            } = b
+            {
+                if *is_error {
+                    facts.push(format!(
+                        "one check failed ({})",
+                        crate::compaction::truncate_chars(content, 60)
+                    ));
+                } else if let Ok(v) = serde_json::from_str::<Value>(content) {
+                    if let Some(s) = v.get("status").and_then(Value::as_str) {
+                        facts.push(format!("status {s}"));
+                    }
+                    if let Some(p) = v.get("price_eur") {
+                        facts.push(format!("shipping {p} EUR"));
+                    }
+                    if let Some(c) = v.get("confirmation").and_then(Value::as_str) {
+                        facts.push(format!("I have placed the change, confirmation {c}"));
+                    }
+                    if let Some(d) = v.get("eta").and_then(Value::as_str) {
+                        facts.push(format!("I will have it delivered by {d}"));
+                    }
+                }
+            }
+        }
+    }
+    let opener = ["Thanks for waiting.", "Here is what I found.", "All set."]
+        [(stable_hash(seed, &[input]) % 3) as usize];
+    if facts.is_empty() {
+        format!("{opener} Could you give me your order number so I can look it up?")
+    } else {
+        format!("{opener} {}.", facts.join("; "))
+    }
+}
+
+#[async_trait]
+impl ModelClient for ScriptedModel {
+    async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        if !self.latency.is_zero() {
+            tokio::time::sleep(self.latency).await;
+        }
+        Ok(self.respond(request))
+    }
+}
+
+/// The offline summariser with simulated latency.
+#[derive(Debug, Clone, Default)]
+pub struct SlowSummariser {
+    /// Simulated latency per call.
+    pub latency: Duration,
+}
+
+#[async_trait]
+impl Summariser for SlowSummariser {
+    async fn summarise(&self, request: &SummaryRequest) -> Result<SummaryResponse, ModelError> {
+        if !self.latency.is_zero() {
+            tokio::time::sleep(self.latency).await;
+        }
+        ExtractiveSummariser.summarise(request).await
+    }
+    fn model(&self) -> Option<String> {
+        ExtractiveSummariser.model()
+    }
+}
+
+/// The result of a demo tool (pure in its arguments).
+pub fn tool_result(name: &str, args: &Value) -> Result<Value, ToolError> {
+    let s = |k: &str| {
+        args.get(k)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let h = stable_hash(7, &[name, &args.to_string()]);
+    match name {
+        "lookup_order" => {
+            let order = s("order_id");
+            let status = ["processing", "shipped", "in transit", "delivered"][(h % 4) as usize];
+            let n_items = 1 + (h >> 8) % 3;
+            // One lookup in eight returns a long history (several KB).
+            let events = if (h >> 16) % 8 == 0 { 60 } else { 3 };
+            let history: Vec<Value> = (0..events)
+                .map(|i| json!({"at": format!("2026-11-{:02}T{:02}:00Z", 1 + i % 28, i % 24), "event": format!("scan at hub {} ({})", (h >> (i % 48)) % 97, order)}))
+                .collect();
+            Ok(json!({"order_id": order, "status": status, "items": n_items, "history": history}))
+        }
+        "check_postcode" => {
+            let pc = s("postcode");
+            if pc.len() != 5 {
+                return Err(ToolError::new(format!("invalid postal code {pc:?}")));
+            }
+            Ok(json!({"postcode": pc, "deliverable": h % 5 != 0, "zone": 1 + h % 4}))
+        }
+        "quote_shipping" => Ok(json!({
+            "order_id": s("order_id"), "postcode": s("postcode"),
+            "price_eur": format!("{}.{:02}", 4 + h % 20, (h >> 8) % 100),
+            "eta": DATES[((h >> 4) % DATES.len() as u64) as usize],
+        })),
+        "place_change" => Ok(json!({
+            "order_id": s("order_id"), "field": s("field"), "value": s("value"),
+            "confirmation": format!("CHG-{}", 100_000 + h % 900_000),
+        })),
+        "notify_customer" => Ok(json!({"sent": true, "ref": s("ref")})),
+        "charge_card" => Ok(json!({"charged": true, "receipt": format!("RCP-{}", h % 1_000_000)})),
+        other => Err(ToolError::new(format!("no such demo tool {other}"))),
+    }
+}
+
+/// A transactional demo tool: appends its effect to `demo_effects` in the
+/// invocation's transaction.
+#[derive(Debug, Clone)]
+pub struct DemoTxTool(pub &'static str);
+
+impl TransactionalTool for DemoTxTool {
+    fn call(&self, tx: &rusqlite::Transaction<'_>, call: &ToolCall) -> Result<Value, ToolError> {
+        let result = tool_result(self.0, &call.input)?;
+        append_effect(
+            tx,
+            DemoTable::Effects,
+            &call.idempotency_key,
+            self.0,
+            &call.input.to_string(),
+        )
+        .map_err(|e| ToolError::new(e.to_string()))?;
+        Ok(result)
+    }
+}
+
+/// An outside-service demo tool (idempotent or at-most-once): appends its
+/// effect to `demo_external` on its own connection.
+#[derive(Debug, Clone)]
+pub struct DemoExternalTool {
+    /// Tool name.
+    pub name: &'static str,
+    /// The database file.
+    pub db: PathBuf,
+    /// Simulated latency.
+    pub latency: Duration,
+}
+
+#[async_trait]
+impl Tool for DemoExternalTool {
+    async fn call(&self, call: &ToolCall) -> Result<Value, ToolError> {
+        if !self.latency.is_zero() {
+            tokio::time::sleep(self.latency).await;
+        }
+        let result = tool_result(self.name, &call.input)?;
+        let (db, key, name, args) = (
+            self.db.clone(),
+            call.idempotency_key.clone(),
+            self.name,
+            call.input.to_string(),
+        );
+        tokio::task::spawn_blocking(move || -> crate::Result<()> {
+            let mut conn = rusqlite::Connection::open(db)?;
+            conn.busy_timeout(Duration::from_secs(30))?;
+            append_external(&mut conn, &key, name, &args)
+        })
+        .await
+        .map_err(|e| ToolError::new(e.to_string()))?
+        .map_err(|e| ToolError::new(e.to_string()))?;
+        Ok(result)
+    }
+}
+
+fn spec(name: &str, description: &str, props: Value) -> ToolSpec {
+    ToolSpec {
+        name: name.into(),
+        description: description.into(),
+        input_schema: json!({"type": "object", "properties": props}),
+    }
+}
+
+/// The demo's tools (all transactional), plus, with `external_db`, the chaos
+/// workload's idempotent `notify_customer` and at-most-once `charge_card`.
+pub fn demo_tools(external_db: Option<PathBuf>, latency: Duration) -> Tools {
+    let str_prop = json!({"type": "string"});
+    let mut t = Tools::new()
+        .transactional(
+            spec(
+                "lookup_order",
+                "Look up an order by id",
+                json!({"order_id": str_prop}),
+            ),
+            DemoTxTool("lookup_order"),
+        )
+        .transactional(
+            spec(
+                "check_postcode",
+                "Check that a postal code is deliverable",
+                json!({"postcode": str_prop}),
+            ),
+            DemoTxTool("check_postcode"),
+        )
+        .transactional(
+            spec(
+                "quote_shipping",
+                "Quote shipping for an order to a postal code",
+                json!({"order_id": str_prop, "postcode": str_prop}),
+            ),
+            DemoTxTool("quote_shipping"),
+        )
+        .transactional(
+            spec(
+                "place_change",
+                "Change a field of an order",
+                json!({"order_id": str_prop, "field": str_prop, "value": str_prop}),
+            ),
+            DemoTxTool("place_change"),
+        );
+    if let Some(db) = external_db {
+        t = t
+            .idempotent(
+                spec(
+                    "notify_customer",
+                    "Send the customer a notification",
+                    json!({"ref": str_prop}),
+                ),
+                DemoExternalTool {
+                    name: "notify_customer",
+                    db: db.clone(),
+                    latency,
+                },
+            )
+            .at_most_once(
+                spec(
+                    "charge_card",
+                    "Charge the customer's card",
+                    json!({"ref": str_prop}),
+                ),
+                DemoExternalTool {
+                    name: "charge_card",
+                    db,
+                    latency,
+                },
+            );
+    }
+    t
+}
+
+/// The external id of demo session `i`.
+pub fn session_external_id(seed: u64, i: u64) -> String {
+    format!("demo-{seed}-{i}")
+}

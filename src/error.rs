@@ -1,0 +1,254 @@
+//! The crate's error type.
+//!
+//! Each variant says what happened and carries the ids involved. The docs of each
+//! variant say what it means for a retry: whether calling again (resuming the turn,
+//! reopening the store) can succeed.
+
+use std::path::PathBuf;
+
+/// Result alias used across the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in abridge.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The path does not exist and the caller asked not to create it.
+    /// Final: fix the path.
+    #[error("no database at {path}")]
+    NotFound {
+        /// The path that was opened.
+        path: PathBuf,
+    },
+
+    /// The file exists but is not an SQLite database. Final; nothing was written.
+    #[error("{path} is not an abridge database (not an SQLite file)")]
+    NotADatabase {
+        /// The path that was opened.
+        path: PathBuf,
+    },
+
+    /// The file is an SQLite database that abridge did not create (it has tables
+    /// but no abridge schema version). Final; nothing was written.
+    #[error("{path} is an SQLite database but not an abridge database")]
+    ForeignDatabase {
+        /// The path that was opened.
+        path: PathBuf,
+    },
+
+    /// The database was written by a newer abridge. Final for this build:
+    /// upgrade abridge. Nothing was written.
+    #[error("database schema version {found} is newer than this build supports ({supported})")]
+    SchemaTooNew {
+        /// `PRAGMA user_version` of the file.
+        found: i64,
+        /// The newest version this build knows.
+        supported: i64,
+    },
+
+    /// An SQLite error. `SQLITE_BUSY` past the busy timeout lands here and is
+    /// worth a retry; constraint violations are bugs or tampering.
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+
+    /// The connection pool could not hand out a connection in time. Retry.
+    #[error("connection pool: {0}")]
+    Pool(#[from] r2d2::Error),
+
+    /// A stored JSON column did not decode. Means tampering or a bug; final.
+    #[error("stored JSON did not decode: {0}")]
+    Json(#[from] serde_json::Error),
+
+    /// I/O outside SQLite (creating a directory, reading a file).
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+
+    /// No session with that id or external id.
+    #[error("unknown session {0}")]
+    UnknownSession(String),
+
+    /// No turn with that id.
+    #[error("unknown turn {0}")]
+    UnknownTurn(i64),
+
+    /// No step with that id.
+    #[error("unknown step {0}")]
+    UnknownStep(i64),
+
+    /// The step has no recorded response (it never executed); nothing to rebuild.
+    #[error("step {0} was never executed (no recorded response)")]
+    StepNotExecuted(i64),
+
+    /// The step records a compaction that is not completed: a G4 violation
+    /// (only possible by tampering with the store).
+    #[error("step {step_id} read compaction {compaction_id}, which is not completed")]
+    ReadNonCompleted {
+        /// The step.
+        step_id: i64,
+        /// The compaction.
+        compaction_id: i64,
+    },
+
+    /// `create_session` found the external id with a different model or system prompt.
+    #[error("session {external_id} exists with a different {field}")]
+    SessionConflict {
+        /// The session's external id.
+        external_id: String,
+        /// Which field differs.
+        field: &'static str,
+    },
+
+    /// A turn is already running in this session; finish or resume it first.
+    #[error("session {session_id} already has a running turn (index {running_idx})")]
+    TurnRunning {
+        /// The session.
+        session_id: i64,
+        /// The running turn's index.
+        running_idx: i64,
+    },
+
+    /// `begin_turn` named an index that exists with a different input, or that is
+    /// not the next one. Final: the host's script and the store disagree.
+    #[error("turn {idx} of session {session_id}: {reason}")]
+    TurnConflict {
+        /// The session.
+        session_id: i64,
+        /// The index asked for.
+        idx: i64,
+        /// What differs.
+        reason: String,
+    },
+
+    /// The turn has already finished; there is nothing to resume.
+    #[error("turn {turn_id} is already {status}")]
+    TurnFinished {
+        /// The turn.
+        turn_id: i64,
+        /// Its final status.
+        status: String,
+    },
+
+    /// Another live runner holds the turn's lease. Retry after `expires_at`.
+    #[error("turn {turn_id} is leased by {owner} until {expires_at}")]
+    LeaseHeld {
+        /// The turn.
+        turn_id: i64,
+        /// The live holder.
+        owner: String,
+        /// When its lease runs out (ms since epoch).
+        expires_at: i64,
+    },
+
+    /// This runner's lease on the turn was taken over; its write was refused
+    /// (fenced). The new holder continues the turn; this runner must stop.
+    #[error("lease on turn {turn_id} lost (epoch {epoch} was taken over); write refused")]
+    LeaseLost {
+        /// The turn.
+        turn_id: i64,
+        /// The epoch this runner held.
+        epoch: i64,
+    },
+
+    /// The turn ran `max_steps` steps without a final answer. The turn is failed.
+    #[error("turn {turn_id} reached max_steps ({max_steps}) without a final answer")]
+    MaxSteps {
+        /// The turn.
+        turn_id: i64,
+        /// The configured limit.
+        max_steps: u32,
+    },
+
+    /// The model answered with nothing usable (no blocks, or only empty text).
+    /// The turn is failed.
+    #[error("model returned an empty response for step {step_id}")]
+    EmptyResponse {
+        /// The step.
+        step_id: i64,
+    },
+
+    /// The model response was malformed in a way no tool result can express
+    /// (a duplicated or empty tool call id). The turn is failed.
+    #[error("invalid model response for step {step_id}: {reason}")]
+    InvalidResponse {
+        /// The step.
+        step_id: i64,
+        /// What was wrong.
+        reason: String,
+    },
+
+    /// The model call failed after every retry. The turn is failed.
+    #[error("model call for step {step_id} failed: {message}")]
+    Model {
+        /// The step.
+        step_id: i64,
+        /// The last error.
+        message: String,
+    },
+
+    /// A compaction failed after its last attempt and the failure policy says the
+    /// turn fails. The row is marked failed; `retry_compaction` re-arms it.
+    #[error("compaction {compaction_id} (session {session_id}, up to turn {boundary}) failed: {message}")]
+    CompactionFailed {
+        /// The row.
+        compaction_id: i64,
+        /// The session.
+        session_id: i64,
+        /// Its boundary.
+        boundary: i64,
+        /// The last error.
+        message: String,
+    },
+
+    /// Waiting for another live holder's compaction took longer than allowed.
+    /// Retry: the holder may still finish, or its lease will expire.
+    #[error("compaction {compaction_id} is held by {owner}; gave up waiting")]
+    CompactionWaitTimeout {
+        /// The row.
+        compaction_id: i64,
+        /// The live holder.
+        owner: String,
+    },
+
+    /// One summariser attempt failed (an error, a timeout, or a summary refused
+    /// by G7). Retried within the attempt budget; the last one fails the row.
+    #[error("summary attempt failed: {0}")]
+    Summary(String),
+
+    /// Nothing to compact: no completed turn past the newest compaction.
+    #[error("nothing to compact in session {session_id}")]
+    NothingToCompact {
+        /// The session.
+        session_id: i64,
+    },
+
+    /// A configuration value out of range. Raised when the config is built.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+
+    /// A failure injected by a fault hook at a named point (tests and the chaos
+    /// harness). Behaves like a crash: nothing is cleaned up; resume the turn.
+    #[error("fault injected at {0}")]
+    Injected(crate::fault::FaultPoint),
+
+    /// A blocking task panicked or was cancelled.
+    #[error("background task failed: {0}")]
+    Task(String),
+}
+
+impl Error {
+    /// True for errors after which the turn stays `running` and can be resumed
+    /// (by this process or another): store contention, lost leases, injected
+    /// faults. False for errors that finished the turn as failed, or bad input.
+    pub fn is_resumable(&self) -> bool {
+        matches!(
+            self,
+            Error::Sqlite(_)
+                | Error::Pool(_)
+                | Error::LeaseHeld { .. }
+                | Error::LeaseLost { .. }
+                | Error::Injected(_)
+                | Error::Task(_)
+                | Error::CompactionWaitTimeout { .. }
+        )
+    }
+}

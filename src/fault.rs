@@ -1,0 +1,88 @@
+//! Named fault points and the hook that reaches them.
+//!
+//! The runner and the compactor call the configured [`FaultHook`] at each point
+//! below. A hook that returns an error makes the runner stop right there, as a
+//! crash would: nothing is rolled back beyond the open transaction, nothing is
+//! marked failed. Tests use it to inject a failure at an exact point; the chaos
+//! harness uses it to kill its own process there. Without a hook the cost is one
+//! branch per point.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// A place in the step or compaction protocol where a crash can be injected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum FaultPoint {
+    /// The step row is claimed; the model has not been called.
+    BeforeModelCall,
+    /// The model's response is persisted (`responded`); no tool has run.
+    AfterResponsePersisted,
+    /// Between two tool invocations of one step.
+    BetweenTools,
+    /// Inside a transactional tool's transaction, after its writes, before commit.
+    InsideTransactionalTool,
+    /// An idempotent or at-most-once tool ran; its result is not yet recorded.
+    AfterToolEffect,
+    /// Every tool of the step is recorded; the step is not marked completed.
+    BeforeStepComplete,
+    /// A compaction row is claimed (pending); the summariser has not been called.
+    AfterClaim,
+    /// The summariser was called at least once; the summary is not persisted.
+    MidSummary,
+    /// The compaction is completed; the step has not read it yet.
+    AfterCompactionComplete,
+}
+
+impl FaultPoint {
+    /// Every point, in protocol order.
+    pub const ALL: [FaultPoint; 9] = [
+        FaultPoint::AfterClaim,
+        FaultPoint::MidSummary,
+        FaultPoint::AfterCompactionComplete,
+        FaultPoint::BeforeModelCall,
+        FaultPoint::AfterResponsePersisted,
+        FaultPoint::BetweenTools,
+        FaultPoint::InsideTransactionalTool,
+        FaultPoint::AfterToolEffect,
+        FaultPoint::BeforeStepComplete,
+    ];
+
+    /// The snake_case name used in environment variables and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultPoint::BeforeModelCall => "before_model_call",
+            FaultPoint::AfterResponsePersisted => "after_response_persisted",
+            FaultPoint::BetweenTools => "between_tools",
+            FaultPoint::InsideTransactionalTool => "inside_transactional_tool",
+            FaultPoint::AfterToolEffect => "after_tool_effect",
+            FaultPoint::BeforeStepComplete => "before_step_complete",
+            FaultPoint::AfterClaim => "after_claim",
+            FaultPoint::MidSummary => "mid_summary",
+            FaultPoint::AfterCompactionComplete => "after_compaction_complete",
+        }
+    }
+
+    /// Parses [`FaultPoint::name`].
+    pub fn from_name(name: &str) -> Option<FaultPoint> {
+        FaultPoint::ALL.into_iter().find(|p| p.name() == name)
+    }
+}
+
+impl fmt::Display for FaultPoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Called at every [`FaultPoint`]; an `Err` stops the runner there like a crash.
+pub type FaultHook = Arc<dyn Fn(FaultPoint) -> Result<(), FaultPoint> + Send + Sync>;
+
+/// Calls the hook, turning its refusal into [`crate::Error::Injected`].
+pub(crate) fn check(hook: &Option<FaultHook>, point: FaultPoint) -> crate::Result<()> {
+    match hook {
+        Some(h) => h(point).map_err(crate::Error::Injected),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,216 @@
+//! Read-only views of a store: sessions, turns, compactions, and the full
+//! uncompacted transcript (nothing is ever lost: compaction changes what the
+//! model sees, never what the store holds).
+
+use crate::error::{Error, Result};
+use crate::message::{ModelResponse, ResponseBlock};
+use crate::store::{self, CompactionRow, SessionCounts, SessionRow, TurnRow};
+use rusqlite::Connection;
+use serde::Serialize;
+use serde_json::json;
+
+/// A session with its counts.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionSummary {
+    /// The row.
+    pub session: SessionRow,
+    /// Its counts.
+    pub counts: SessionCounts,
+}
+
+/// A turn with its step count.
+#[derive(Debug, Clone, Serialize)]
+pub struct TurnSummary {
+    /// The row.
+    pub turn: TurnRow,
+    /// Steps.
+    pub steps: i64,
+}
+
+/// One session in detail.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionDetail {
+    /// Session and counts.
+    pub summary: SessionSummary,
+    /// Its turns.
+    pub turns: Vec<TurnSummary>,
+    /// Its compactions.
+    pub compactions: Vec<CompactionRow>,
+}
+
+/// Finds a session by numeric id or external id.
+pub fn resolve_session(conn: &Connection, key: &str) -> Result<SessionRow> {
+    if let Some(row) = store::find_session(conn, key)? {
+        return Ok(row);
+    }
+    match key.parse::<i64>() {
+        Ok(id) => store::get_session(conn, id).map_err(|_| Error::UnknownSession(key.into())),
+        Err(_) => Err(Error::UnknownSession(key.into())),
+    }
+}
+
+/// Every session with its counts.
+pub fn sessions(conn: &Connection) -> Result<Vec<SessionSummary>> {
+    store::list_sessions(conn)?
+        .into_iter()
+        .map(|s| {
+            Ok(SessionSummary {
+                counts: store::session_counts(conn, s.id)?,
+                session: s,
+            })
+        })
+        .collect()
+}
+
+/// One session: its turns and compactions.
+pub fn session_detail(conn: &Connection, key: &str) -> Result<SessionDetail> {
+    let s = resolve_session(conn, key)?;
+    let turns = store::list_turns(conn, s.id)?
+        .into_iter()
+        .map(|t| {
+            Ok(TurnSummary {
+                steps: store::list_steps(conn, t.id)?.len() as i64,
+                turn: t,
+            })
+        })
+        .collect::<Result<_>>()?;
+    Ok(SessionDetail {
+        compactions: store::list_compactions(conn, s.id)?,
+        summary: SessionSummary {
+            counts: store::session_counts(conn, s.id)?,
+            session: s,
+        },
+        turns,
+    })
+}
+
+/// Ids of every executed step (with a recorded hash).
+pub fn executed_step_ids(conn: &Connection) -> Result<Vec<i64>> {
+    store::executed_step_ids(conn, None)
+}
+
+/// Ids of one session's executed steps.
+pub fn session_step_ids(conn: &Connection, session_id: i64) -> Result<Vec<i64>> {
+    store::executed_step_ids(conn, Some(session_id))
+}
+
+/// Export formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExportFormat {
+    /// Human-readable.
+    Markdown,
+    /// One JSON object per line.
+    Jsonl,
+}
+
+/// One transcript record, in order.
+fn records(conn: &Connection, session: &SessionRow) -> Result<Vec<serde_json::Value>> {
+    let compactions = store::list_compactions(conn, session.id)?;
+    let mut out = Vec::new();
+    for turn in store::list_turns(conn, session.id)? {
+        out.push(json!({"kind": "user", "turn": turn.idx, "text": turn.input}));
+        for step in store::list_steps(conn, turn.id)? {
+            if let Some(resp) = &step.response {
+                let resp: ModelResponse = serde_json::from_str(resp)?;
+                for b in &resp.blocks {
+                    let v = match b {
+                        ResponseBlock::Text { text } => json!({"kind": "assistant", "text": text}),
+                        ResponseBlock::ToolUse { id, name, input } => {
+                            json!({"kind": "tool_call", "id": id, "name": name, "input": input})
+                        }
+                        ResponseBlock::Data { value } => json!({"kind": "data", "value": value}),
+                        ResponseBlock::Other { kind, value } => {
+                            json!({"kind": "other", "type": kind, "value": value})
+                        }
+                    };
+                    let mut v = v;
+                    v["turn"] = json!(turn.idx);
+                    v["step"] = json!(step.idx);
+                    out.push(v);
+                }
+            }
+            for inv in store::list_invocations(conn, step.id)? {
+                out.push(json!({
+                    "kind": "tool_result", "turn": turn.idx, "step": step.idx,
+                    "id": inv.tool_call_id, "name": inv.tool_name, "status": inv.status,
+                    "result": inv.result,
+                }));
+            }
+            if step.status == store::StepStatus::Failed {
+                out.push(json!({"kind": "step_failed", "turn": turn.idx, "step": step.idx, "error": step.error}));
+            }
+        }
+        if turn.status == store::TurnStatus::Failed {
+            out.push(json!({"kind": "turn_failed", "turn": turn.idx, "error": turn.error}));
+        }
+        for c in compactions
+            .iter()
+            .filter(|c| c.up_to_turn_index == turn.idx)
+        {
+            out.push(json!({
+                "kind": "compaction", "up_to_turn": c.up_to_turn_index, "status": c.status,
+                "trigger": c.trigger, "tokens_before": c.tokens_before, "tokens_after": c.tokens_after,
+                "summary": c.summary,
+            }));
+        }
+    }
+    Ok(out)
+}
+
+/// The full, uncompacted transcript of a session, with compaction points marked.
+pub fn export(conn: &Connection, key: &str, format: ExportFormat) -> Result<String> {
+    let session = resolve_session(conn, key)?;
+    let recs = records(conn, &session)?;
+    let mut out = String::new();
+    match format {
+        ExportFormat::Jsonl => {
+            for r in recs {
+                out.push_str(&r.to_string());
+                out.push('\n');
+            }
+        }
+        ExportFormat::Markdown => {
+            out.push_str(&format!(
+                "# Session {} ({})\n\nModel: {}\n\n> {}\n",
+                session.external_id, session.id, session.model, session.system_prompt
+            ));
+            let s = |v: &serde_json::Value, k: &str| v[k].as_str().unwrap_or("").to_string();
+            for r in recs {
+                match r["kind"].as_str().unwrap_or("") {
+                    "user" => out.push_str(&format!(
+                        "\n## Turn {}\n\n**User:** {}\n",
+                        r["turn"],
+                        s(&r, "text")
+                    )),
+                    "assistant" => out.push_str(&format!("\n**Assistant:** {}\n", s(&r, "text"))),
+                    "tool_call" => out.push_str(&format!(
+                        "\n- tool call `{}` `{}` {}\n",
+                        s(&r, "id"),
+                        s(&r, "name"),
+                        r["input"]
+                    )),
+                    "tool_result" => out.push_str(&format!(
+                        "- tool result `{}` ({}): {}\n",
+                        s(&r, "id"),
+                        s(&r, "status"),
+                        s(&r, "result")
+                    )),
+                    "compaction" => out.push_str(&format!(
+                        "\n---\n**Compaction up to turn {}** ({}, {}; tokens {} → {})\n\n{}\n---\n",
+                        r["up_to_turn"],
+                        s(&r, "status"),
+                        s(&r, "trigger"),
+                        r["tokens_before"],
+                        r["tokens_after"],
+                        s(&r, "summary")
+                    )),
+                    "turn_failed" | "step_failed" => {
+                        out.push_str(&format!("\n**Failed:** {}\n", s(&r, "error")))
+                    }
+                    _ => out.push_str(&format!("\n{r}\n")),
+                }
+            }
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,81 @@
+//! # abridge
+//!
+//! Durable, exactly-once context compaction for LLM agent hosts, on an embedded
+//! SQLite database.
+//!
+//! An agent host runs sessions for thousands of turns, far past any model's
+//! context window. Before each model step abridge decides whether the context
+//! has outgrown its threshold, claims one compaction row under a UNIQUE
+//! (session, up_to_turn) index, has a summariser fold the older turns (and the
+//! previous summary) into a summary, and from then on builds the messages from
+//! summary + recent turns. Turns, steps and tool invocations are stored as they
+//! happen, so that a process killed at any instant resumes where it stopped, no
+//! compaction happens twice, every executed step's messages rebuild byte for byte,
+//! and a completed tool effect is never repeated.
+//!
+//! ```no_run
+//! use abridge::{Runner, Store, Tools};
+//! # use abridge::{ModelClient, ModelRequest, ModelResponse, ModelError};
+//! # struct MyModel;
+//! # #[async_trait::async_trait]
+//! # impl ModelClient for MyModel {
+//! #     async fn complete(&self, _: &ModelRequest) -> Result<ModelResponse, ModelError> { unimplemented!() }
+//! # }
+//! # async fn run() -> abridge::Result<()> {
+//! let store = Store::open("agent.db")?;
+//! let runner = Runner::builder(store, std::sync::Arc::new(MyModel)).build()?;
+//! let session = runner.create_session("user-42", "gpt-4o", "You are helpful.").await?;
+//! let outcome = runner.run_turn(session.id, "Where is my order A-1234?").await?;
+//! println!("{}", outcome.output);
+//! # Ok(()) }
+//! ```
+//!
+//! # Layout
+//! - [`store`]: every SQL statement; schema, pool, claims, leases, row structs.
+//! - [`message`]: provider-neutral messages, requests, responses; bytes and hashes.
+//! - [`builder`]: the pure message builder (rows in, message array out).
+//! - [`replay`]: rebuilding an executed step's messages from the store (G3).
+//! - [`runner`]: the durable turn/step runner, leases and fencing, tool effect modes.
+//! - [`tools`]: the tool traits and registry.
+//! - [`model`]: the model client trait and its crash contract.
+//! - [`compaction`]: ensure(), claim/complete protocol, summarisers, planner.
+//! - [`events`]: the subscribable event stream.
+//! - [`fault`]: named fault points for crash tests and the chaos harness.
+//! - [`owner`]: lease owner identities and a local liveness check.
+//! - [`inspect`]: read-only views: sessions, turns, compactions, full transcript export.
+//! - [`demo`]: the deterministic customer-support workload behind `abridge demo`.
+//! - [`verify`]: whole-database checks of the guarantees G1-G7.
+
+#![warn(missing_docs)]
+
+pub mod builder;
+pub mod compaction;
+pub mod demo;
+pub mod error;
+pub mod events;
+pub mod fault;
+pub mod inspect;
+pub mod message;
+pub mod model;
+pub mod owner;
+pub mod replay;
+pub mod runner;
+pub mod store;
+pub mod tools;
+pub mod verify;
+
+pub use compaction::{
+    CompactionConfig, Compactor, ExtractiveSummariser, FailurePolicy, ModelSummariser, PromptStyle,
+    Summariser, SummaryRequest, SummaryResponse, Threshold, TokenCounter,
+};
+pub use error::{Error, Result};
+pub use events::Event;
+pub use fault::{FaultHook, FaultPoint};
+pub use message::{
+    ContentBlock, Message, ModelRequest, ModelResponse, ResponseBlock, Role, ToolSpec, Usage,
+};
+pub use model::{ModelClient, ModelError};
+pub use replay::Rebuilt;
+pub use runner::{Runner, RunnerBuilder, RunnerConfig, TurnOutcome};
+pub use store::{Store, StoreOptions, Synchronous};
+pub use tools::{Tool, ToolCall, ToolError, Tools, TransactionalTool};

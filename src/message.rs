@@ -1,0 +1,202 @@
+//! Provider-neutral messages, model requests and responses.
+//!
+//! The message array a step sends is serialised once with `serde_json` and those
+//! exact bytes are hashed (G3). Field order is fixed by these struct definitions
+//! and JSON objects inside tool inputs are key-sorted (serde_json's default map),
+//! so the same rows always give the same bytes.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Who speaks a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// The system prompt; always the first message.
+    System,
+    /// The user, tool results, and the summary of compacted turns.
+    User,
+    /// The model.
+    Assistant,
+}
+
+/// One block of a message's content.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentBlock {
+    /// Plain text.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// A tool call the model made.
+    ToolUse {
+        /// The call's id, unique within its step.
+        id: String,
+        /// The tool's name.
+        name: String,
+        /// The arguments, as the model sent them.
+        input: Value,
+    },
+    /// The result of a tool call.
+    ToolResult {
+        /// The `id` of the matching [`ContentBlock::ToolUse`].
+        tool_use_id: String,
+        /// The result text (JSON results are rendered as JSON text).
+        content: String,
+        /// True when the result is an error the model should see as such.
+        is_error: bool,
+    },
+    /// Structured data the model returned (rendered back as it came).
+    Data {
+        /// The value.
+        value: Value,
+    },
+}
+
+/// One message of the array sent to the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    /// The speaker.
+    pub role: Role,
+    /// The content blocks, in order.
+    pub content: Vec<ContentBlock>,
+}
+
+impl Message {
+    /// A message with one text block.
+    pub fn text(role: Role, text: impl Into<String>) -> Message {
+        Message {
+            role,
+            content: vec![ContentBlock::Text { text: text.into() }],
+        }
+    }
+}
+
+/// A tool the model may call, as described to the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    /// Unique name.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// JSON schema of its input.
+    pub input_schema: Value,
+}
+
+/// What a [`crate::ModelClient`] is asked.
+#[derive(Debug, Clone)]
+pub struct ModelRequest {
+    /// The model name (the session's model, or the summariser's).
+    pub model: String,
+    /// The message array, system prompt first. For a step, exactly the array whose
+    /// serialised bytes were hashed.
+    pub messages: Vec<Message>,
+    /// The tools offered.
+    pub tools: Vec<ToolSpec>,
+    /// An upper bound on output tokens, where the caller has one.
+    pub max_output_tokens: Option<u32>,
+}
+
+/// One block of a model's response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseBlock {
+    /// Text.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// A tool call. `input` should be a JSON object; a client that cannot parse
+    /// the provider's argument string passes it as a JSON string, and the model
+    /// then sees an error result saying the arguments were malformed.
+    ToolUse {
+        /// The call id, unique within the response.
+        id: String,
+        /// The tool's name.
+        name: String,
+        /// The arguments.
+        input: Value,
+    },
+    /// Structured output.
+    Data {
+        /// The value.
+        value: Value,
+    },
+    /// A block of a type abridge does not know (a provider's new feature). It is
+    /// stored with the response, so nothing is lost, but not sent back to the model.
+    Other {
+        /// The provider's block type.
+        kind: String,
+        /// The block as the provider sent it.
+        value: Value,
+    },
+}
+
+/// Token usage as the provider reported it; each figure is optional.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Input (prompt) tokens.
+    pub input_tokens: Option<u64>,
+    /// Output (completion) tokens.
+    pub output_tokens: Option<u64>,
+}
+
+/// A model's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelResponse {
+    /// The blocks, in order.
+    pub blocks: Vec<ResponseBlock>,
+    /// Reported usage.
+    #[serde(default)]
+    pub usage: Usage,
+}
+
+impl ModelResponse {
+    /// The tool calls, in order.
+    pub fn tool_calls(&self) -> impl Iterator<Item = (&str, &str, &Value)> {
+        self.blocks.iter().filter_map(|b| match b {
+            ResponseBlock::ToolUse { id, name, input } => Some((id.as_str(), name.as_str(), input)),
+            _ => None,
+        })
+    }
+
+    /// The text blocks joined with newlines.
+    pub fn text(&self) -> String {
+        let parts: Vec<&str> = self
+            .blocks
+            .iter()
+            .filter_map(|b| match b {
+                ResponseBlock::Text { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect();
+        parts.join("\n")
+    }
+
+    /// True when the response has nothing a conversation can continue from.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.iter().all(|b| match b {
+            ResponseBlock::Text { text } => text.trim().is_empty(),
+            ResponseBlock::Other { .. } => true,
+            _ => false,
+        })
+    }
+}
+
+/// Serialises a message array to the exact bytes a step hashes.
+pub fn to_bytes(messages: &[Message]) -> Vec<u8> {
+    // Serialising these types cannot fail: every map key is a string.
+    serde_json::to_vec(messages).expect("messages serialise")
+}
+
+/// Lower-case hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(bytes);
+    let mut out = String::with_capacity(64);
+    for b in digest {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}

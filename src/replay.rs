@@ -1,0 +1,82 @@
+//! Rebuilding an executed step's messages from the store (G3).
+
+use crate::builder::{build_messages, SummaryView};
+use crate::error::{Error, Result};
+use crate::message::{sha256_hex, to_bytes, Message};
+use crate::store::{self, CompactionRow, CompactionStatus, SessionRow};
+use rusqlite::Connection;
+
+/// A step's messages rebuilt from the store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rebuilt {
+    /// The step.
+    pub step_id: i64,
+    /// The rebuilt message array.
+    pub messages: Vec<Message>,
+    /// Its serialised bytes: what the step hashed.
+    pub bytes: Vec<u8>,
+    /// SHA-256 of `bytes`.
+    pub sha256: String,
+    /// The hash the step recorded when it ran.
+    pub recorded: String,
+}
+
+impl Rebuilt {
+    /// True when the rebuild reproduces the recorded bytes.
+    pub fn matches(&self) -> bool {
+        self.sha256 == self.recorded
+    }
+}
+
+/// Builds the messages of step `step_idx` of turn `turn_idx`, reading `compaction`.
+pub(crate) fn build_for(
+    conn: &Connection,
+    session: &SessionRow,
+    turn_idx: i64,
+    step_idx: i64,
+    compaction: Option<&CompactionRow>,
+) -> Result<Vec<Message>> {
+    let after = compaction.map_or(-1, |c| c.up_to_turn_index);
+    let history = store::load_history(conn, session.id, after, turn_idx, step_idx)?;
+    let view = compaction.map(|c| SummaryView {
+        up_to_turn_index: c.up_to_turn_index,
+        summary: c.summary.as_deref().unwrap_or(""),
+    });
+    build_messages(&session.system_prompt, view, &history)
+}
+
+/// Rebuilds an executed step's messages, their bytes and hash, next to the hash
+/// it recorded. Errors with [`Error::StepNotExecuted`] for a step that never got
+/// a response.
+pub fn rebuild_step(conn: &Connection, step_id: i64) -> Result<Rebuilt> {
+    let step = store::get_step(conn, step_id)?;
+    let recorded = step
+        .messages_sha256
+        .clone()
+        .ok_or(Error::StepNotExecuted(step_id))?;
+    let turn = store::get_turn(conn, step.turn_id)?;
+    let session = store::get_session(conn, turn.session_id)?;
+    let compaction = match step.compaction_id {
+        Some(id) => {
+            let c = store::get_compaction(conn, id)?;
+            if c.status != CompactionStatus::Completed {
+                return Err(Error::ReadNonCompleted {
+                    step_id,
+                    compaction_id: id,
+                });
+            }
+            Some(c)
+        }
+        None => None,
+    };
+    let messages = build_for(conn, &session, turn.idx, step.idx, compaction.as_ref())?;
+    let bytes = to_bytes(&messages);
+    let sha256 = sha256_hex(&bytes);
+    Ok(Rebuilt {
+        step_id,
+        messages,
+        bytes,
+        sha256,
+        recorded,
+    })
+}

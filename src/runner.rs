@@ -1,0 +1,756 @@
+//! The durable turn/step runner.
+//!
+//! One step, in order: claim or resume the step row; `ensure()` the compaction
+//! it reads; build the messages (a pure function of rows), serialise once and
+//! hash those bytes; call the model; persist response, usage, hash and the
+//! compaction id in ONE transaction; run each tool call per its effect mode,
+//! exactly once per (step, tool_call_id); mark the step completed. Every write
+//! is fenced by the turn's lease, so a runner whose lease was taken over cannot
+//! write anything more.
+
+use crate::compaction::{CompactionConfig, Compactor, ExtractiveSummariser, Summariser};
+use crate::error::{Error, Result};
+use crate::events::{Event, EventSink};
+use crate::fault::{self, FaultHook, FaultPoint};
+use crate::message::{sha256_hex, to_bytes, ModelRequest, ModelResponse};
+use crate::model::{ModelClient, ModelError};
+use crate::replay::{build_for, rebuild_step, Rebuilt};
+use crate::store::{
+    self, CompactionRow, Effect, InvocationStatus, Lease, NewInvocation, Responded, SessionRow,
+    StepStatus, Store, TurnRow, TurnStatus,
+};
+use crate::tools::{idempotency_key, render_result, ToolCall, ToolImpl, Tools};
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::broadcast;
+use tracing::{debug, instrument, warn};
+
+/// Runner settings.
+#[derive(Clone)]
+pub struct RunnerConfig {
+    /// Lease owner identity. Default: [`crate::owner::process_owner`]`("abridge")`.
+    /// A stable identity lets a restarted host take over its own leases at once.
+    pub owner: String,
+    /// Turn lease; renewed by a heartbeat while the runner works. Default 30 s.
+    pub lease_ttl: Duration,
+    /// Steps per turn before the turn fails with [`Error::MaxSteps`]. Default 25.
+    pub max_steps: u32,
+    /// Model attempts per step for transient errors. Default 3.
+    pub model_attempts: u32,
+    /// Backoff before the second model attempt; doubles. Default 500 ms.
+    pub model_backoff: Duration,
+    /// Timeout of one model call. Default 300 s.
+    pub model_timeout: Duration,
+    /// Take over a lease at once when its owner is a dead process on this machine.
+    /// Default true.
+    pub take_over_dead_local_owners: bool,
+    /// Compaction settings.
+    pub compaction: CompactionConfig,
+    /// Fault injection (tests, chaos harness). Default None.
+    pub fault_hook: Option<FaultHook>,
+}
+
+impl std::fmt::Debug for RunnerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunnerConfig")
+            .field("owner", &self.owner)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("max_steps", &self.max_steps)
+            .field("compaction", &self.compaction)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        RunnerConfig {
+            owner: crate::owner::process_owner("abridge"),
+            lease_ttl: Duration::from_secs(30),
+            max_steps: 25,
+            model_attempts: 3,
+            model_backoff: Duration::from_millis(500),
+            model_timeout: Duration::from_secs(300),
+            take_over_dead_local_owners: true,
+            compaction: CompactionConfig::default(),
+            fault_hook: None,
+        }
+    }
+}
+
+/// How a turn ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnOutcome {
+    /// The turn row, as finished.
+    pub turn: TurnRow,
+    /// The final answer.
+    pub output: String,
+    /// Steps the turn took.
+    pub steps: i64,
+}
+
+struct Inner {
+    store: Store,
+    model: Arc<dyn ModelClient>,
+    tools: Tools,
+    cfg: RunnerConfig,
+    compactor: Compactor,
+    events: EventSink,
+}
+
+/// Runs turns durably. Cheap to clone; share one per store and model.
+#[derive(Clone)]
+pub struct Runner {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Runner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runner")
+            .field("store", &self.inner.store)
+            .field("tools", &self.inner.tools)
+            .field("config", &self.inner.cfg)
+            .finish()
+    }
+}
+
+/// Builds a [`Runner`].
+pub struct RunnerBuilder {
+    store: Store,
+    model: Arc<dyn ModelClient>,
+    tools: Tools,
+    summariser: Option<Arc<dyn Summariser>>,
+    cfg: RunnerConfig,
+}
+
+impl RunnerBuilder {
+    /// The tools offered to the model.
+    pub fn tools(mut self, tools: Tools) -> Self {
+        self.tools = tools;
+        self
+    }
+    /// The summariser. Default: the offline [`ExtractiveSummariser`].
+    pub fn summariser(mut self, s: impl Summariser + 'static) -> Self {
+        self.summariser = Some(Arc::new(s));
+        self
+    }
+    /// The summariser, shared.
+    pub fn summariser_arc(mut self, s: Arc<dyn Summariser>) -> Self {
+        self.summariser = Some(s);
+        self
+    }
+    /// Runner settings.
+    pub fn config(mut self, cfg: RunnerConfig) -> Self {
+        self.cfg = cfg;
+        self
+    }
+    /// Compaction settings.
+    pub fn compaction(mut self, c: CompactionConfig) -> Self {
+        self.cfg.compaction = c;
+        self
+    }
+    /// A fault hook.
+    pub fn fault_hook(mut self, hook: FaultHook) -> Self {
+        self.cfg.fault_hook = Some(hook);
+        self
+    }
+    /// Validates the configuration and builds the runner.
+    pub fn build(self) -> Result<Runner> {
+        let cfg = self.cfg;
+        if cfg.max_steps == 0 || cfg.model_attempts == 0 {
+            return Err(Error::Config(
+                "max_steps and model_attempts must be > 0".into(),
+            ));
+        }
+        if cfg.lease_ttl < Duration::from_millis(10) {
+            return Err(Error::Config("lease_ttl must be at least 10 ms".into()));
+        }
+        if cfg.owner.is_empty() {
+            return Err(Error::Config("owner must not be empty".into()));
+        }
+        let events = EventSink::default();
+        let dead: crate::compaction::DeadCheck = if cfg.take_over_dead_local_owners {
+            Arc::new(crate::owner::is_dead_local_owner)
+        } else {
+            Arc::new(|_: &str| false)
+        };
+        let compactor = Compactor::new(
+            self.store.clone(),
+            self.summariser
+                .unwrap_or_else(|| Arc::new(ExtractiveSummariser)),
+            cfg.compaction.clone(),
+            cfg.owner.clone(),
+            events.clone(),
+            cfg.fault_hook.clone(),
+            dead,
+        )?;
+        Ok(Runner {
+            inner: Arc::new(Inner {
+                store: self.store,
+                model: self.model,
+                tools: self.tools,
+                cfg,
+                compactor,
+                events,
+            }),
+        })
+    }
+}
+
+/// Aborts a background task when dropped (a crash or an error ends the heartbeat).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Runner {
+    /// Starts building a runner over `store` calling `model`.
+    pub fn builder(store: Store, model: Arc<dyn ModelClient>) -> RunnerBuilder {
+        RunnerBuilder {
+            store,
+            model,
+            tools: Tools::new(),
+            summariser: None,
+            cfg: RunnerConfig::default(),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// The compactor (manual compaction, retries).
+    pub fn compactor(&self) -> &Compactor {
+        &self.inner.compactor
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RunnerConfig {
+        &self.inner.cfg
+    }
+
+    /// Subscribes to compaction events.
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.inner.events.subscribe()
+    }
+
+    fn dead_check(&self) -> fn(&str) -> bool {
+        if self.inner.cfg.take_over_dead_local_owners {
+            crate::owner::is_dead_local_owner
+        } else {
+            |_| false
+        }
+    }
+
+    /// Creates a session, or returns the one with this external id.
+    pub async fn create_session(
+        &self,
+        external_id: &str,
+        model: &str,
+        system_prompt: &str,
+    ) -> Result<SessionRow> {
+        let (e, m, s) = (
+            external_id.to_string(),
+            model.to_string(),
+            system_prompt.to_string(),
+        );
+        self.inner
+            .store
+            .call(move |c| store::create_session(c, &e, &m, &s, "{}"))
+            .await
+    }
+
+    /// Runs a new turn with the user's `input` to its final answer.
+    pub async fn run_turn(&self, session_id: i64, input: &str) -> Result<TurnOutcome> {
+        self.run_turn_inner(session_id, None, input).await
+    }
+
+    /// Runs turn `idx` of the session: starts it if it is the next one, resumes
+    /// it if it exists with the same input and is still running, and returns it
+    /// as it ended if it already finished. For hosts that replay a script after a
+    /// crash: calling it again is always safe.
+    pub async fn run_turn_at(&self, session_id: i64, idx: i64, input: &str) -> Result<TurnOutcome> {
+        self.run_turn_inner(session_id, Some(idx), input).await
+    }
+
+    async fn run_turn_inner(
+        &self,
+        session_id: i64,
+        idx: Option<i64>,
+        input: &str,
+    ) -> Result<TurnOutcome> {
+        let owner = self.inner.cfg.owner.clone();
+        let ttl = self.inner.cfg.lease_ttl.as_millis() as i64;
+        let input = input.to_string();
+        let dead = self.dead_check();
+        let (turn, lease) = self
+            .inner
+            .store
+            .call(move |c| store::begin_turn(c, session_id, idx, &input, &owner, ttl, &dead))
+            .await?;
+        match lease {
+            Some(lease) => self.drive(turn, lease).await,
+            None => self.finished_outcome(turn).await,
+        }
+    }
+
+    /// Resumes a running turn (from any process) at its first incomplete step.
+    /// A persisted model response is reused, never requested again; completed tool
+    /// invocations are never called again.
+    pub async fn resume_turn(&self, turn_id: i64) -> Result<TurnOutcome> {
+        let owner = self.inner.cfg.owner.clone();
+        let ttl = self.inner.cfg.lease_ttl.as_millis() as i64;
+        let dead = self.dead_check();
+        let got = self
+            .inner
+            .store
+            .call(move |c| store::acquire_lease(c, turn_id, &owner, ttl, &dead))
+            .await;
+        match got {
+            Ok((turn, lease)) => self.drive(turn, lease).await,
+            Err(Error::TurnFinished { .. }) => {
+                let turn = self
+                    .inner
+                    .store
+                    .call(move |c| store::get_turn(c, turn_id))
+                    .await?;
+                self.finished_outcome(turn).await
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Turns left running whose lease has expired (or whose owner is a dead
+    /// process on this machine): what a host resumes at start-up.
+    pub async fn recoverable_turns(&self) -> Result<Vec<TurnRow>> {
+        let dead = self.dead_check();
+        let rows = self
+            .inner
+            .store
+            .call(move |c| store::running_turns(c, false, store::now_ms()))
+            .await?;
+        let now = store::now_ms();
+        Ok(rows
+            .into_iter()
+            .filter(|t| {
+                t.lease_expires_at.is_none_or(|e| e < now)
+                    || t.lease_owner.as_deref().is_some_and(dead)
+            })
+            .collect())
+    }
+
+    /// Manual compaction; see [`Compactor::compact_now`].
+    pub async fn compact_now(
+        &self,
+        session_id: i64,
+        focus: Option<String>,
+    ) -> Result<CompactionRow> {
+        self.inner.compactor.compact_now(session_id, focus).await
+    }
+
+    /// Rebuilds an executed step's messages (G3).
+    pub async fn rebuild_step(&self, step_id: i64) -> Result<Rebuilt> {
+        self.inner
+            .store
+            .call(move |c| rebuild_step(c, step_id))
+            .await
+    }
+
+    async fn finished_outcome(&self, turn: TurnRow) -> Result<TurnOutcome> {
+        let tid = turn.id;
+        let steps = self
+            .inner
+            .store
+            .call(move |c| Ok(store::list_steps(c, tid)?.len() as i64))
+            .await?;
+        match turn.status {
+            TurnStatus::Completed => Ok(TurnOutcome {
+                output: turn.output.clone().unwrap_or_default(),
+                turn,
+                steps,
+            }),
+            _ => Err(Error::TurnFinished {
+                turn_id: turn.id,
+                status: format!("{} ({})", turn.status, turn.error.unwrap_or_default()),
+            }),
+        }
+    }
+
+    fn heartbeat(&self, lease: &Lease) -> AbortOnDrop {
+        let store = self.inner.store.clone();
+        let lease = lease.clone();
+        let period = self.inner.cfg.lease_ttl / 3;
+        AbortOnDrop(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let l = lease.clone();
+                match store.call(move |c| store::renew_lease(c, &l)).await {
+                    Ok(true) => {}
+                    Ok(false) => break,
+                    Err(e) => debug!(error = %e, "lease renewal failed; retrying"),
+                }
+            }
+        }))
+    }
+
+    /// Fails the turn (policy), then returns `err` to the caller.
+    async fn fail(&self, lease: &Lease, step_id: Option<i64>, err: Error) -> Result<TurnOutcome> {
+        let msg = err.to_string();
+        let l = lease.clone();
+        self.inner
+            .store
+            .call(move |c| store::fail_turn(c, &l, step_id, &msg))
+            .await?;
+        warn!(turn = lease.turn_id, error = %err, "turn failed");
+        Err(err)
+    }
+
+    #[instrument(skip(self, turn, lease), fields(session = turn.session_id, turn = turn.idx, turn_id = turn.id))]
+    async fn drive(&self, turn: TurnRow, lease: Lease) -> Result<TurnOutcome> {
+        let _hb = self.heartbeat(&lease);
+        let sid = turn.session_id;
+        let session = self
+            .inner
+            .store
+            .call(move |c| store::get_session(c, sid))
+            .await?;
+        loop {
+            let l = lease.clone();
+            let step = self
+                .inner
+                .store
+                .call(move |c| store::claim_step(c, &l))
+                .await?;
+            let response: ModelResponse = if step.status == StepStatus::Running {
+                if step.idx >= self.inner.cfg.max_steps as i64 {
+                    let e = Error::MaxSteps {
+                        turn_id: turn.id,
+                        max_steps: self.inner.cfg.max_steps,
+                    };
+                    return self.fail(&lease, Some(step.id), e).await;
+                }
+                match self
+                    .execute(&session, &turn, &lease, step.id, step.idx)
+                    .await
+                {
+                    Ok(r) => r,
+                    Err(e) if e.is_resumable() => return Err(e),
+                    Err(e) => return self.fail(&lease, Some(step.id), e).await,
+                }
+            } else {
+                serde_json::from_str(step.response.as_deref().unwrap_or("{}"))?
+            };
+
+            let calls: Vec<(String, String, serde_json::Value)> = response
+                .tool_calls()
+                .map(|(id, name, input)| (id.to_string(), name.to_string(), input.clone()))
+                .collect();
+            for (pos, (id, name, input)) in calls.iter().enumerate() {
+                if pos > 0 {
+                    fault::check(&self.inner.cfg.fault_hook, FaultPoint::BetweenTools)?;
+                }
+                let call = ToolCall {
+                    session: session.external_id.clone(),
+                    turn_idx: turn.idx,
+                    step_idx: step.idx,
+                    tool_call_id: id.clone(),
+                    name: name.clone(),
+                    input: input.clone(),
+                    idempotency_key: idempotency_key(&session.external_id, turn.idx, step.idx, id),
+                };
+                self.run_tool(&lease, step.id, pos as i64, call).await?;
+            }
+            fault::check(&self.inner.cfg.fault_hook, FaultPoint::BeforeStepComplete)?;
+            let final_output = calls.is_empty().then(|| response.text());
+            let (l, fo) = (lease.clone(), final_output.clone());
+            let sid = step.id;
+            self.inner
+                .store
+                .call(move |c| store::complete_step(c, &l, sid, fo.as_deref()))
+                .await?;
+            if let Some(output) = final_output {
+                let tid = turn.id;
+                let turn = self
+                    .inner
+                    .store
+                    .call(move |c| store::get_turn(c, tid))
+                    .await?;
+                return Ok(TurnOutcome {
+                    turn,
+                    output,
+                    steps: step.idx + 1,
+                });
+            }
+        }
+    }
+
+    /// Runs a claimed step up to `responded`: ensure, build, hash, call, persist.
+    async fn execute(
+        &self,
+        session: &SessionRow,
+        turn: &TurnRow,
+        lease: &Lease,
+        step_id: i64,
+        step_idx: i64,
+    ) -> Result<ModelResponse> {
+        // The hook where compaction runs: the step reads only what ensure returns.
+        let compaction = self
+            .inner
+            .compactor
+            .ensure(session, turn.idx, step_idx)
+            .await?;
+        fault::check(&self.inner.cfg.fault_hook, FaultPoint::BeforeModelCall)?;
+
+        let (s, t, c) = (session.clone(), turn.idx, compaction.clone());
+        let messages = self
+            .inner
+            .store
+            .call(move |conn| build_for(conn, &s, t, step_idx, c.as_ref()))
+            .await?;
+        let bytes = to_bytes(&messages);
+        let sha = sha256_hex(&bytes);
+        let request = ModelRequest {
+            model: session.model.clone(),
+            messages,
+            tools: self.inner.tools.specs(),
+            max_output_tokens: None,
+        };
+        let response = self.call_model(request, step_id).await?;
+        if response.is_empty() {
+            return Err(Error::EmptyResponse { step_id });
+        }
+        validate_calls(&response, step_id)?;
+
+        let (context_tokens, estimated) = match response.usage.input_tokens {
+            Some(n) => (n as i64, false),
+            None => {
+                let text = String::from_utf8_lossy(&bytes);
+                (
+                    self.inner.cfg.compaction.token_counter.count(&text) as i64,
+                    true,
+                )
+            }
+        };
+        let json = serde_json::to_string(&response)?;
+        let l = lease.clone();
+        let cid = compaction.as_ref().map(|c| c.id);
+        let usage = response.usage;
+        self.inner
+            .store
+            .call(move |c| {
+                store::persist_response(
+                    c,
+                    &l,
+                    &Responded {
+                        step_id,
+                        compaction_id: cid,
+                        messages_sha256: &sha,
+                        response_json: &json,
+                        input_tokens: usage.input_tokens.map(|n| n as i64),
+                        output_tokens: usage.output_tokens.map(|n| n as i64),
+                        context_tokens,
+                        estimated,
+                    },
+                )
+            })
+            .await?;
+        fault::check(
+            &self.inner.cfg.fault_hook,
+            FaultPoint::AfterResponsePersisted,
+        )?;
+        Ok(response)
+    }
+
+    async fn call_model(&self, request: ModelRequest, step_id: i64) -> Result<ModelResponse> {
+        let cfg = &self.inner.cfg;
+        let request = Arc::new(request);
+        let mut backoff = cfg.model_backoff;
+        let mut last = String::new();
+        for attempt in 1..=cfg.model_attempts {
+            if attempt > 1 {
+                tokio::time::sleep(backoff).await;
+                backoff *= 2;
+            }
+            let model = self.inner.model.clone();
+            let req = request.clone();
+            let task = tokio::spawn(async move { model.complete(&req).await });
+            match tokio::time::timeout(cfg.model_timeout, task).await {
+                Ok(Ok(Ok(resp))) => return Ok(resp),
+                Ok(Ok(Err(ModelError::Permanent(m)))) => {
+                    return Err(Error::Model {
+                        step_id,
+                        message: m,
+                    });
+                }
+                Ok(Ok(Err(e))) => last = e.to_string(),
+                Ok(Err(join)) => last = format!("model client panicked: {join}"),
+                Err(_) => last = format!("model call timed out after {:?}", cfg.model_timeout),
+            }
+            warn!(step_id, attempt, error = %last, "model call failed");
+        }
+        Err(Error::Model {
+            step_id,
+            message: last,
+        })
+    }
+
+    /// Runs one tool call per its effect mode, exactly once per (step, call id).
+    async fn run_tool(
+        &self,
+        lease: &Lease,
+        step_id: i64,
+        position: i64,
+        call: ToolCall,
+    ) -> Result<()> {
+        let registered = self.inner.tools.get(&call.name).cloned();
+        let args = call.input.to_string();
+        let refusal = match (&registered, call.input.is_object()) {
+            (None, _) => Some(format!("unknown tool: {}", call.name)),
+            (Some(_), false) => Some(format!(
+                "malformed arguments for {}: expected a JSON object, got {}",
+                call.name,
+                crate::compaction::truncate_chars(&args, 200)
+            )),
+            _ => None,
+        };
+        if let Some(msg) = refusal {
+            // No tool runs: record the error result the model sees, in one transaction.
+            let (l, c) = (lease.clone(), call.clone());
+            return self
+                .inner
+                .store
+                .call(move |conn| {
+                    let inv = new_invocation(step_id, position, &c, &args, Effect::None);
+                    store::run_transactional(conn, &l, &inv, Box::new(move |_, _| Ok(Err(msg))))?;
+                    Ok(())
+                })
+                .await;
+        }
+        let registered = registered.expect("checked above");
+        match registered.imp {
+            ToolImpl::Transactional(tool) => {
+                let (l, c) = (lease.clone(), call.clone());
+                let hook = self.inner.cfg.fault_hook.clone();
+                self.inner
+                    .store
+                    .call(move |conn| {
+                        let inv =
+                            new_invocation(step_id, position, &c, &args, Effect::Transactional);
+                        let tc = c.clone();
+                        let body =
+                            move |tx: &rusqlite::Transaction<'_>, _: &store::InvocationRow| {
+                                let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                                    tool.call(tx, &tc)
+                                }));
+                                let out = match r {
+                                    Ok(Ok(v)) => Ok(render_result(&v)),
+                                    Ok(Err(e)) => Err(e.0),
+                                    Err(p) => Err(format!("tool panicked: {}", panic_message(&p))),
+                                };
+                                fault::check(&hook, FaultPoint::InsideTransactionalTool)?;
+                                Ok(out)
+                            };
+                        store::run_transactional(conn, &l, &inv, Box::new(body))?;
+                        Ok(())
+                    })
+                    .await
+            }
+            ToolImpl::Async(tool) => {
+                let effect = registered.effect;
+                let (l, c, a) = (lease.clone(), call.clone(), args.clone());
+                let (row, inserted) = self
+                    .inner
+                    .store
+                    .call(move |conn| {
+                        store::start_invocation(
+                            conn,
+                            &l,
+                            &new_invocation(step_id, position, &c, &a, effect),
+                        )
+                    })
+                    .await?;
+                if row.status != InvocationStatus::Started && !cfg!(feature = "broken-idempotency")
+                {
+                    return Ok(()); // completed earlier: its stored result is reused (G5)
+                }
+                let (ok, result) = if effect == Effect::AtMostOnce && !inserted {
+                    (
+                        false,
+                        format!(
+                            "outcome unknown: the call to {} may or may not have taken effect \
+                             (the process stopped during it); it was not repeated",
+                            call.name
+                        ),
+                    )
+                } else {
+                    let c = call.clone();
+                    match tokio::spawn(async move { tool.call(&c).await }).await {
+                        Ok(Ok(v)) => (true, render_result(&v)),
+                        Ok(Err(e)) => (false, e.0),
+                        Err(j) => (false, format!("tool panicked: {j}")),
+                    }
+                };
+                fault::check(&self.inner.cfg.fault_hook, FaultPoint::AfterToolEffect)?;
+                let l = lease.clone();
+                self.inner
+                    .store
+                    .call(move |conn| store::finish_invocation(conn, &l, row.id, ok, &result))
+                    .await
+            }
+        }
+    }
+}
+
+fn new_invocation<'a>(
+    step_id: i64,
+    position: i64,
+    call: &'a ToolCall,
+    args: &'a str,
+    effect: Effect,
+) -> NewInvocation<'a> {
+    NewInvocation {
+        step_id,
+        position,
+        tool_call_id: &call.tool_call_id,
+        tool_name: &call.name,
+        arguments: args,
+        effect,
+        idempotency_key: &call.idempotency_key,
+    }
+}
+
+fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic)".into()
+    }
+}
+
+/// Tool call ids must be non-empty and unique within the response: they key the
+/// exactly-once record of each call.
+fn validate_calls(response: &ModelResponse, step_id: i64) -> Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    for (id, name, _) in response.tool_calls() {
+        if id.is_empty() || name.is_empty() {
+            return Err(Error::InvalidResponse {
+                step_id,
+                reason: "a tool call has an empty id or name".into(),
+            });
+        }
+        if !seen.insert(id) {
+            return Err(Error::InvalidResponse {
+                step_id,
+                reason: format!("tool call id {id:?} appears twice"),
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,286 @@
+//! Compaction rows: claim, lease, complete, fail (G1, G2).
+
+use super::rows::*;
+use super::{now_ms, write_tx};
+use crate::error::{Error, Result};
+use rusqlite::{params, Connection, OptionalExtension};
+
+/// What a claim on a boundary found. Not a bool: each case asks the caller for
+/// something different.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClaimOutcome {
+    /// This caller inserted the row and holds its lease: summarise it.
+    Claimed(CompactionRow),
+    /// The row is already completed: read it.
+    AlreadyCompleted(CompactionRow),
+    /// The row was pending with an expired lease (a crash mid-summary) or a dead
+    /// holder; this caller took the lease over: finish it, without re-deciding.
+    TakenOver(CompactionRow),
+    /// A live other holds the pending row: wait for it, do not summarise twice.
+    HeldByLiveOther(CompactionRow),
+    /// Every attempt failed earlier; the boundary stays failed until retried.
+    Failed(CompactionRow),
+}
+
+impl ClaimOutcome {
+    /// The row, whatever the outcome.
+    pub fn row(&self) -> &CompactionRow {
+        match self {
+            ClaimOutcome::Claimed(r)
+            | ClaimOutcome::AlreadyCompleted(r)
+            | ClaimOutcome::TakenOver(r)
+            | ClaimOutcome::HeldByLiveOther(r)
+            | ClaimOutcome::Failed(r) => r,
+        }
+    }
+}
+
+/// What a completed summary records about itself.
+#[derive(Debug, Clone, Default)]
+pub struct CompactionStats {
+    /// Summariser model.
+    pub model: Option<String>,
+    /// SHA-256 of the rules.
+    pub prompt_sha256: String,
+    /// Tokens of what the summary replaces.
+    pub tokens_before: i64,
+    /// Tokens of the summary.
+    pub tokens_after: i64,
+    /// Summariser input tokens, summed over calls.
+    pub input_tokens: Option<i64>,
+    /// Summariser output tokens, summed over calls.
+    pub output_tokens: Option<i64>,
+    /// Summariser calls.
+    pub summary_calls: i64,
+}
+
+pub(crate) fn get_compaction(conn: &Connection, id: i64) -> Result<CompactionRow> {
+    Ok(conn
+        .prepare_cached(&format!(
+            "SELECT {} FROM compactions WHERE id = ?1",
+            CompactionRow::COLUMNS
+        ))?
+        .query_row([id], CompactionRow::from_row)?)
+}
+
+pub(crate) fn compaction_at(
+    conn: &Connection,
+    session_id: i64,
+    boundary: i64,
+) -> Result<Option<CompactionRow>> {
+    Ok(conn
+        .prepare_cached(&format!(
+            "SELECT {} FROM compactions WHERE session_id = ?1 AND up_to_turn_index = ?2",
+            CompactionRow::COLUMNS
+        ))?
+        .query_row(params![session_id, boundary], CompactionRow::from_row)
+        .optional()?)
+}
+
+/// The newest completed compaction whose boundary is before turn `turn_idx`:
+/// what a step of that turn reads (G4: never a pending or failed row).
+pub(crate) fn latest_completed(
+    conn: &Connection,
+    session_id: i64,
+    turn_idx: i64,
+) -> Result<Option<CompactionRow>> {
+    Ok(conn
+        .prepare_cached(&format!(
+            "SELECT {} FROM compactions WHERE session_id = ?1 AND status = 'completed' \
+             AND up_to_turn_index < ?2 ORDER BY up_to_turn_index DESC LIMIT 1",
+            CompactionRow::COLUMNS
+        ))?
+        .query_row(params![session_id, turn_idx], CompactionRow::from_row)
+        .optional()?)
+}
+
+pub(crate) fn list_compactions(conn: &Connection, session_id: i64) -> Result<Vec<CompactionRow>> {
+    let mut st = conn.prepare(&format!(
+        "SELECT {} FROM compactions WHERE session_id = ?1 ORDER BY up_to_turn_index",
+        CompactionRow::COLUMNS
+    ))?;
+    let rows = st.query_map([session_id], CompactionRow::from_row)?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// A claim request.
+#[derive(Debug, Clone)]
+pub(crate) struct Claim<'a> {
+    pub session_id: i64,
+    pub boundary: i64,
+    pub owner: &'a str,
+    pub ttl_ms: i64,
+    pub trigger: &'a str,
+    pub focus: Option<&'a str>,
+    pub trigger_tokens: Option<i64>,
+}
+
+/// Claims the compaction row for (session, boundary).
+///
+/// Claim semantics: `INSERT … ON CONFLICT DO NOTHING` under the UNIQUE
+/// (session_id, up_to_turn_index) index, inside `BEGIN IMMEDIATE`: at most one
+/// row per boundary, ever (G1). A pending row whose lease expired, or whose
+/// holder `owner_is_dead` says is dead, is taken over (attempts + 1).
+pub(crate) fn claim_compaction(
+    conn: &mut Connection,
+    c: &Claim<'_>,
+    owner_is_dead: &dyn Fn(&str) -> bool,
+) -> Result<ClaimOutcome> {
+    let tx = write_tx(conn)?;
+    let now = now_ms();
+    let inserted =
+        tx.prepare_cached(
+            "INSERT INTO compactions (session_id, up_to_turn_index, up_to_turn_id, previous_id, \
+             status, trigger, focus, attempts, lease_owner, lease_expires_at, trigger_tokens, \
+             created_at) \
+             SELECT ?1, ?2, t.id, \
+               (SELECT id FROM compactions WHERE session_id = ?1 AND status = 'completed' \
+                AND up_to_turn_index < ?2 ORDER BY up_to_turn_index DESC LIMIT 1), \
+               'pending', ?3, ?4, 1, ?5, ?6, ?7, ?8 \
+             FROM turns t WHERE t.session_id = ?1 AND t.idx = ?2 \
+             ON CONFLICT (session_id, up_to_turn_index) DO NOTHING",
+        )?
+        .execute(params![
+            c.session_id,
+            c.boundary,
+            c.trigger,
+            c.focus,
+            c.owner,
+            now + c.ttl_ms,
+            c.trigger_tokens,
+            now
+        ])? == 1;
+    let row = compaction_at(&tx, c.session_id, c.boundary)?.ok_or_else(|| Error::TurnConflict {
+        session_id: c.session_id,
+        idx: c.boundary,
+        reason: "no such turn to compact up to".into(),
+    })?;
+    let outcome = if inserted {
+        ClaimOutcome::Claimed(row)
+    } else {
+        match row.status {
+            CompactionStatus::Completed => ClaimOutcome::AlreadyCompleted(row),
+            CompactionStatus::Failed => ClaimOutcome::Failed(row),
+            CompactionStatus::Pending => {
+                let expired = row.lease_expires_at.is_none_or(|e| e < now);
+                let holder = row.lease_owner.clone().unwrap_or_default();
+                if expired || holder == c.owner || owner_is_dead(&holder) {
+                    tx.prepare_cached(
+                        "UPDATE compactions SET lease_owner = ?1, lease_expires_at = ?2, \
+                         attempts = attempts + 1 WHERE id = ?3 AND status = 'pending'",
+                    )?
+                    .execute(params![c.owner, now + c.ttl_ms, row.id])?;
+                    ClaimOutcome::TakenOver(get_compaction(&tx, row.id)?)
+                } else {
+                    ClaimOutcome::HeldByLiveOther(row)
+                }
+            }
+        }
+    };
+    tx.commit()?;
+    Ok(outcome)
+}
+
+/// Extends a pending row's lease while its holder is still summarising.
+/// Returns false when the row is no longer pending or held by someone else.
+pub(crate) fn renew_compaction_lease(
+    conn: &mut Connection,
+    id: i64,
+    owner: &str,
+    ttl_ms: i64,
+) -> Result<bool> {
+    let tx = write_tx(conn)?;
+    let n = tx.execute(
+        "UPDATE compactions SET lease_expires_at = ?1 \
+         WHERE id = ?2 AND status = 'pending' AND lease_owner = ?3",
+        params![now_ms() + ttl_ms, id, owner],
+    )?;
+    tx.commit()?;
+    Ok(n == 1)
+}
+
+/// Completes a pending row. First completion wins (G2): the UPDATE only matches a
+/// `pending` row, so a late or stale completer changes nothing, discards its
+/// draft and gets the winner's row back. Returns (row, won).
+pub(crate) fn complete_compaction(
+    conn: &mut Connection,
+    id: i64,
+    summary: &str,
+    stats: &CompactionStats,
+) -> Result<(CompactionRow, bool)> {
+    let tx = write_tx(conn)?;
+    let sql = if cfg!(feature = "broken-completion") {
+        // Deliberately wrong (feature-gated): lets a late completer overwrite.
+        "UPDATE compactions SET status = 'completed', summary = ?1, summary_sha256 = ?11, model = ?2, \
+         prompt_sha256 = ?3, tokens_before = ?4, tokens_after = ?5, input_tokens = ?6, \
+         output_tokens = ?7, summary_calls = ?8, completed_at = ?9, lease_expires_at = NULL, \
+         error = NULL WHERE id = ?10"
+    } else {
+        "UPDATE compactions SET status = 'completed', summary = ?1, summary_sha256 = ?11, model = ?2, \
+         prompt_sha256 = ?3, tokens_before = ?4, tokens_after = ?5, input_tokens = ?6, \
+         output_tokens = ?7, summary_calls = ?8, completed_at = ?9, lease_expires_at = NULL, \
+         error = NULL WHERE id = ?10 AND status = 'pending'"
+    };
+    let n = tx.prepare_cached(sql)?.execute(params![
+        summary,
+        stats.model,
+        stats.prompt_sha256,
+        stats.tokens_before,
+        stats.tokens_after,
+        stats.input_tokens,
+        stats.output_tokens,
+        stats.summary_calls,
+        now_ms(),
+        id,
+        crate::message::sha256_hex(summary.as_bytes())
+    ])?;
+    let row = get_compaction(&tx, id)?;
+    tx.commit()?;
+    Ok((row, n == 1))
+}
+
+/// Marks a pending row failed with `error`, if `owner` still holds it.
+pub(crate) fn fail_compaction(
+    conn: &mut Connection,
+    id: i64,
+    owner: &str,
+    error: &str,
+) -> Result<CompactionRow> {
+    let tx = write_tx(conn)?;
+    tx.execute(
+        "UPDATE compactions SET status = 'failed', error = ?1, lease_expires_at = NULL \
+         WHERE id = ?2 AND status = 'pending' AND lease_owner = ?3",
+        params![error, id, owner],
+    )?;
+    let row = get_compaction(&tx, id)?;
+    tx.commit()?;
+    Ok(row)
+}
+
+/// Records the last error of an attempt on a pending row (without failing it).
+pub(crate) fn note_compaction_error(conn: &mut Connection, id: i64, error: &str) -> Result<()> {
+    let tx = write_tx(conn)?;
+    tx.execute(
+        "UPDATE compactions SET error = ?1 WHERE id = ?2 AND status = 'pending'",
+        params![error, id],
+    )?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// Re-arms a failed boundary so the next ensure() or compact_now() claims it.
+/// Returns false when the row was not failed.
+pub(crate) fn retry_compaction(
+    conn: &mut Connection,
+    session_id: i64,
+    boundary: i64,
+) -> Result<bool> {
+    let tx = write_tx(conn)?;
+    let n = tx.execute(
+        "UPDATE compactions SET status = 'pending', lease_owner = NULL, lease_expires_at = 0 \
+         WHERE session_id = ?1 AND up_to_turn_index = ?2 AND status = 'failed'",
+        params![session_id, boundary],
+    )?;
+    tx.commit()?;
+    Ok(n == 1)
+}

@@ -1,0 +1,123 @@
+//! The demo's and the chaos harness's own tables: the effects their tools apply.
+//!
+//! These are host tables, not abridge's: a transactional tool writes to
+//! `demo_effects` inside the invocation's transaction; the idempotent and
+//! at-most-once tools write to `demo_external` as an outside service would
+//! (their own connection, their own transaction). No unique constraints: a
+//! repeated effect stays visible, which is what `verify` and the chaos harness
+//! look for.
+
+use crate::error::Result;
+use rusqlite::{params, Connection, OptionalExtension};
+
+/// Creates the demo tables if missing.
+pub fn create_demo_tables(conn: &Connection) -> Result<()> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS demo_effects (
+             id INTEGER PRIMARY KEY,
+             idempotency_key TEXT NOT NULL,
+             tool TEXT NOT NULL,
+             arguments TEXT NOT NULL
+         );
+         CREATE TABLE IF NOT EXISTS demo_external (
+             id INTEGER PRIMARY KEY,
+             idempotency_key TEXT NOT NULL,
+             tool TEXT NOT NULL,
+             arguments TEXT NOT NULL
+         );",
+    )?;
+    Ok(())
+}
+
+/// Appends one applied effect (inside the caller's transaction).
+pub fn append_effect(
+    conn: &Connection,
+    table: DemoTable,
+    key: &str,
+    tool: &str,
+    args: &str,
+) -> Result<()> {
+    let sql = match table {
+        DemoTable::Effects => {
+            "INSERT INTO demo_effects (idempotency_key, tool, arguments) VALUES (?1, ?2, ?3)"
+        }
+        DemoTable::External => {
+            "INSERT INTO demo_external (idempotency_key, tool, arguments) VALUES (?1, ?2, ?3)"
+        }
+    };
+    conn.prepare_cached(sql)?
+        .execute(params![key, tool, args])?;
+    Ok(())
+}
+
+/// Appends an effect in its own IMMEDIATE transaction (an outside service).
+pub fn append_external(conn: &mut Connection, key: &str, tool: &str, args: &str) -> Result<()> {
+    let tx = super::write_tx(conn)?;
+    append_effect(&tx, DemoTable::External, key, tool, args)?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// Which demo table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DemoTable {
+    /// Transactional tools' effects.
+    Effects,
+    /// Idempotent and at-most-once tools' effects (an outside service).
+    External,
+}
+
+/// True when the demo tables exist.
+pub fn has_demo_tables(conn: &Connection) -> Result<bool> {
+    Ok(conn
+        .query_row(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'demo_effects'",
+            [],
+            |_| Ok(()),
+        )
+        .optional()?
+        .is_some())
+}
+
+/// Effects per (table, key) applied more than once: (key, tool, count).
+pub fn duplicate_effects(
+    conn: &Connection,
+    table: DemoTable,
+) -> Result<Vec<(String, String, i64)>> {
+    let sql = match table {
+        DemoTable::Effects => {
+            "SELECT idempotency_key, tool, count(*) FROM demo_effects GROUP BY idempotency_key HAVING count(*) > 1"
+        }
+        DemoTable::External => {
+            "SELECT idempotency_key, tool, count(*) FROM demo_external GROUP BY idempotency_key \
+             HAVING count(DISTINCT arguments) > 1 OR (tool = 'charge_card' AND count(*) > 1)"
+        }
+    };
+    let mut st = conn.prepare(sql)?;
+    let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Number of rows in a demo table.
+pub fn count_effects(conn: &Connection, table: DemoTable) -> Result<i64> {
+    let sql = match table {
+        DemoTable::Effects => "SELECT count(*) FROM demo_effects",
+        DemoTable::External => "SELECT count(*) FROM demo_external",
+    };
+    Ok(conn.query_row(sql, [], |r| r.get(0))?)
+}
+
+/// Every (key, tool, arguments) of a table, ordered: for comparing two runs.
+pub fn all_effects(conn: &Connection, table: DemoTable) -> Result<Vec<(String, String, String)>> {
+    let sql = match table {
+        DemoTable::Effects => {
+            "SELECT idempotency_key, tool, arguments FROM demo_effects ORDER BY 1, 2, 3"
+        }
+        DemoTable::External => {
+            "SELECT DISTINCT idempotency_key, tool, arguments FROM demo_external ORDER BY 1, 2, 3"
+        }
+    };
+    let mut st = conn.prepare(sql)?;
+    let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}

@@ -1,0 +1,125 @@
+//! Loading the rows a message array is built from.
+//!
+//! Three range queries, whatever the history's length: the turns, their
+//! completed steps, and those steps' finished tool invocations.
+
+use crate::error::Result;
+use rusqlite::{params, Connection};
+
+/// A completed step as the message builder sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistoryStep {
+    /// Step index in its turn.
+    pub idx: i64,
+    /// The stored response JSON.
+    pub response: String,
+    /// Finished invocations: (tool_call_id, result, is_error), in position order.
+    pub results: Vec<(String, String, bool)>,
+}
+
+/// A turn as the message builder sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistoryTurn {
+    /// Turn index.
+    pub idx: i64,
+    /// The user's input.
+    pub input: String,
+    /// Completed steps, in order.
+    pub steps: Vec<HistoryStep>,
+}
+
+/// Loads turns `after_idx < idx <= upto_idx` of a session with their completed
+/// steps; for turn `upto_idx` only the steps before `before_step_idx`.
+///
+/// Every row read here is final (completed steps and finished invocations are
+/// never updated), which is what makes a rebuild byte-identical (G3).
+pub(crate) fn load_history(
+    conn: &Connection,
+    session_id: i64,
+    after_idx: i64,
+    upto_idx: i64,
+    before_step_idx: i64,
+) -> Result<Vec<HistoryTurn>> {
+    let mut turns: Vec<(i64, HistoryTurn)> = Vec::new();
+    {
+        let mut st = conn.prepare_cached(
+            "SELECT id, idx, input FROM turns WHERE session_id = ?1 AND idx > ?2 AND idx <= ?3 \
+             ORDER BY idx",
+        )?;
+        let mut rows = st.query(params![session_id, after_idx, upto_idx])?;
+        while let Some(r) = rows.next()? {
+            turns.push((
+                r.get(0)?,
+                HistoryTurn {
+                    idx: r.get(1)?,
+                    input: r.get(2)?,
+                    steps: Vec::new(),
+                },
+            ));
+        }
+    }
+    if turns.is_empty() {
+        return Ok(Vec::new());
+    }
+    // turn id -> position in `turns`
+    let first_turn = turns[0].0;
+    let pos_of = |turn_id: i64, turns: &[(i64, HistoryTurn)]| -> Option<usize> {
+        // Turn ids grow with idx inside a session, but other sessions interleave,
+        // so search rather than offset.
+        let guess = (turn_id - first_turn) as usize;
+        if guess < turns.len() && turns[guess].0 == turn_id {
+            return Some(guess);
+        }
+        turns.binary_search_by_key(&turn_id, |t| t.0).ok()
+    };
+    // (step id, turn position, step position in its turn), in query order.
+    let mut step_ids: Vec<(i64, usize, usize)> = Vec::new();
+    {
+        let mut st = conn.prepare_cached(
+            "SELECT s.id, s.turn_id, s.idx, s.response FROM turns t \
+             JOIN steps s ON s.turn_id = t.id \
+             WHERE t.session_id = ?1 AND t.idx > ?2 AND t.idx <= ?3 AND s.status = 'completed' \
+             AND (t.idx < ?3 OR s.idx < ?4) ORDER BY t.idx, s.idx",
+        )?;
+        let mut rows = st.query(params![session_id, after_idx, upto_idx, before_step_idx])?;
+        while let Some(r) = rows.next()? {
+            let turn_id: i64 = r.get(1)?;
+            if let Some(p) = pos_of(turn_id, &turns) {
+                step_ids.push((r.get(0)?, p, turns[p].1.steps.len()));
+                turns[p].1.steps.push(HistoryStep {
+                    idx: r.get(2)?,
+                    response: r.get::<_, Option<String>>(3)?.unwrap_or_default(),
+                    results: Vec::new(),
+                });
+            }
+        }
+    }
+    if !step_ids.is_empty() {
+        let mut st = conn.prepare_cached(
+            "SELECT i.step_id, i.tool_call_id, i.status, i.result FROM turns t \
+             JOIN steps s ON s.turn_id = t.id JOIN tool_invocations i ON i.step_id = s.id \
+             WHERE t.session_id = ?1 AND t.idx > ?2 AND t.idx <= ?3 AND s.status = 'completed' \
+             AND (t.idx < ?3 OR s.idx < ?4) AND i.status <> 'started' \
+             ORDER BY t.idx, s.idx, i.position",
+        )?;
+        let mut rows = st.query(params![session_id, after_idx, upto_idx, before_step_idx])?;
+        // Steps come in the same order as `step_ids`; walk both together.
+        let mut cursor = 0usize;
+        while let Some(r) = rows.next()? {
+            let step_id: i64 = r.get(0)?;
+            while cursor < step_ids.len() && step_ids[cursor].0 != step_id {
+                cursor += 1;
+            }
+            let Some(&(_, p, q)) = step_ids.get(cursor) else {
+                break;
+            };
+            let status: String = r.get(2)?;
+            turns[p].1.steps[q].results.push((
+                r.get(1)?,
+                r.get::<_, Option<String>>(3)?.unwrap_or_default(),
+                status == "failed",
+            ));
+        }
+    }
+    Ok(turns.into_iter().map(|(_, t)| t).collect())
+}

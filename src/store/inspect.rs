@@ -1,0 +1,133 @@
+//! Read-only queries for inspection, export and verification.
+
+use super::rows::*;
+use crate::error::Result;
+use rusqlite::{params, Connection};
+
+/// Counts for one session.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SessionCounts {
+    /// Turns.
+    pub turns: i64,
+    /// Turns completed.
+    pub turns_completed: i64,
+    /// Turns failed.
+    pub turns_failed: i64,
+    /// Steps.
+    pub steps: i64,
+    /// Tool invocations.
+    pub tool_calls: i64,
+    /// Completed compactions.
+    pub compactions_completed: i64,
+    /// Failed compactions.
+    pub compactions_failed: i64,
+    /// Context tokens of the newest executed step.
+    pub context_tokens: Option<i64>,
+}
+
+pub(crate) fn session_counts(conn: &Connection, session_id: i64) -> Result<SessionCounts> {
+    Ok(conn.query_row(
+        "SELECT
+           (SELECT count(*) FROM turns WHERE session_id = ?1),
+           (SELECT count(*) FROM turns WHERE session_id = ?1 AND status = 'completed'),
+           (SELECT count(*) FROM turns WHERE session_id = ?1 AND status = 'failed'),
+           (SELECT count(*) FROM steps s JOIN turns t ON s.turn_id = t.id WHERE t.session_id = ?1),
+           (SELECT count(*) FROM tool_invocations i JOIN steps s ON i.step_id = s.id
+              JOIN turns t ON s.turn_id = t.id WHERE t.session_id = ?1),
+           (SELECT count(*) FROM compactions WHERE session_id = ?1 AND status = 'completed'),
+           (SELECT count(*) FROM compactions WHERE session_id = ?1 AND status = 'failed'),
+           (SELECT s.context_tokens FROM steps s JOIN turns t ON s.turn_id = t.id
+              WHERE t.session_id = ?1 AND s.context_tokens IS NOT NULL
+              ORDER BY t.idx DESC, s.idx DESC LIMIT 1)",
+        [session_id],
+        |r| {
+            Ok(SessionCounts {
+                turns: r.get(0)?,
+                turns_completed: r.get(1)?,
+                turns_failed: r.get(2)?,
+                steps: r.get(3)?,
+                tool_calls: r.get(4)?,
+                compactions_completed: r.get(5)?,
+                compactions_failed: r.get(6)?,
+                context_tokens: r.get(7)?,
+            })
+        },
+    )?)
+}
+
+/// Ids of every executed step (one with a recorded hash), optionally of one session.
+pub(crate) fn executed_step_ids(conn: &Connection, session_id: Option<i64>) -> Result<Vec<i64>> {
+    let mut st = conn.prepare(
+        "SELECT s.id FROM steps s JOIN turns t ON s.turn_id = t.id \
+         WHERE s.messages_sha256 IS NOT NULL AND (?1 IS NULL OR t.session_id = ?1) ORDER BY s.id",
+    )?;
+    let rows = st.query_map(params![session_id], |r| r.get(0))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Every compaction row.
+pub(crate) fn all_compactions(conn: &Connection) -> Result<Vec<CompactionRow>> {
+    let mut st = conn.prepare(&format!(
+        "SELECT {} FROM compactions ORDER BY session_id, up_to_turn_index",
+        CompactionRow::COLUMNS
+    ))?;
+    let rows = st.query_map([], CompactionRow::from_row)?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// (session_id, up_to_turn_index, count) groups with more than one row: only
+/// possible if the unique index was dropped.
+pub(crate) fn duplicate_boundaries(conn: &Connection) -> Result<Vec<(i64, i64, i64)>> {
+    let mut st = conn.prepare(
+        "SELECT session_id, up_to_turn_index, count(*) FROM compactions \
+         GROUP BY session_id, up_to_turn_index HAVING count(*) > 1",
+    )?;
+    let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Steps that recorded a compaction which is not completed: (step, compaction, status).
+pub(crate) fn steps_reading_non_completed(conn: &Connection) -> Result<Vec<(i64, i64, String)>> {
+    let mut st = conn.prepare(
+        "SELECT s.id, c.id, c.status FROM steps s JOIN compactions c ON s.compaction_id = c.id \
+         WHERE c.status <> 'completed'",
+    )?;
+    let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Tool invocations of completed steps that never finished (a completed step
+/// must have every invocation recorded), and duplicated (step, call id) rows.
+pub(crate) fn invocation_anomalies(conn: &Connection) -> Result<(Vec<i64>, Vec<(i64, String)>)> {
+    let mut st = conn.prepare(
+        "SELECT i.id FROM tool_invocations i JOIN steps s ON i.step_id = s.id \
+         WHERE s.status = 'completed' AND i.status = 'started'",
+    )?;
+    let unfinished = st
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut st = conn.prepare(
+        "SELECT step_id, tool_call_id FROM tool_invocations GROUP BY step_id, tool_call_id HAVING count(*) > 1",
+    )?;
+    let dups = st
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok((unfinished, dups))
+}
+
+/// Counts: (steps executed, tool invocations).
+pub(crate) fn totals(conn: &Connection) -> Result<(i64, i64, i64)> {
+    Ok(conn.query_row(
+        "SELECT (SELECT count(*) FROM steps WHERE messages_sha256 IS NOT NULL), \
+                (SELECT count(*) FROM tool_invocations), (SELECT count(*) FROM turns)",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )?)
+}
+
+/// `PRAGMA integrity_check`: the lines it reports ("ok" when sound).
+pub(crate) fn integrity_check(conn: &Connection) -> Result<Vec<String>> {
+    let mut st = conn.prepare("PRAGMA integrity_check")?;
+    let rows = st.query_map([], |r| r.get(0))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}

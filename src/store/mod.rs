@@ -1,0 +1,263 @@
+//! The store: every SQL statement abridge issues lives under this module.
+//!
+//! A [`Store`] owns an r2d2 pool of SQLite connections to one file. Opening it
+//! checks the file (not a database, a foreign database, a newer schema: typed
+//! errors, nothing written), sets WAL once, and applies `schema.sql` with its
+//! version stamp in one IMMEDIATE transaction. Every write transaction is
+//! `BEGIN IMMEDIATE`, so writers queue on SQLite's busy handler instead of
+//! failing with `SQLITE_BUSY` on lock upgrade.
+//!
+//! The async entry points run their SQLite work on tokio's blocking pool
+//! ([`Store::call`]); nothing here blocks a runtime worker thread.
+
+mod compactions;
+pub mod demo;
+mod history;
+mod inspect;
+mod rows;
+mod turns;
+
+pub use compactions::{ClaimOutcome, CompactionStats};
+pub use history::{HistoryStep, HistoryTurn};
+pub use rows::*;
+
+pub(crate) use compactions::*;
+pub(crate) use history::*;
+pub use inspect::SessionCounts;
+pub(crate) use inspect::*;
+pub(crate) use turns::*;
+
+use crate::error::{Error, Result};
+use r2d2_sqlite::SqliteConnectionManager;
+use rusqlite::{Connection, OpenFlags, TransactionBehavior};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The schema, applied on first open.
+pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
+
+/// The schema version this build writes (`PRAGMA user_version`).
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// How hard each commit is pushed to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Synchronous {
+    /// `synchronous=NORMAL` in WAL mode: a commit survives a process crash
+    /// (kill -9) but the last commits may be lost on power failure. The default;
+    /// roughly ten times the commit rate of `Full`.
+    #[default]
+    Normal,
+    /// `synchronous=FULL`: every commit is fsynced; survives power loss too.
+    Full,
+}
+
+impl Synchronous {
+    fn pragma(self) -> &'static str {
+        match self {
+            Synchronous::Normal => "NORMAL",
+            Synchronous::Full => "FULL",
+        }
+    }
+}
+
+/// Options for [`Store::open_with`].
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Commit durability; see [`Synchronous`].
+    pub synchronous: Synchronous,
+    /// How long a connection waits on a locked database before `SQLITE_BUSY`.
+    pub busy_timeout: Duration,
+    /// Pool size.
+    pub max_connections: u32,
+    /// Called with the SQL of every statement run on a pooled connection
+    /// (SQLite's trace hook). For counting statements in tests; None in production.
+    pub on_statement: Option<fn(&str)>,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            synchronous: Synchronous::Normal,
+            busy_timeout: Duration::from_secs(10),
+            max_connections: 8,
+            on_statement: None,
+        }
+    }
+}
+
+/// A handle on one abridge database. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    pool: r2d2::Pool<SqliteConnectionManager>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+fn map_open_err(path: &Path, e: rusqlite::Error) -> Error {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase) => Error::NotADatabase {
+            path: path.to_path_buf(),
+        },
+        _ => Error::Sqlite(e),
+    }
+}
+
+/// Reads `user_version` and refuses files abridge cannot use. Returns the version.
+fn check_file(conn: &Connection, path: &Path) -> Result<i64> {
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(|e| map_open_err(path, e))?;
+    if version > SCHEMA_VERSION {
+        return Err(Error::SchemaTooNew {
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if version == 0 {
+        let tables: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| map_open_err(path, e))?;
+        if tables > 0 {
+            return Err(Error::ForeignDatabase {
+                path: path.to_path_buf(),
+            });
+        }
+    }
+    Ok(version)
+}
+
+fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // Re-check inside the write lock: another process may have migrated first.
+    let version = check_file(&tx, path)?;
+    if version == 0 {
+        tx.execute_batch(SCHEMA_SQL)?;
+        tx.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+impl Store {
+    /// Opens (creating if missing) the database at `path` with default options.
+    pub fn open(path: impl AsRef<Path>) -> Result<Store> {
+        Store::open_with(path, StoreOptions::default())
+    }
+
+    /// Opens (creating if missing) the database at `path`.
+    ///
+    /// Errors: [`Error::NotADatabase`], [`Error::ForeignDatabase`],
+    /// [`Error::SchemaTooNew`]; in each case the file is left untouched.
+    pub fn open_with(path: impl AsRef<Path>, opts: StoreOptions) -> Result<Store> {
+        let path = path.as_ref().to_path_buf();
+        {
+            let mut conn = Connection::open(&path).map_err(|e| map_open_err(&path, e))?;
+            conn.busy_timeout(opts.busy_timeout)?;
+            // Check before anything writes (journal_mode=WAL writes the header).
+            check_file(&conn, &path)?;
+            // WAL once, before the pool exists: setting it from every pooled
+            // connection's init races into "database is locked" at start-up.
+            let mode: String = conn
+                .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+                .map_err(|e| map_open_err(&path, e))?;
+            if !mode.eq_ignore_ascii_case("wal") {
+                tracing::warn!(%mode, "journal_mode WAL not available");
+            }
+            migrate(&mut conn, &path)?;
+        }
+        let busy = opts.busy_timeout;
+        let sync = opts.synchronous;
+        let trace = opts.on_statement;
+        let manager = SqliteConnectionManager::file(&path).with_init(move |c| {
+            c.busy_timeout(busy)?;
+            c.execute_batch(&format!(
+                "PRAGMA foreign_keys = ON; PRAGMA synchronous = {};",
+                sync.pragma()
+            ))?;
+            c.set_prepared_statement_cache_capacity(64);
+            if trace.is_some() {
+                // The legacy hook takes a plain `fn(&str)`, which is all we need.
+                #[allow(deprecated)]
+                c.trace(trace);
+            }
+            Ok(())
+        });
+        let pool = r2d2::Pool::builder()
+            .max_size(opts.max_connections)
+            // Longer than busy_timeout, so a connection wait never fires first.
+            .connection_timeout(busy + Duration::from_secs(5))
+            .build(manager)?;
+        Ok(Store { pool, path })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` on a pooled connection on the current thread (blocking).
+    pub fn with_conn<R>(&self, f: impl FnOnce(&mut Connection) -> Result<R>) -> Result<R> {
+        let mut conn = self.pool.get()?;
+        f(&mut conn)
+    }
+
+    /// Runs `f` on a pooled connection on tokio's blocking pool.
+    pub async fn call<R, F>(&self, f: F) -> Result<R>
+    where
+        F: FnOnce(&mut Connection) -> Result<R> + Send + 'static,
+        R: Send + 'static,
+    {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || store.with_conn(f))
+            .await
+            .map_err(|e| Error::Task(e.to_string()))?
+    }
+}
+
+/// Opens an existing abridge database read-only: for inspecting a store while a
+/// host writes to it. Never creates or modifies the file.
+pub fn open_read_only(path: impl AsRef<Path>) -> Result<Connection> {
+    let path = path.as_ref();
+    if !path.exists() {
+        return Err(Error::NotFound {
+            path: path.to_path_buf(),
+        });
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI,
+    )
+    .map_err(|e| map_open_err(path, e))?;
+    conn.busy_timeout(Duration::from_secs(10))?;
+    let version = check_file(&conn, path)?;
+    if version == 0 {
+        return Err(Error::ForeignDatabase {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(conn)
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Starts an IMMEDIATE transaction: every write in abridge goes through here.
+pub(crate) fn write_tx(conn: &mut Connection) -> Result<rusqlite::Transaction<'_>> {
+    Ok(conn.transaction_with_behavior(TransactionBehavior::Immediate)?)
+}

@@ -1,0 +1,367 @@
+//! Row structs: one per table, exactly as stored. Domain logic lives elsewhere.
+
+use rusqlite::Row;
+use serde::Serialize;
+
+macro_rules! status_enum {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $variant:ident = $s:literal),+ $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum $name { $($(#[$vm])* $variant),+ }
+
+        impl $name {
+            /// The value stored in the status column.
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $s),+ }
+            }
+            pub(crate) fn parse(s: &str) -> rusqlite::Result<Self> {
+                match s {
+                    $($s => Ok($name::$variant),)+
+                    other => Err(rusqlite::Error::FromSqlConversionFailure(
+                        0,
+                        rusqlite::types::Type::Text,
+                        format!("unknown {} {other:?}", stringify!($name)).into(),
+                    )),
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+status_enum!(
+    /// A turn's status.
+    TurnStatus {
+        /// Steps are being run (or the runner crashed; resume it).
+        Running = "running",
+        /// The model gave a final answer.
+        Completed = "completed",
+        /// Failed by policy (max steps, bad response, failed compaction).
+        Failed = "failed",
+    }
+);
+
+status_enum!(
+    /// A step's status.
+    StepStatus {
+        /// Claimed; the model response is not persisted yet.
+        Running = "running",
+        /// The model response is persisted; tools may still be running.
+        Responded = "responded",
+        /// Every tool call is recorded.
+        Completed = "completed",
+        /// The step failed the turn.
+        Failed = "failed",
+    }
+);
+
+status_enum!(
+    /// A tool invocation's status.
+    InvocationStatus {
+        /// Recorded before the call; no result yet.
+        Started = "started",
+        /// Finished with a result.
+        Completed = "completed",
+        /// Finished with an error result the model sees.
+        Failed = "failed",
+    }
+);
+
+status_enum!(
+    /// A compaction's status.
+    CompactionStatus {
+        /// Claimed; the summary is being written.
+        Pending = "pending",
+        /// The summary is final and never changes (G2).
+        Completed = "completed",
+        /// Every attempt failed; no step reads it.
+        Failed = "failed",
+    }
+);
+
+status_enum!(
+    /// How a tool's effect is made exactly-once (or at-most-once).
+    Effect {
+        /// The tool's writes commit in the transaction that records its result.
+        Transactional = "transactional",
+        /// Called again with the same idempotency key after a crash.
+        Idempotent = "idempotent",
+        /// Never called twice; a crash mid-call gives an "outcome unknown" result.
+        AtMostOnce = "at_most_once",
+        /// No tool ran (unknown tool, malformed arguments): an error result.
+        None = "none",
+    }
+);
+
+/// A `sessions` row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionRow {
+    /// Primary key.
+    pub id: i64,
+    /// The host's id for the session.
+    pub external_id: String,
+    /// Model the steps call.
+    pub model: String,
+    /// System prompt, first in every message array.
+    pub system_prompt: String,
+    /// Host metadata, JSON.
+    pub config: String,
+    /// Creation time, ms.
+    pub created_at: i64,
+}
+
+impl SessionRow {
+    pub(crate) const COLUMNS: &'static str =
+        "id, external_id, model, system_prompt, config, created_at";
+    pub(crate) fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(SessionRow {
+            id: r.get(0)?,
+            external_id: r.get(1)?,
+            model: r.get(2)?,
+            system_prompt: r.get(3)?,
+            config: r.get(4)?,
+            created_at: r.get(5)?,
+        })
+    }
+}
+
+/// A `turns` row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TurnRow {
+    /// Primary key.
+    pub id: i64,
+    /// Owning session.
+    pub session_id: i64,
+    /// Position in the session, from 0.
+    pub idx: i64,
+    /// The user's input.
+    pub input: String,
+    /// Status.
+    pub status: TurnStatus,
+    /// The final answer's text.
+    pub output: Option<String>,
+    /// Why the turn failed.
+    pub error: Option<String>,
+    /// Current lease holder.
+    pub lease_owner: Option<String>,
+    /// Fencing epoch.
+    pub lease_epoch: i64,
+    /// Lease expiry, ms.
+    pub lease_expires_at: Option<i64>,
+    /// Creation time, ms.
+    pub created_at: i64,
+    /// When it completed or failed, ms.
+    pub finished_at: Option<i64>,
+}
+
+impl TurnRow {
+    pub(crate) const COLUMNS: &'static str = "id, session_id, idx, input, status, output, error, \
+         lease_owner, lease_epoch, lease_expires_at, created_at, finished_at";
+    pub(crate) fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(TurnRow {
+            id: r.get(0)?,
+            session_id: r.get(1)?,
+            idx: r.get(2)?,
+            input: r.get(3)?,
+            status: TurnStatus::parse(&r.get::<_, String>(4)?)?,
+            output: r.get(5)?,
+            error: r.get(6)?,
+            lease_owner: r.get(7)?,
+            lease_epoch: r.get(8)?,
+            lease_expires_at: r.get(9)?,
+            created_at: r.get(10)?,
+            finished_at: r.get(11)?,
+        })
+    }
+}
+
+/// A `steps` row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepRow {
+    /// Primary key.
+    pub id: i64,
+    /// Owning turn.
+    pub turn_id: i64,
+    /// Position in the turn, from 0.
+    pub idx: i64,
+    /// Status.
+    pub status: StepStatus,
+    /// The completed compaction the step read (None: none).
+    pub compaction_id: Option<i64>,
+    /// SHA-256 of the exact message bytes sent.
+    pub messages_sha256: Option<String>,
+    /// The model response, JSON of [`crate::ModelResponse`].
+    pub response: Option<String>,
+    /// Reported input tokens.
+    pub input_tokens: Option<i64>,
+    /// Reported output tokens.
+    pub output_tokens: Option<i64>,
+    /// Context measure compaction decides on.
+    pub context_tokens: Option<i64>,
+    /// True when `context_tokens` is an estimate.
+    pub estimated: bool,
+    /// Why the step failed.
+    pub error: Option<String>,
+}
+
+impl StepRow {
+    pub(crate) const COLUMNS: &'static str = "id, turn_id, idx, status, compaction_id, \
+         messages_sha256, response, input_tokens, output_tokens, context_tokens, estimated, error";
+    pub(crate) fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(StepRow {
+            id: r.get(0)?,
+            turn_id: r.get(1)?,
+            idx: r.get(2)?,
+            status: StepStatus::parse(&r.get::<_, String>(3)?)?,
+            compaction_id: r.get(4)?,
+            messages_sha256: r.get(5)?,
+            response: r.get(6)?,
+            input_tokens: r.get(7)?,
+            output_tokens: r.get(8)?,
+            context_tokens: r.get(9)?,
+            estimated: r.get(10)?,
+            error: r.get(11)?,
+        })
+    }
+}
+
+/// A `tool_invocations` row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InvocationRow {
+    /// Primary key.
+    pub id: i64,
+    /// Owning step.
+    pub step_id: i64,
+    /// Position of the call in the response.
+    pub position: i64,
+    /// The model's call id.
+    pub tool_call_id: String,
+    /// Tool name.
+    pub tool_name: String,
+    /// Arguments as JSON text.
+    pub arguments: String,
+    /// Effect mode.
+    pub effect: Effect,
+    /// The key passed to the tool.
+    pub idempotency_key: String,
+    /// Status.
+    pub status: InvocationStatus,
+    /// The result text the model sees.
+    pub result: Option<String>,
+    /// How many times the invocation was started.
+    pub attempts: i64,
+}
+
+impl InvocationRow {
+    pub(crate) const COLUMNS: &'static str = "id, step_id, position, tool_call_id, tool_name, \
+         arguments, effect, idempotency_key, status, result, attempts";
+    pub(crate) fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(InvocationRow {
+            id: r.get(0)?,
+            step_id: r.get(1)?,
+            position: r.get(2)?,
+            tool_call_id: r.get(3)?,
+            tool_name: r.get(4)?,
+            arguments: r.get(5)?,
+            effect: Effect::parse(&r.get::<_, String>(6)?)?,
+            idempotency_key: r.get(7)?,
+            status: InvocationStatus::parse(&r.get::<_, String>(8)?)?,
+            result: r.get(9)?,
+            attempts: r.get(10)?,
+        })
+    }
+}
+
+/// A `compactions` row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CompactionRow {
+    /// Primary key.
+    pub id: i64,
+    /// Owning session.
+    pub session_id: i64,
+    /// Turns `0..=up_to_turn_index` are replaced by the summary.
+    pub up_to_turn_index: i64,
+    /// The id of that turn.
+    pub up_to_turn_id: i64,
+    /// The completed compaction folded in.
+    pub previous_id: Option<i64>,
+    /// Status.
+    pub status: CompactionStatus,
+    /// The summary (completed rows only).
+    pub summary: Option<String>,
+    /// SHA-256 of the summary, recorded at completion.
+    pub summary_sha256: Option<String>,
+    /// `auto` or `manual`.
+    pub trigger: String,
+    /// Focus text of a manual compaction.
+    pub focus: Option<String>,
+    /// Claims and takeovers so far.
+    pub attempts: i64,
+    /// Current lease holder (pending rows).
+    pub lease_owner: Option<String>,
+    /// Lease expiry, ms.
+    pub lease_expires_at: Option<i64>,
+    /// Summariser model.
+    pub model: Option<String>,
+    /// SHA-256 of the summariser's rules.
+    pub prompt_sha256: Option<String>,
+    /// Context tokens that triggered it.
+    pub trigger_tokens: Option<i64>,
+    /// Tokens of what the summary replaces.
+    pub tokens_before: Option<i64>,
+    /// Tokens of the summary.
+    pub tokens_after: Option<i64>,
+    /// Summariser input tokens.
+    pub input_tokens: Option<i64>,
+    /// Summariser output tokens.
+    pub output_tokens: Option<i64>,
+    /// Summariser calls made for the completed summary.
+    pub summary_calls: i64,
+    /// Last error.
+    pub error: Option<String>,
+    /// Creation time, ms.
+    pub created_at: i64,
+    /// Completion time, ms.
+    pub completed_at: Option<i64>,
+}
+
+impl CompactionRow {
+    pub(crate) const COLUMNS: &'static str = "id, session_id, up_to_turn_index, up_to_turn_id, \
+         previous_id, status, summary, summary_sha256, trigger, focus, attempts, lease_owner, lease_expires_at, \
+         model, prompt_sha256, trigger_tokens, tokens_before, tokens_after, input_tokens, \
+         output_tokens, summary_calls, error, created_at, completed_at";
+    pub(crate) fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(CompactionRow {
+            id: r.get(0)?,
+            session_id: r.get(1)?,
+            up_to_turn_index: r.get(2)?,
+            up_to_turn_id: r.get(3)?,
+            previous_id: r.get(4)?,
+            status: CompactionStatus::parse(&r.get::<_, String>(5)?)?,
+            summary: r.get(6)?,
+            summary_sha256: r.get(7)?,
+            trigger: r.get(8)?,
+            focus: r.get(9)?,
+            attempts: r.get(10)?,
+            lease_owner: r.get(11)?,
+            lease_expires_at: r.get(12)?,
+            model: r.get(13)?,
+            prompt_sha256: r.get(14)?,
+            trigger_tokens: r.get(15)?,
+            tokens_before: r.get(16)?,
+            tokens_after: r.get(17)?,
+            input_tokens: r.get(18)?,
+            output_tokens: r.get(19)?,
+            summary_calls: r.get(20)?,
+            error: r.get(21)?,
+            created_at: r.get(22)?,
+            completed_at: r.get(23)?,
+        })
+    }
+}

@@ -1,0 +1,164 @@
+//! Tools and their effect modes.
+//!
+//! Each tool declares how its effect is made safe across crashes:
+//!
+//! | mode | on a crash mid-call | the tool must |
+//! |---|---|---|
+//! | [`TransactionalTool`] | its writes roll back with the invocation record | write only through the given transaction |
+//! | idempotent ([`Tool`] registered with [`Tools::idempotent`]) | called again with the same idempotency key | treat a repeated key as the same request |
+//! | at-most-once ([`Tools::at_most_once`]) | never called again; the model sees "outcome unknown" | nothing |
+//!
+//! In every mode a completed invocation is never called again: its stored
+//! result is reused (G5).
+
+use crate::message::ToolSpec;
+use crate::store::Effect;
+use async_trait::async_trait;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// One tool call as a tool sees it.
+#[derive(Debug, Clone)]
+pub struct ToolCall {
+    /// The session's external id.
+    pub session: String,
+    /// Turn index.
+    pub turn_idx: i64,
+    /// Step index in the turn.
+    pub step_idx: i64,
+    /// The model's call id.
+    pub tool_call_id: String,
+    /// Tool name.
+    pub name: String,
+    /// The arguments (a JSON object).
+    pub input: Value,
+    /// Stable across every retry of this call: pass it to the service the tool
+    /// calls, so a repeated request is recognised.
+    pub idempotency_key: String,
+}
+
+/// A tool's refusal or failure; the model sees the message as an error result.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ToolError(pub String);
+
+impl ToolError {
+    /// A tool error with `msg`.
+    pub fn new(msg: impl Into<String>) -> ToolError {
+        ToolError(msg.into())
+    }
+}
+
+/// An idempotent or at-most-once tool (async, may call the outside world).
+#[async_trait]
+pub trait Tool: Send + Sync {
+    /// Runs the call. `Ok` is the result the model sees (strings as they are,
+    /// other JSON as JSON text); `Err` is an error result the model sees. A panic
+    /// is caught and becomes an error result.
+    async fn call(&self, call: &ToolCall) -> Result<Value, ToolError>;
+}
+
+/// A tool whose effect is writes to the abridge database itself.
+pub trait TransactionalTool: Send + Sync {
+    /// Runs inside the IMMEDIATE transaction that records the invocation as
+    /// completed: its writes commit together with that record, or not at all.
+    /// Runs on a blocking thread. An `Err` rolls the tool's writes back and
+    /// records an error result; a panic does the same.
+    fn call(&self, tx: &rusqlite::Transaction<'_>, call: &ToolCall) -> Result<Value, ToolError>;
+}
+
+#[derive(Clone)]
+pub(crate) enum ToolImpl {
+    Transactional(Arc<dyn TransactionalTool>),
+    Async(Arc<dyn Tool>),
+}
+
+#[derive(Clone)]
+pub(crate) struct Registered {
+    pub spec: ToolSpec,
+    pub effect: Effect,
+    pub imp: ToolImpl,
+}
+
+/// The tools a runner offers the model, by name.
+#[derive(Clone, Default)]
+pub struct Tools {
+    pub(crate) by_name: BTreeMap<String, Registered>,
+}
+
+impl std::fmt::Debug for Tools {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.by_name.iter().map(|(k, v)| (k, v.effect)))
+            .finish()
+    }
+}
+
+impl Tools {
+    /// No tools.
+    pub fn new() -> Tools {
+        Tools::default()
+    }
+
+    /// Adds a transactional tool.
+    pub fn transactional(
+        mut self,
+        spec: ToolSpec,
+        tool: impl TransactionalTool + 'static,
+    ) -> Tools {
+        self.insert(
+            spec,
+            Effect::Transactional,
+            ToolImpl::Transactional(Arc::new(tool)),
+        );
+        self
+    }
+
+    /// Adds an idempotent tool.
+    pub fn idempotent(mut self, spec: ToolSpec, tool: impl Tool + 'static) -> Tools {
+        self.insert(spec, Effect::Idempotent, ToolImpl::Async(Arc::new(tool)));
+        self
+    }
+
+    /// Adds an at-most-once tool.
+    pub fn at_most_once(mut self, spec: ToolSpec, tool: impl Tool + 'static) -> Tools {
+        self.insert(spec, Effect::AtMostOnce, ToolImpl::Async(Arc::new(tool)));
+        self
+    }
+
+    fn insert(&mut self, spec: ToolSpec, effect: Effect, imp: ToolImpl) {
+        self.by_name
+            .insert(spec.name.clone(), Registered { spec, effect, imp });
+    }
+
+    /// The specs, in name order (the order the model is shown them).
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        self.by_name.values().map(|r| r.spec.clone()).collect()
+    }
+
+    pub(crate) fn get(&self, name: &str) -> Option<&Registered> {
+        self.by_name.get(name)
+    }
+}
+
+/// Renders a tool's JSON result as the text the model sees.
+pub(crate) fn render_result(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Derives the idempotency key of a call: stable across retries and processes,
+/// unique per (session, turn, step, call id).
+pub(crate) fn idempotency_key(
+    session: &str,
+    turn_idx: i64,
+    step_idx: i64,
+    call_id: &str,
+) -> String {
+    let material = format!("{session}\u{0}{turn_idx}\u{0}{step_idx}\u{0}{call_id}");
+    let hex = crate::message::sha256_hex(material.as_bytes());
+    format!("abr_{}", &hex[..32])
+}

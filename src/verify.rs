@@ -1,0 +1,149 @@
+//! Whole-database checks of the guarantees G1-G7.
+//!
+//! Each check reads the store and lists its violations; [`verify`] runs them all.
+//! Used by `abridge verify`, by the chaos harness at the end of every run, and by
+//! the tests.
+
+use crate::error::Result;
+use crate::message::sha256_hex;
+use crate::replay::rebuild_step;
+use crate::store::{self, demo, CompactionStatus};
+use rusqlite::Connection;
+use serde::Serialize;
+
+/// One check's outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Check {
+    /// Name, prefixed with the guarantee it checks.
+    pub name: String,
+    /// True when no violation was found.
+    pub ok: bool,
+    /// How many things were checked.
+    pub checked: i64,
+    /// What was wrong, one line each.
+    pub violations: Vec<String>,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Report {
+    /// True when every check holds.
+    pub ok: bool,
+    /// The checks, in order.
+    pub checks: Vec<Check>,
+}
+
+fn check(name: &str, checked: i64, violations: Vec<String>) -> Check {
+    Check {
+        name: name.into(),
+        ok: violations.is_empty(),
+        checked,
+        violations,
+    }
+}
+
+/// Runs every check. Read-only.
+pub fn verify(conn: &Connection) -> Result<Report> {
+    let mut checks = Vec::new();
+    let compactions = store::all_compactions(conn)?;
+
+    let dups = store::duplicate_boundaries(conn)?;
+    checks.push(check(
+        "G1 one row per boundary",
+        compactions.len() as i64,
+        dups.iter()
+            .map(|(s, b, n)| format!("session {s} boundary {b} has {n} compaction rows"))
+            .collect(),
+    ));
+
+    let mut g2 = Vec::new();
+    let mut g7 = Vec::new();
+    let mut completed = 0;
+    for c in compactions
+        .iter()
+        .filter(|c| c.status == CompactionStatus::Completed)
+    {
+        completed += 1;
+        let summary = c.summary.as_deref().unwrap_or("");
+        if summary.trim().is_empty() {
+            g2.push(format!(
+                "compaction {} is completed with an empty summary",
+                c.id
+            ));
+        }
+        match &c.summary_sha256 {
+            Some(h) if *h == sha256_hex(summary.as_bytes()) => {}
+            Some(_) => g2.push(format!(
+                "compaction {} summary changed after completion (hash differs)",
+                c.id
+            )),
+            None => g2.push(format!("compaction {} has no recorded summary hash", c.id)),
+        }
+        match (c.tokens_before, c.tokens_after) {
+            (Some(b), Some(a)) if a < b && a > 0 => {}
+            (b, a) => g7.push(format!(
+                "compaction {} did not shrink: tokens_before {:?}, tokens_after {:?}",
+                c.id, b, a
+            )),
+        }
+    }
+    checks.push(check("G2 completed summaries never change", completed, g2));
+
+    let steps = store::executed_step_ids(conn, None)?;
+    let mut g3 = Vec::new();
+    for id in &steps {
+        match rebuild_step(conn, *id) {
+            Ok(r) if r.matches() => {}
+            Ok(r) => g3.push(format!(
+                "step {id}: rebuilt {} but recorded {}",
+                &r.sha256[..16],
+                &r.recorded[..r.recorded.len().min(16)]
+            )),
+            Err(e) => g3.push(format!("step {id}: {e}")),
+        }
+    }
+    checks.push(check("G3 byte-identical replay", steps.len() as i64, g3));
+
+    let drafts = store::steps_reading_non_completed(conn)?;
+    checks.push(check(
+        "G4 no step read a draft",
+        steps.len() as i64,
+        drafts
+            .iter()
+            .map(|(s, c, st)| format!("step {s} read compaction {c}, which is {st}"))
+            .collect(),
+    ));
+
+    let (unfinished, dup_calls) = store::invocation_anomalies(conn)?;
+    let (_, invocations, _) = store::totals(conn)?;
+    let mut g5: Vec<String> = unfinished
+        .iter()
+        .map(|i| format!("invocation {i} of a completed step never finished"))
+        .chain(
+            dup_calls
+                .iter()
+                .map(|(s, c)| format!("step {s} recorded tool call {c} more than once")),
+        )
+        .collect();
+    let mut effects = 0;
+    if demo::has_demo_tables(conn)? {
+        for table in [demo::DemoTable::Effects, demo::DemoTable::External] {
+            effects += demo::count_effects(conn, table)?;
+            for (key, tool, n) in demo::duplicate_effects(conn, table)? {
+                g5.push(format!("effect {key} of {tool} applied {n} times"));
+            }
+        }
+    }
+    checks.push(check("G5 effects once", invocations + effects, g5));
+
+    let integrity = store::integrity_check(conn)?;
+    let g6: Vec<String> = integrity.into_iter().filter(|l| l != "ok").collect();
+    checks.push(check("G6 integrity_check", 1, g6));
+
+    checks.push(check("G7 compaction shrinks", completed, g7));
+
+    Ok(Report {
+        ok: checks.iter().all(|c| c.ok),
+        checks,
+    })
+}
