@@ -528,3 +528,212 @@ pub fn demo_tools(external_db: Option<PathBuf>, latency: Duration) -> Tools {
 pub fn session_external_id(seed: u64, i: u64) -> String {
     format!("demo-{seed}-{i}")
 }
+
+/// Options of a demo run.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// Database file.
+    pub db: PathBuf,
+    /// Sessions, run concurrently.
+    pub sessions: u64,
+    /// Turns per session.
+    pub turns: u64,
+    /// Compaction threshold.
+    pub compact_at: crate::Threshold,
+    /// Seed of the script.
+    pub seed: u64,
+    /// Simulated model latency.
+    pub model_latency: Duration,
+    /// Simulated summariser latency.
+    pub summary_latency: Duration,
+    /// Lease owner identity; None: this process (a rerun after a kill takes the
+    /// dead process's leases over at once).
+    pub owner: Option<String>,
+}
+
+impl Default for DemoOptions {
+    fn default() -> Self {
+        DemoOptions {
+            db: PathBuf::from("abridge-demo.db"),
+            sessions: 3,
+            turns: 40,
+            compact_at: crate::Threshold::Tokens(4_000),
+            seed: 42,
+            model_latency: Duration::ZERO,
+            summary_latency: Duration::ZERO,
+            owner: None,
+        }
+    }
+}
+
+/// One finished turn, for progress output.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Progress {
+    /// Session external id.
+    pub session: String,
+    /// Turn index.
+    pub turn: i64,
+    /// Steps it took.
+    pub steps: i64,
+    /// Context tokens of its last step.
+    pub context_tokens: Option<i64>,
+    /// Completed compactions of the session so far.
+    pub compactions: i64,
+}
+
+/// One compaction, for the report.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CompactionFigure {
+    /// Session external id.
+    pub session: String,
+    /// Boundary.
+    pub up_to_turn: i64,
+    /// Status.
+    pub status: String,
+    /// Tokens replaced.
+    pub tokens_before: Option<i64>,
+    /// Tokens of the summary.
+    pub tokens_after: Option<i64>,
+}
+
+/// The figures of a demo run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DemoReport {
+    /// Sessions.
+    pub sessions: i64,
+    /// Turns.
+    pub turns: i64,
+    /// Turns failed by policy.
+    pub turns_failed: i64,
+    /// Steps.
+    pub steps: i64,
+    /// Tool calls.
+    pub tool_calls: i64,
+    /// Compactions completed.
+    pub compactions_completed: i64,
+    /// Compactions failed.
+    pub compactions_failed: i64,
+    /// Per compaction.
+    pub compactions: Vec<CompactionFigure>,
+    /// Wall time, seconds.
+    pub wall_seconds: f64,
+    /// The database file.
+    pub db: String,
+}
+
+/// The demo runner for `opts` over `store`.
+pub fn demo_runner(store: &crate::Store, opts: &DemoOptions) -> crate::Result<crate::Runner> {
+    let mut cfg = crate::RunnerConfig::default();
+    if let Some(o) = &opts.owner {
+        cfg.owner = o.clone();
+    } else {
+        cfg.owner = crate::owner::process_owner("demo");
+    }
+    cfg.compaction = crate::CompactionConfig::default()
+        .with_compact_at(opts.compact_at)
+        .with_context_window(DEMO_MODEL, 32_000);
+    let mut model = ScriptedModel::new(opts.seed);
+    model.latency = opts.model_latency;
+    crate::Runner::builder(store.clone(), std::sync::Arc::new(model))
+        .tools(demo_tools(None, Duration::ZERO))
+        .summariser(SlowSummariser {
+            latency: opts.summary_latency,
+        })
+        .config(cfg)
+        .build()
+}
+
+/// Runs (or resumes) the demo: `sessions` sessions of `turns` scripted turns,
+/// concurrently. Calls `progress` after each turn.
+pub async fn run_demo(
+    opts: &DemoOptions,
+    progress: impl Fn(&Progress) + Send + Sync + 'static,
+) -> crate::Result<DemoReport> {
+    let started = std::time::Instant::now();
+    let store = crate::Store::open(&opts.db)?;
+    store.with_conn(|c| crate::store::demo::create_demo_tables(c))?;
+    let runner = demo_runner(&store, opts)?;
+    let progress = std::sync::Arc::new(progress);
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..opts.sessions {
+        let (runner, progress, seed, turns) = (runner.clone(), progress.clone(), opts.seed, opts.turns);
+        tasks.spawn(async move {
+            let ext = session_external_id(seed, i);
+            let session = runner.create_session(&ext, DEMO_MODEL, SYSTEM_PROMPT).await?;
+            for t in 0..turns {
+                let input = user_turn(seed, i, t);
+                let out = loop {
+                    match runner.run_turn_at(session.id, t as i64, &input).await {
+                        Ok(o) => break Some(o),
+                        // Another live process runs this turn: wait for it.
+                        Err(crate::Error::LeaseHeld { .. }) | Err(crate::Error::LeaseLost { .. }) => {
+                            tokio::time::sleep(Duration::from_millis(50)).await
+                        }
+                        Err(crate::Error::TurnFinished { .. }) => break None, // failed by policy
+                        Err(e) if !e.is_resumable() => break None,
+                        Err(e) => return Err(e),
+                    }
+                };
+                let sid = session.id;
+                let counts = runner
+                    .store()
+                    .call(move |c| crate::store::session_counts(c, sid))
+                    .await?;
+                progress(&Progress {
+                    session: ext.clone(),
+                    turn: t as i64,
+                    steps: out.map_or(0, |o| o.steps),
+                    context_tokens: counts.context_tokens,
+                    compactions: counts.compactions_completed,
+                });
+            }
+            Ok::<_, crate::Error>(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.map_err(|e| crate::Error::Task(e.to_string()))??;
+    }
+    let seed = opts.seed;
+    let n = opts.sessions;
+    let mut report = store
+        .call(move |c| {
+            let mut rep = DemoReport {
+                sessions: 0,
+                turns: 0,
+                turns_failed: 0,
+                steps: 0,
+                tool_calls: 0,
+                compactions_completed: 0,
+                compactions_failed: 0,
+                compactions: Vec::new(),
+                wall_seconds: 0.0,
+                db: String::new(),
+            };
+            for i in 0..n {
+                let ext = session_external_id(seed, i);
+                let Some(s) = crate::store::find_session(c, &ext)? else { continue };
+                let k = crate::store::session_counts(c, s.id)?;
+                rep.sessions += 1;
+                rep.turns += k.turns;
+                rep.turns_failed += k.turns_failed;
+                rep.steps += k.steps;
+                rep.tool_calls += k.tool_calls;
+                rep.compactions_completed += k.compactions_completed;
+                rep.compactions_failed += k.compactions_failed;
+                for row in crate::store::list_compactions(c, s.id)? {
+                    rep.compactions.push(CompactionFigure {
+                        session: ext.clone(),
+                        up_to_turn: row.up_to_turn_index,
+                        status: row.status.to_string(),
+                        tokens_before: row.tokens_before,
+                        tokens_after: row.tokens_after,
+                    });
+                }
+            }
+            Ok(rep)
+        })
+        .await?;
+    report.wall_seconds = started.elapsed().as_secs_f64();
+    report.db = opts.db.display().to_string();
+    Ok(report)
+}

@@ -1,1 +1,452 @@
-fn main() {}
+//! The `abridge` command: run the demo, look inside a store, verify it, and run
+//! the chaos harness.
+
+use abridge::demo::{run_demo, DemoOptions};
+use abridge::inspect::{self, ExportFormat};
+use abridge::{Error, Threshold};
+use clap::{Parser, Subcommand};
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "abridge",
+    version,
+    about = "Durable, exactly-once context compaction for LLM agent hosts, on embedded SQLite",
+    after_help = "Examples:\n  abridge demo\n  abridge inspect --db abridge-demo.db\n  abridge verify --db abridge-demo.db"
+)]
+struct Cli {
+    /// More logging (-v info, -vv debug); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run scripted customer-support sessions on an embedded store and watch them compact.
+    #[command(
+        after_help = "Example:\n  abridge demo --sessions 3 --turns 40 --compact-at 4000\n\n\
+        Killed (Ctrl-C, kill -9) and run again with the same arguments, it resumes where it stopped."
+    )]
+    Demo {
+        /// Database file (created if missing).
+        #[arg(long, default_value = "abridge-demo.db")]
+        db: PathBuf,
+        /// Sessions, run concurrently.
+        #[arg(long, default_value_t = 3)]
+        sessions: u64,
+        /// Turns per session.
+        #[arg(long, default_value_t = 40)]
+        turns: u64,
+        /// Threshold: a token count (4000), a fraction of the window (0.9), or off.
+        #[arg(long, default_value = "4000")]
+        compact_at: String,
+        /// Seed of the script.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Simulated model latency, ms.
+        #[arg(long, default_value_t = 0)]
+        model_latency: u64,
+        /// Simulated summariser latency, ms.
+        #[arg(long, default_value_t = 0)]
+        summary_latency: u64,
+        /// Print one JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List sessions, or show one session's turns and compactions.
+    #[command(
+        after_help = "Examples:\n  abridge inspect --db abridge-demo.db\n  abridge inspect --db abridge-demo.db demo-42-0 --json"
+    )]
+    Inspect {
+        /// Database file.
+        #[arg(long)]
+        db: PathBuf,
+        /// Session id or external id.
+        session: Option<String>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rebuild an executed step's messages and compare with the recorded hash.
+    #[command(
+        after_help = "Examples:\n  abridge replay --db abridge-demo.db --step 12\n  abridge replay --db abridge-demo.db --step 12 --raw | sha256sum"
+    )]
+    Replay {
+        /// Database file.
+        #[arg(long)]
+        db: PathBuf,
+        /// Step id.
+        #[arg(long)]
+        step: i64,
+        /// Print exactly the hashed bytes, nothing else.
+        #[arg(long)]
+        raw: bool,
+    },
+    /// Compact a session now (manual), from outside any running host.
+    #[command(
+        after_help = "Example:\n  abridge compact --db abridge-demo.db --session demo-42-0 --focus \"order numbers\""
+    )]
+    Compact {
+        /// Database file.
+        #[arg(long)]
+        db: PathBuf,
+        /// Session id or external id.
+        #[arg(long)]
+        session: String,
+        /// What the summary should give priority to.
+        #[arg(long)]
+        focus: Option<String>,
+        /// Most recent turns kept verbatim.
+        #[arg(long, default_value_t = 0)]
+        keep_last_turns: u32,
+    },
+    /// Print a session's full, uncompacted transcript with compaction points marked.
+    #[command(
+        after_help = "Example:\n  abridge export --db abridge-demo.db --session demo-42-0 --format jsonl"
+    )]
+    Export {
+        /// Database file.
+        #[arg(long)]
+        db: PathBuf,
+        /// Session id or external id.
+        #[arg(long)]
+        session: String,
+        /// markdown or jsonl.
+        #[arg(long, default_value = "markdown")]
+        format: String,
+    },
+    /// Check guarantees G1-G7 on a whole database; exit 0 only when all hold.
+    #[command(after_help = "Example:\n  abridge verify --db abridge-demo.db --json")]
+    Verify {
+        /// Database file.
+        #[arg(long)]
+        db: PathBuf,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn init_tracing(verbose: u8) {
+    let default = match verbose {
+        0 => "error",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.verbose);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("abridge: error: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match rt.block_on(run(cli.cmd)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("abridge: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn must_exist(db: &Path) -> abridge::Result<()> {
+    if db.exists() {
+        Ok(())
+    } else {
+        Err(Error::NotFound { path: db.into() })
+    }
+}
+
+fn print_json(v: &impl serde::Serialize) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+async fn run(cmd: Cmd) -> abridge::Result<ExitCode> {
+    match cmd {
+        Cmd::Demo {
+            db,
+            sessions,
+            turns,
+            compact_at,
+            seed,
+            model_latency,
+            summary_latency,
+            json,
+        } => {
+            let opts = DemoOptions {
+                db,
+                sessions,
+                turns,
+                compact_at: Threshold::parse(&compact_at)?,
+                seed,
+                model_latency: Duration::from_millis(model_latency),
+                summary_latency: Duration::from_millis(summary_latency),
+                owner: None,
+            };
+            let tty = std::io::stdout().is_terminal() && !json;
+            let report = run_demo(&opts, move |p| {
+                if tty {
+                    println!(
+                        "{:<14} turn {:>4}  steps {}  context {:>6} tokens  compactions {}",
+                        p.session,
+                        p.turn,
+                        p.steps,
+                        p.context_tokens.map_or("-".into(), |t| t.to_string()),
+                        p.compactions
+                    );
+                }
+            })
+            .await?;
+            if json {
+                print_json(&report);
+            } else {
+                print_demo_table(&report);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Inspect { db, session, json } => {
+            let conn = abridge::store::open_read_only(&db)?;
+            match session {
+                None => {
+                    let all = inspect::sessions(&conn)?;
+                    if json {
+                        print_json(&all);
+                    } else {
+                        println!(
+                            "{:>4}  {:<20} {:<20} {:>6} {:>6} {:>6} {:>11} {:>9}",
+                            "id",
+                            "external id",
+                            "model",
+                            "turns",
+                            "steps",
+                            "tools",
+                            "compactions",
+                            "context"
+                        );
+                        for s in all {
+                            println!(
+                                "{:>4}  {:<20} {:<20} {:>6} {:>6} {:>6} {:>11} {:>9}",
+                                s.session.id,
+                                s.session.external_id,
+                                s.session.model,
+                                s.counts.turns,
+                                s.counts.steps,
+                                s.counts.tool_calls,
+                                s.counts.compactions_completed,
+                                s.counts
+                                    .context_tokens
+                                    .map_or("-".into(), |t| t.to_string())
+                            );
+                        }
+                    }
+                }
+                Some(key) => {
+                    let d = inspect::session_detail(&conn, &key)?;
+                    if json {
+                        print_json(&d);
+                    } else {
+                        let s = &d.summary.session;
+                        println!("session {} ({}), model {}", s.external_id, s.id, s.model);
+                        println!("\nturns:");
+                        for t in &d.turns {
+                            println!(
+                                "  {:>4}  {:<9} steps {:>2}  {}",
+                                t.turn.idx,
+                                t.turn.status,
+                                t.steps,
+                                abridge::compaction::truncate_chars(
+                                    &t.turn.input.replace('\n', " "),
+                                    60
+                                )
+                            );
+                        }
+                        println!("\ncompactions:");
+                        for c in &d.compactions {
+                            println!(
+                                "  up to turn {:>4}  {:<9} attempts {} trigger {:<6} tokens {} -> {}  {}",
+                                c.up_to_turn_index,
+                                c.status,
+                                c.attempts,
+                                c.trigger,
+                                c.tokens_before.map_or("-".into(), |t| t.to_string()),
+                                c.tokens_after.map_or("-".into(), |t| t.to_string()),
+                                abridge::compaction::truncate_chars(
+                                    &c.summary.clone().unwrap_or_default().replace('\n', " "),
+                                    60
+                                )
+                            );
+                        }
+                    }
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Replay { db, step, raw } => {
+            let conn = abridge::store::open_read_only(&db)?;
+            let r = abridge::replay::rebuild_step(&conn, step)?;
+            if raw {
+                let mut out = std::io::stdout().lock();
+                out.write_all(&r.bytes)?;
+                out.flush()?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            println!("{}", serde_json::to_string_pretty(&r.messages)?);
+            println!("\nrebuilt  sha256 {}", r.sha256);
+            println!("recorded sha256 {}", r.recorded);
+            println!("{}", if r.matches() { "match" } else { "MISMATCH" });
+            Ok(if r.matches() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Cmd::Compact {
+            db,
+            session,
+            focus,
+            keep_last_turns,
+        } => {
+            must_exist(&db)?;
+            let store = abridge::Store::open(&db)?;
+            let key = session.clone();
+            let s = store
+                .call(move |c| inspect::resolve_session(c, &key))
+                .await?;
+            let mut cfg = abridge::RunnerConfig::default();
+            cfg.owner = abridge::owner::process_owner("abridge-compact");
+            cfg.compaction.keep_last_turns = keep_last_turns;
+            let runner = abridge::Runner::builder(store, std::sync::Arc::new(NoModel))
+                .config(cfg)
+                .build()?;
+            let row = runner.compact_now(s.id, focus).await?;
+            println!(
+                "compaction {} of session {} up to turn {}: {} (tokens {} -> {})",
+                row.id,
+                s.external_id,
+                row.up_to_turn_index,
+                row.status,
+                row.tokens_before.unwrap_or(0),
+                row.tokens_after.unwrap_or(0)
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Export {
+            db,
+            session,
+            format,
+        } => {
+            let format = match format.as_str() {
+                "markdown" | "md" => ExportFormat::Markdown,
+                "jsonl" => ExportFormat::Jsonl,
+                other => {
+                    return Err(Error::Config(format!(
+                        "unknown format {other:?}: use markdown or jsonl"
+                    )))
+                }
+            };
+            let conn = abridge::store::open_read_only(&db)?;
+            print!("{}", inspect::export(&conn, &session, format)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Verify { db, json } => {
+            let conn = abridge::store::open_read_only(&db)?;
+            let report = abridge::verify::verify(&conn)?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                for c in &report.checks {
+                    println!(
+                        "{:<4} {:<40} checked {:>7}  violations {}",
+                        if c.ok { "ok" } else { "FAIL" },
+                        c.name,
+                        c.checked,
+                        c.violations.len()
+                    );
+                    for v in c.violations.iter().take(20) {
+                        println!("       - {v}");
+                    }
+                }
+                println!(
+                    "{}",
+                    if report.ok {
+                        "all guarantees hold"
+                    } else {
+                        "VIOLATIONS FOUND"
+                    }
+                );
+            }
+            Ok(if report.ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+    }
+}
+
+fn print_demo_table(r: &abridge::demo::DemoReport) {
+    println!("\nabridge demo: {}", r.db);
+    println!("  sessions               {}", r.sessions);
+    println!(
+        "  turns                  {} ({} failed)",
+        r.turns, r.turns_failed
+    );
+    println!("  steps                  {}", r.steps);
+    println!("  tool calls             {}", r.tool_calls);
+    println!(
+        "  compactions            {} completed, {} failed",
+        r.compactions_completed, r.compactions_failed
+    );
+    println!("  wall time              {:.2} s", r.wall_seconds);
+    if !r.compactions.is_empty() {
+        println!(
+            "\n  {:<16} {:>10} {:>10} {:>14} {:>13}",
+            "session", "up to turn", "status", "tokens before", "tokens after"
+        );
+        for c in &r.compactions {
+            println!(
+                "  {:<16} {:>10} {:>10} {:>14} {:>13}",
+                c.session,
+                c.up_to_turn,
+                c.status,
+                c.tokens_before.map_or("-".into(), |t| t.to_string()),
+                c.tokens_after.map_or("-".into(), |t| t.to_string())
+            );
+        }
+    }
+}
+
+/// The model of `abridge compact`: it never runs a step, only summarises
+/// (with the offline summariser).
+struct NoModel;
+
+#[async_trait::async_trait]
+impl abridge::ModelClient for NoModel {
+    async fn complete(
+        &self,
+        _: &abridge::ModelRequest,
+    ) -> Result<abridge::ModelResponse, abridge::ModelError> {
+        Err(abridge::ModelError::Permanent(
+            "abridge compact runs no model steps".into(),
+        ))
+    }
+}

@@ -45,6 +45,10 @@ pub struct RunnerConfig {
     /// Take over a lease at once when its owner is a dead process on this machine.
     /// Default true.
     pub take_over_dead_local_owners: bool,
+    /// Renew held leases (turn and compaction) in the background while working.
+    /// Default true. Off only to simulate a frozen holder (a GC pause, a stopped
+    /// process) in tests: its lease then expires and it gets fenced.
+    pub heartbeat: bool,
     /// Compaction settings.
     pub compaction: CompactionConfig,
     /// Fault injection (tests, chaos harness). Default None.
@@ -72,6 +76,7 @@ impl Default for RunnerConfig {
             model_backoff: Duration::from_millis(500),
             model_timeout: Duration::from_secs(300),
             take_over_dead_local_owners: true,
+            heartbeat: true,
             compaction: CompactionConfig::default(),
             fault_hook: None,
         }
@@ -183,6 +188,7 @@ impl RunnerBuilder {
             events.clone(),
             cfg.fault_hook.clone(),
             dead,
+            cfg.heartbeat,
         )?;
         Ok(Runner {
             inner: Arc::new(Inner {
@@ -379,11 +385,14 @@ impl Runner {
         }
     }
 
-    fn heartbeat(&self, lease: &Lease) -> AbortOnDrop {
+    fn heartbeat(&self, lease: &Lease) -> Option<AbortOnDrop> {
+        if !self.inner.cfg.heartbeat {
+            return None;
+        }
         let store = self.inner.store.clone();
         let lease = lease.clone();
         let period = self.inner.cfg.lease_ttl / 3;
-        AbortOnDrop(tokio::spawn(async move {
+        Some(AbortOnDrop(tokio::spawn(async move {
             let mut tick = tokio::time::interval(period);
             tick.tick().await;
             loop {
@@ -395,7 +404,7 @@ impl Runner {
                     Err(e) => debug!(error = %e, "lease renewal failed; retrying"),
                 }
             }
-        }))
+        })))
     }
 
     /// Fails the turn (policy), then returns `err` to the caller.

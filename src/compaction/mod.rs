@@ -44,6 +44,7 @@ pub struct Compactor {
     pub(crate) events: EventSink,
     pub(crate) fault: Option<FaultHook>,
     pub(crate) owner_is_dead: DeadCheck,
+    heartbeat: bool,
     warned: Arc<Mutex<HashSet<String>>>,
 }
 
@@ -72,6 +73,7 @@ impl Compactor {
         events: EventSink,
         fault: Option<FaultHook>,
         owner_is_dead: DeadCheck,
+        heartbeat: bool,
     ) -> Result<Compactor> {
         config.validate()?;
         Ok(Compactor {
@@ -82,6 +84,7 @@ impl Compactor {
             events,
             fault,
             owner_is_dead,
+            heartbeat,
             warned: Arc::default(),
         })
     }
@@ -371,7 +374,7 @@ impl Compactor {
         let prompt_sha256 = sha256_hex(rules.as_bytes());
 
         // Heartbeat: keep the row's lease while this process is alive and working.
-        let hb = {
+        let hb = self.heartbeat.then(|| {
             let store = self.store.clone();
             let owner = self.owner.clone();
             let ttl = self.config.lease_ttl;
@@ -396,7 +399,9 @@ impl Compactor {
         let result = self
             .attempts(&row, &rules, previous, &span, tokens_before)
             .await;
-        hb.abort();
+        if let Some(hb) = hb {
+            hb.abort();
+        }
 
         match result {
             Ok((summary, mut stats)) => {

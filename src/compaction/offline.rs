@@ -21,14 +21,15 @@ const SECTIONS: [&str; 5] = [
     "Open",
 ];
 /// Most entries kept per section (newest kept); ids are kept oldest first.
-const PER_SECTION: [usize; 5] = [400, 24, 16, 12, 6];
+const PER_SECTION: [usize; 5] = [200, 12, 8, 8, 6];
 
 /// The offline extractive summariser.
 #[derive(Debug, Clone, Default)]
 pub struct ExtractiveSummariser;
 
 fn is_id_like(w: &str) -> bool {
-    w.chars().any(|c| c.is_ascii_digit()) && w.chars().count() >= 2 && w.len() <= 40
+    // Times of day and timestamps are noise next to order numbers and amounts.
+    w.chars().any(|c| c.is_ascii_digit()) && w.chars().count() >= 2 && w.len() <= 40 && !w.contains(':')
 }
 
 fn words(s: &str) -> impl Iterator<Item = &str> {
@@ -103,7 +104,7 @@ pub fn extract(request: &SummaryRequest) -> String {
                 open_now.push(format!("{tag} {}", head(t, 120)));
             }
         } else if let Some(t) = body.strip_prefix("tool result ") {
-            sec[2].push(format!("{tag} {}", head(t, 120)));
+            sec[2].push(format!("{tag} {}", head(t, 100)));
         } else if let Some(t) = body.strip_prefix("tool error ") {
             sec[2].push(format!("{tag} error {}", head(t, 120)));
         } else if let Some(t) = body.strip_prefix("assistant: ") {
