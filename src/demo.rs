@@ -656,17 +656,21 @@ pub async fn run_demo(
     let progress = std::sync::Arc::new(progress);
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..opts.sessions {
-        let (runner, progress, seed, turns) = (runner.clone(), progress.clone(), opts.seed, opts.turns);
+        let (runner, progress, seed, turns) =
+            (runner.clone(), progress.clone(), opts.seed, opts.turns);
         tasks.spawn(async move {
             let ext = session_external_id(seed, i);
-            let session = runner.create_session(&ext, DEMO_MODEL, SYSTEM_PROMPT).await?;
+            let session = runner
+                .create_session(&ext, DEMO_MODEL, SYSTEM_PROMPT)
+                .await?;
             for t in 0..turns {
                 let input = user_turn(seed, i, t);
                 let out = loop {
                     match runner.run_turn_at(session.id, t as i64, &input).await {
                         Ok(o) => break Some(o),
                         // Another live process runs this turn: wait for it.
-                        Err(crate::Error::LeaseHeld { .. }) | Err(crate::Error::LeaseLost { .. }) => {
+                        Err(crate::Error::LeaseHeld { .. })
+                        | Err(crate::Error::LeaseLost { .. }) => {
                             tokio::time::sleep(Duration::from_millis(50)).await
                         }
                         Err(crate::Error::TurnFinished { .. }) => break None, // failed by policy
@@ -711,7 +715,9 @@ pub async fn run_demo(
             };
             for i in 0..n {
                 let ext = session_external_id(seed, i);
-                let Some(s) = crate::store::find_session(c, &ext)? else { continue };
+                let Some(s) = crate::store::find_session(c, &ext)? else {
+                    continue;
+                };
                 let k = crate::store::session_counts(c, s.id)?;
                 rep.sessions += 1;
                 rep.turns += k.turns;

@@ -395,7 +395,7 @@ impl Compactor {
                     }
                 }
             })
-        };
+        });
         let result = self
             .attempts(&row, &rules, previous, &span, tokens_before)
             .await;

@@ -29,7 +29,10 @@ pub struct ExtractiveSummariser;
 
 fn is_id_like(w: &str) -> bool {
     // Times of day and timestamps are noise next to order numbers and amounts.
-    w.chars().any(|c| c.is_ascii_digit()) && w.chars().count() >= 2 && w.len() <= 40 && !w.contains(':')
+    w.chars().any(|c| c.is_ascii_digit())
+        && w.chars().count() >= 2
+        && w.len() <= 40
+        && !w.contains(':')
 }
 
 fn words(s: &str) -> impl Iterator<Item = &str> {
