@@ -28,9 +28,43 @@ pub fn demo_runner(
     compact_at: Threshold,
     hook: Option<FaultHook>,
 ) -> Runner {
-    let db = store.path().to_path_buf();
+    demo_runner_with(
+        store,
+        seed,
+        compact_at,
+        hook,
+        &["notify_customer", "charge_card"],
+        "test-runner",
+    )
+}
+
+/// As [`demo_runner`], with the extra (non-transactional) tools the model calls
+/// and the lease owner named.
+pub fn demo_runner_with(
+    store: &Store,
+    seed: u64,
+    compact_at: Threshold,
+    hook: Option<FaultHook>,
+    extras: &[&str],
+    owner: &str,
+) -> Runner {
+    Runner::builder(store.clone(), Arc::new(demo_model(seed, extras)))
+        .tools(demo_tools(Some(store.path().to_path_buf()), Duration::ZERO))
+        .summariser(SlowSummariser::default())
+        .config(test_config(compact_at, hook, owner))
+        .build()
+        .unwrap()
+}
+
+pub fn demo_model(seed: u64, extras: &[&str]) -> ScriptedModel {
+    let mut model = ScriptedModel::new(seed);
+    model.extra_tools = extras.iter().map(|s| s.to_string()).collect();
+    model
+}
+
+pub fn test_config(compact_at: Threshold, hook: Option<FaultHook>, owner: &str) -> RunnerConfig {
     let mut cfg = RunnerConfig {
-        owner: "test-runner".into(),
+        owner: owner.into(),
         lease_ttl: Duration::from_secs(5),
         model_backoff: Duration::from_millis(1),
         ..RunnerConfig::default()
@@ -40,14 +74,7 @@ pub fn demo_runner(
         .with_context_window(DEMO_MODEL, 2_000);
     cfg.compaction.retry_backoff = Duration::from_millis(1);
     cfg.fault_hook = hook;
-    let mut model = ScriptedModel::new(seed);
-    model.extra_tools = vec!["notify_customer".into(), "charge_card".into()];
-    Runner::builder(store.clone(), Arc::new(model))
-        .tools(demo_tools(Some(db), Duration::ZERO))
-        .summariser(SlowSummariser::default())
-        .config(cfg)
-        .build()
-        .unwrap()
+    cfg
 }
 
 pub async fn demo_session(runner: &Runner, seed: u64, i: u64) -> i64 {
@@ -79,4 +106,71 @@ pub fn assert_all_steps_rebuild(store: &Store) -> usize {
             Ok(ids.len())
         })
         .unwrap()
+}
+
+/// A hook that fails at the `nth` (1-based) time `point` is reached, once.
+pub fn fail_at(point: abridge::FaultPoint, nth: usize) -> FaultHook {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let hits = Arc::new(AtomicUsize::new(0));
+    Arc::new(move |p| {
+        if p == point && hits.fetch_add(1, Ordering::SeqCst) + 1 == nth {
+            Err(p)
+        } else {
+            Ok(())
+        }
+    })
+}
+
+/// Runs turns `0..turns` of demo session `i`; returns how many injected faults
+/// stopped it. After a fault the turn is resumed by `fresh()` (a new runner, as
+/// a restarted process would build).
+pub async fn run_script(
+    first: &Runner,
+    fresh: impl Fn() -> Runner,
+    seed: u64,
+    i: u64,
+    turns: u64,
+) -> usize {
+    let sid = demo_session(first, seed, i).await;
+    let mut runner = first.clone();
+    let mut faults = 0;
+    for t in 0..turns {
+        let input = abridge::demo::user_turn(seed, i, t);
+        loop {
+            match runner.run_turn_at(sid, t as i64, &input).await {
+                Ok(_) => break,
+                Err(abridge::Error::Injected(_)) => {
+                    faults += 1;
+                    runner = fresh();
+                }
+                Err(e) => panic!("turn {t}: {e}"),
+            }
+        }
+    }
+    faults
+}
+
+/// The session's full transcript (JSONL export).
+pub fn transcript(store: &Store, seed: u64, i: u64) -> String {
+    let ext = abridge::demo::session_external_id(seed, i);
+    store
+        .with_conn(|c| abridge::inspect::export(c, &ext, abridge::inspect::ExportFormat::Jsonl))
+        .unwrap()
+}
+
+/// Every effect applied, for comparing runs.
+pub fn effects(store: &Store) -> Vec<(String, String, String)> {
+    use abridge::store::demo::{all_effects, DemoTable};
+    store
+        .with_conn(|c| {
+            let mut v = all_effects(c, DemoTable::Effects)?;
+            v.extend(all_effects(c, DemoTable::External)?);
+            Ok(v)
+        })
+        .unwrap()
+}
+
+pub fn assert_verified(store: &Store) {
+    let report = store.with_conn(|c| abridge::verify::verify(c)).unwrap();
+    assert!(report.ok, "{report:#?}");
 }
