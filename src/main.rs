@@ -331,8 +331,10 @@ async fn run(cmd: Cmd) -> abridge::Result<ExitCode> {
             let s = store
                 .call(move |c| inspect::resolve_session(c, &key))
                 .await?;
-            let mut cfg = abridge::RunnerConfig::default();
-            cfg.owner = abridge::owner::process_owner("abridge-compact");
+            let mut cfg = abridge::RunnerConfig {
+                owner: abridge::owner::process_owner("abridge-compact"),
+                ..Default::default()
+            };
             cfg.compaction.keep_last_turns = keep_last_turns;
             let runner = abridge::Runner::builder(store, std::sync::Arc::new(NoModel))
                 .config(cfg)

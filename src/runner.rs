@@ -179,17 +179,10 @@ impl RunnerBuilder {
         } else {
             Arc::new(|_: &str| false)
         };
-        let compactor = Compactor::new(
-            self.store.clone(),
-            self.summariser
-                .unwrap_or_else(|| Arc::new(ExtractiveSummariser)),
-            cfg.compaction.clone(),
-            cfg.owner.clone(),
-            events.clone(),
-            cfg.fault_hook.clone(),
-            dead,
-            cfg.heartbeat,
-        )?;
+        let summariser = self
+            .summariser
+            .unwrap_or_else(|| Arc::new(ExtractiveSummariser));
+        let compactor = Compactor::new(self.store.clone(), summariser, &cfg, events.clone(), dead)?;
         Ok(Runner {
             inner: Arc::new(Inner {
                 store: self.store,

@@ -114,13 +114,15 @@ pub fn verify(conn: &Connection) -> Result<Report> {
             .collect(),
     ));
 
-    let (unfinished, dup_calls) = store::invocation_anomalies(conn)?;
+    let anomalies = store::invocation_anomalies(conn)?;
     let (_, invocations, _) = store::totals(conn)?;
-    let mut g5: Vec<String> = unfinished
+    let mut g5: Vec<String> = anomalies
+        .unfinished
         .iter()
         .map(|i| format!("invocation {i} of a completed step never finished"))
         .chain(
-            dup_calls
+            anomalies
+                .duplicated
                 .iter()
                 .map(|(s, c)| format!("step {s} recorded tool call {c} more than once")),
         )

@@ -68,23 +68,20 @@ impl Compactor {
     pub(crate) fn new(
         store: Store,
         summariser: Arc<dyn Summariser>,
-        config: CompactionConfig,
-        owner: String,
+        runner: &crate::runner::RunnerConfig,
         events: EventSink,
-        fault: Option<FaultHook>,
         owner_is_dead: DeadCheck,
-        heartbeat: bool,
     ) -> Result<Compactor> {
-        config.validate()?;
+        runner.compaction.validate()?;
         Ok(Compactor {
             store,
             summariser,
-            config,
-            owner,
+            config: runner.compaction.clone(),
+            owner: runner.owner.clone(),
             events,
-            fault,
+            fault: runner.fault_hook.clone(),
             owner_is_dead,
-            heartbeat,
+            heartbeat: runner.heartbeat,
             warned: Arc::default(),
         })
     }

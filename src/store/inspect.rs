@@ -96,9 +96,18 @@ pub(crate) fn steps_reading_non_completed(conn: &Connection) -> Result<Vec<(i64,
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
+/// Invocation rows that break G5.
+#[derive(Debug, Default)]
+pub(crate) struct InvocationAnomalies {
+    /// Invocations of completed steps that never finished.
+    pub unfinished: Vec<i64>,
+    /// (step, call id) recorded more than once.
+    pub duplicated: Vec<(i64, String)>,
+}
+
 /// Tool invocations of completed steps that never finished (a completed step
 /// must have every invocation recorded), and duplicated (step, call id) rows.
-pub(crate) fn invocation_anomalies(conn: &Connection) -> Result<(Vec<i64>, Vec<(i64, String)>)> {
+pub(crate) fn invocation_anomalies(conn: &Connection) -> Result<InvocationAnomalies> {
     let mut st = conn.prepare(
         "SELECT i.id FROM tool_invocations i JOIN steps s ON i.step_id = s.id \
          WHERE s.status = 'completed' AND i.status = 'started'",
@@ -109,10 +118,13 @@ pub(crate) fn invocation_anomalies(conn: &Connection) -> Result<(Vec<i64>, Vec<(
     let mut st = conn.prepare(
         "SELECT step_id, tool_call_id FROM tool_invocations GROUP BY step_id, tool_call_id HAVING count(*) > 1",
     )?;
-    let dups = st
+    let duplicated = st
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<rusqlite::Result<_>>()?;
-    Ok((unfinished, dups))
+    Ok(InvocationAnomalies {
+        unfinished,
+        duplicated,
+    })
 }
 
 /// Counts: (steps executed, tool invocations).

@@ -174,3 +174,46 @@ pub fn assert_verified(store: &Store) {
     let report = store.with_conn(|c| abridge::verify::verify(c)).unwrap();
     assert!(report.ok, "{report:#?}");
 }
+
+/// Wraps a model and counts its calls.
+pub struct Counting<M> {
+    pub inner: M,
+    pub calls: std::sync::atomic::AtomicUsize,
+}
+
+impl<M> Counting<M> {
+    pub fn new(inner: M) -> Arc<Counting<M>> {
+        Arc::new(Counting {
+            inner,
+            calls: Default::default(),
+        })
+    }
+    pub fn count(&self) -> usize {
+        self.calls.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[async_trait::async_trait]
+impl<M: abridge::ModelClient> abridge::ModelClient for Counting<M> {
+    async fn complete(
+        &self,
+        request: &abridge::ModelRequest,
+    ) -> Result<abridge::ModelResponse, abridge::ModelError> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.complete(request).await
+    }
+}
+
+#[async_trait::async_trait]
+impl<M: abridge::Summariser> abridge::Summariser for Counting<M> {
+    async fn summarise(
+        &self,
+        request: &abridge::SummaryRequest,
+    ) -> Result<abridge::SummaryResponse, abridge::ModelError> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.summarise(request).await
+    }
+    fn model(&self) -> Option<String> {
+        self.inner.model()
+    }
+}

@@ -1,0 +1,340 @@
+//! Bad input has a defined outcome: an error result the model sees, or a typed
+//! error that fails the turn. Never a panic, never a half-written step, and no
+//! committed row lost.
+
+mod common;
+use abridge::{
+    Error, ModelClient, ModelError, ModelRequest, ModelResponse, ResponseBlock, Runner, Threshold,
+    Tool, ToolCall, ToolError, ToolSpec, Tools, TransactionalTool, Usage,
+};
+use common::*;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// Turn 0 answers "done". Step k of turn 1 answers `script[k]`, later steps "done".
+struct SecondTurn(Vec<Vec<ResponseBlock>>);
+
+#[async_trait::async_trait]
+impl ModelClient for SecondTurn {
+    async fn complete(&self, req: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        let is_input = |m: &abridge::Message| {
+            m.role == abridge::Role::User
+                && matches!(m.content[0], abridge::ContentBlock::Text { .. })
+        };
+        let users = req.messages.iter().filter(|m| is_input(m)).count();
+        let last_user = req.messages.iter().rposition(is_input).unwrap();
+        let k = req.messages[last_user..]
+            .iter()
+            .filter(|m| m.role == abridge::Role::Assistant)
+            .count();
+        let blocks = match self.0.get(k) {
+            Some(b) if users == 2 => b.clone(),
+            _ => vec![text("done")],
+        };
+        Ok(ModelResponse {
+            blocks,
+            usage: Usage::default(),
+        })
+    }
+}
+
+fn text(t: &str) -> ResponseBlock {
+    ResponseBlock::Text { text: t.into() }
+}
+fn call(id: &str, name: &str, input: Value) -> ResponseBlock {
+    ResponseBlock::ToolUse {
+        id: id.into(),
+        name: name.into(),
+        input,
+    }
+}
+fn spec(name: &str) -> ToolSpec {
+    ToolSpec {
+        name: name.into(),
+        description: "test".into(),
+        input_schema: json!({"type": "object"}),
+    }
+}
+
+struct Echo;
+#[async_trait::async_trait]
+impl Tool for Echo {
+    async fn call(&self, c: &ToolCall) -> Result<Value, ToolError> {
+        Ok(c.input.clone())
+    }
+}
+struct Fails;
+#[async_trait::async_trait]
+impl Tool for Fails {
+    async fn call(&self, _: &ToolCall) -> Result<Value, ToolError> {
+        Err(ToolError::new("the service said no"))
+    }
+}
+struct Panics;
+#[async_trait::async_trait]
+impl Tool for Panics {
+    async fn call(&self, _: &ToolCall) -> Result<Value, ToolError> {
+        panic!("tool bug")
+    }
+}
+struct TxPanics;
+impl TransactionalTool for TxPanics {
+    fn call(&self, tx: &rusqlite::Transaction<'_>, c: &ToolCall) -> Result<Value, ToolError> {
+        abridge::store::demo::append_effect(
+            tx,
+            abridge::store::demo::DemoTable::Effects,
+            &c.idempotency_key,
+            "tx_panics",
+            "{}",
+        )
+        .unwrap();
+        panic!("transactional tool bug after its write")
+    }
+}
+struct Big(usize);
+#[async_trait::async_trait]
+impl Tool for Big {
+    async fn call(&self, _: &ToolCall) -> Result<Value, ToolError> {
+        Ok(Value::String("é漢🙂".repeat(self.0)))
+    }
+}
+
+fn tools() -> Tools {
+    Tools::new()
+        .idempotent(spec("echo"), Echo)
+        .idempotent(spec("fails"), Fails)
+        .at_most_once(spec("panics"), Panics)
+        .transactional(spec("tx_panics"), TxPanics)
+        .idempotent(spec("big"), Big(1_000_000))
+}
+
+async fn run(
+    script: Vec<Vec<ResponseBlock>>,
+) -> (
+    tempfile::TempDir,
+    abridge::Store,
+    abridge::Result<abridge::TurnOutcome>,
+) {
+    let (d, path) = temp_db();
+    let store = open(&path);
+    let mut cfg = test_config(Threshold::Off, None, "t");
+    cfg.max_steps = 4;
+    let runner = Runner::builder(store.clone(), Arc::new(SecondTurn(script)))
+        .tools(tools())
+        .config(cfg)
+        .build()
+        .unwrap();
+    let s = runner.create_session("s", "m", "sys").await.unwrap();
+    // A first, good turn: its rows must survive whatever the second does.
+    runner.run_turn(s.id, "hello").await.unwrap();
+    let r = runner.run_turn(s.id, "second").await;
+    (d, store, r)
+}
+
+/// The results the model saw, in order: (content, is_error).
+fn results(store: &abridge::Store) -> Vec<(String, bool)> {
+    store
+        .with_conn(|c| {
+            let mut st = c.prepare("SELECT result, status FROM tool_invocations ORDER BY id")?;
+            let rows = st.query_map([], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)? == "failed"))
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .unwrap()
+}
+
+fn turn_statuses(store: &abridge::Store) -> Vec<String> {
+    store
+        .with_conn(|c| {
+            let mut st = c.prepare("SELECT status FROM turns ORDER BY idx")?;
+            let rows = st.query_map([], |r| r.get(0))?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_arguments_and_unknown_tools_become_error_results_the_model_sees() {
+    let (_d, store, r) = run(vec![vec![
+        call("a", "echo", json!("{not json")),
+        call("b", "no_such_tool", json!({})),
+    ]])
+    .await;
+    r.unwrap();
+    let res = results(&store);
+    assert!(
+        res.iter()
+            .any(|(c, e)| *e && c.contains("malformed arguments")),
+        "{res:?}"
+    );
+    assert!(
+        res.iter()
+            .any(|(c, e)| *e && c.contains("unknown tool: no_such_tool")),
+        "{res:?}"
+    );
+    assert_verified(&store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_and_panicking_tools_become_error_results_and_roll_back() {
+    let (_d, store, r) = run(vec![vec![
+        call("a", "fails", json!({})),
+        call("b", "panics", json!({})),
+        call("c", "tx_panics", json!({})),
+        call("d", "echo", json!({"x": 1})),
+    ]])
+    .await;
+    r.unwrap();
+    let res = results(&store);
+    assert_eq!(res[0], ("the service said no".to_string(), true));
+    assert!(res[1].1 && res[1].0.contains("panicked"), "{res:?}");
+    assert!(
+        res[2].1 && res[2].0.contains("transactional tool bug"),
+        "{res:?}"
+    );
+    assert_eq!(res[3], (r#"{"x":1}"#.to_string(), false));
+    // The panicking transactional tool's write was rolled back with it.
+    let effects: i64 = store
+        .with_conn(|c| Ok(c.query_row("SELECT count(*) FROM demo_effects", [], |r| r.get(0))?))
+        .unwrap();
+    assert_eq!(effects, 0);
+    assert_verified(&store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_response_fails_the_turn_and_keeps_earlier_rows() {
+    let (_d, store, r) = run(vec![vec![text(" ")]]).await;
+    assert!(matches!(r, Err(Error::EmptyResponse { .. })), "{r:?}");
+    assert_eq!(turn_statuses(&store), vec!["completed", "failed"]);
+    let failed_steps: i64 = store
+        .with_conn(|c| {
+            Ok(c.query_row(
+                "SELECT count(*) FROM steps WHERE status = 'failed'",
+                [],
+                |r| r.get(0),
+            )?)
+        })
+        .unwrap();
+    assert_eq!(failed_steps, 1);
+    assert_verified(&store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_tool_call_ids_are_an_invalid_response() {
+    let (_d, store, r) = run(vec![vec![
+        call("x", "echo", json!({})),
+        call("x", "echo", json!({})),
+    ]])
+    .await;
+    assert!(matches!(r, Err(Error::InvalidResponse { .. })), "{r:?}");
+    assert_eq!(turn_statuses(&store), vec!["completed", "failed"]);
+    assert_verified(&store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_block_types_are_stored_but_not_sent_back() {
+    let other = ResponseBlock::Other {
+        kind: "thinking_v9".into(),
+        value: json!({"secret": 1}),
+    };
+    let (_d, store, r) = run(vec![vec![other, call("a", "echo", json!({"k": "v"}))]]).await;
+    r.unwrap();
+    let stored: String = store
+        .with_conn(|c| {
+            Ok(c.query_row(
+                "SELECT response FROM steps WHERE response LIKE '%thinking_v9%'",
+                [],
+                |r| r.get(0),
+            )?)
+        })
+        .unwrap();
+    assert!(stored.contains("secret"));
+    let last_step: i64 = store
+        .with_conn(|c| Ok(c.query_row("SELECT max(id) FROM steps", [], |r| r.get(0))?))
+        .unwrap();
+    let rebuilt = store
+        .with_conn(|c| abridge::replay::rebuild_step(c, last_step))
+        .unwrap();
+    assert!(rebuilt.matches());
+    assert!(!String::from_utf8(rebuilt.bytes)
+        .unwrap()
+        .contains("thinking_v9"));
+    assert_verified(&store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_steps_fails_the_turn_with_a_typed_error() {
+    let looping: Vec<ResponseBlock> = vec![call("a", "echo", json!({}))];
+    struct Loop(Vec<ResponseBlock>);
+    #[async_trait::async_trait]
+    impl ModelClient for Loop {
+        async fn complete(&self, _: &ModelRequest) -> Result<ModelResponse, ModelError> {
+            Ok(ModelResponse {
+                blocks: self.0.clone(),
+                usage: Usage::default(),
+            })
+        }
+    }
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let mut cfg = test_config(Threshold::Off, None, "t");
+    cfg.max_steps = 3;
+    let runner = Runner::builder(store.clone(), Arc::new(Loop(looping)))
+        .tools(tools())
+        .config(cfg)
+        .build()
+        .unwrap();
+    let s = runner.create_session("s", "m", "sys").await.unwrap();
+    let r = runner.run_turn(s.id, "go").await;
+    assert!(
+        matches!(r, Err(Error::MaxSteps { max_steps: 3, .. })),
+        "{r:?}"
+    );
+    assert_eq!(turn_statuses(&store), vec!["failed"]);
+    assert_verified(&store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_megabyte_results_and_exotic_unicode_round_trip_byte_for_byte() {
+    let (_d, store, r) = run(vec![vec![
+        text("emoji 👩‍👩‍👧 CJK 漢字 combining e\u{301} and RTL שלום"),
+        call("a", "big", json!({"q": "🙂"})),
+    ]])
+    .await;
+    r.unwrap();
+    let len: i64 = store
+        .with_conn(|c| {
+            Ok(c.query_row(
+                "SELECT max(length(CAST(result AS BLOB))) FROM tool_invocations",
+                [],
+                |r| r.get(0),
+            )?)
+        })
+        .unwrap();
+    assert!(len > 8_000_000, "{len}");
+    assert!(assert_all_steps_rebuild(&store) >= 3);
+    assert_verified(&store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_range_configuration_is_refused_when_built() {
+    for bad in [
+        Threshold::Fraction(0.0),
+        Threshold::Fraction(1.5),
+        Threshold::Fraction(f64::NAN),
+        Threshold::Tokens(0),
+    ] {
+        let (_d, path) = temp_db();
+        let store = open(&path);
+        let r = Runner::builder(store, Arc::new(SecondTurn(vec![])))
+            .config(test_config(bad, None, "t"))
+            .build();
+        assert!(matches!(r, Err(Error::Config(_))), "{bad:?}");
+    }
+    assert!(matches!(Threshold::parse("1.2"), Err(Error::Config(_))));
+    assert!(matches!(Threshold::parse("abc"), Err(Error::Config(_))));
+    assert_eq!(Threshold::parse("off").unwrap(), Threshold::Off);
+    assert_eq!(Threshold::parse("0.9").unwrap(), Threshold::Fraction(0.9));
+    assert_eq!(Threshold::parse("5000").unwrap(), Threshold::Tokens(5000));
+}
