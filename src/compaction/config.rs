@@ -245,6 +245,12 @@ impl CompactionConfig {
             .map(|(_, w)| *w)
     }
 
+    /// Tokens of a summariser request that are not transcript: the rules, the
+    /// running summary at its largest, and the framing.
+    pub(crate) fn fixed_request_tokens(&self, rules: &str) -> u64 {
+        self.token_counter.count(rules) + self.max_summary_chars as u64 + 64
+    }
+
     /// Refuses out-of-range values with [`Error::Config`].
     pub fn validate(&self) -> Result<()> {
         self.compact_at.validate()?;

@@ -31,6 +31,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tracing::{info, instrument, warn};
 
+/// A manual compaction's focus is cut to this many chars (it rides in the rules).
+pub const MAX_FOCUS_CHARS: usize = 1_000;
+
 /// Decides whether a liveness-checkable owner is dead (see [`crate::owner`]).
 pub(crate) type DeadCheck = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
@@ -213,8 +216,12 @@ impl Compactor {
     /// from any process, while no turn is running. Uses the same unique index as
     /// automatic compaction, so the two can never double.
     ///
+    /// Idempotent: when the session is already compacted up to the boundary this
+    /// call would use, that completed row is returned.
+    ///
     /// Errors: [`Error::TurnRunning`] while a turn runs; [`Error::NothingToCompact`]
-    /// when no completed turn lies past the newest compaction.
+    /// when there is no turn to compact (an empty session, or fewer turns than
+    /// `keep_last_turns + 1`) or the newest compaction already reaches further.
     pub async fn compact_now(
         &self,
         session_id: i64,
@@ -237,9 +244,10 @@ impl Compactor {
                 let last = turns.last().map_or(-1, |t| t.idx);
                 let b = last - keep;
                 let latest = store::latest_completed(c, session_id, i64::MAX)?;
-                if b < 0 || latest.as_ref().is_some_and(|l| l.up_to_turn_index >= b) {
+                if b < 0 || latest.as_ref().is_some_and(|l| l.up_to_turn_index > b) {
                     return Err(Error::NothingToCompact { session_id });
                 }
+                // Already compacted up to exactly here: the same answer again.
                 Ok((b, store::compaction_at(c, session_id, b)?))
             })
             .await?;
@@ -366,7 +374,7 @@ impl Compactor {
         let mut rules = rules_for(&self.config.style).to_string();
         if let Some(focus) = row.focus.as_deref().filter(|f| !f.trim().is_empty()) {
             rules.push_str("\n\nFocus of this compaction (give it priority): ");
-            rules.push_str(focus);
+            rules.push_str(&truncate_chars(focus, MAX_FOCUS_CHARS));
         }
         let prompt_sha256 = sha256_hex(rules.as_bytes());
 
@@ -489,11 +497,8 @@ impl Compactor {
         let entries = transcript_entries(span, cfg.text_cap, cfg.tool_result_cap);
         // The budget left for the transcript once the rules, the running summary
         // (at most max_summary_chars) and the framing are in.
-        let fixed = counter.count(rules) + (cfg.max_summary_chars as u64).div_ceil(2) + 64;
-        let chunk_budget = cfg
-            .input_budget_tokens
-            .saturating_sub(fixed)
-            .max(cfg.input_budget_tokens / 4);
+        let fixed = cfg.fixed_request_tokens(rules);
+        let chunk_budget = cfg.input_budget_tokens.saturating_sub(fixed).max(64);
         let chunks = chunk_entries(entries, chunk_budget, counter);
         let mut backoff = cfg.retry_backoff;
         let mut last_err = String::from("no attempt made");

@@ -169,3 +169,66 @@ impl Summariser for ExtractiveSummariser {
         Some("abridge-extractive".into())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(previous: Option<&str>, transcript: &str) -> SummaryRequest {
+        SummaryRequest {
+            rules: String::new(),
+            previous: previous.map(str::to_string),
+            transcript: transcript.into(),
+            max_chars: 6_000,
+        }
+    }
+
+    #[test]
+    fn keeps_ids_facts_results_commitments_and_open_questions() {
+        let s = extract(&req(
+            None,
+            "[turn 0] user: My order is ORD-123 and postal code 90210.\n\
+             [turn 0] tool call lookup_order({\"order_id\":\"ORD-123\"})\n\
+             [turn 0] tool result lookup_order: {\"status\":\"shipped\"}\n\
+             [turn 0] assistant: I will refund 12.50 EUR by Friday.\n\
+             [turn 1] user: Can you also check the invoice?",
+        ));
+        for want in [
+            "ORD-123",
+            "90210",
+            "12.50",
+            "shipped",
+            "I will refund",
+            "check the invoice?",
+        ] {
+            assert!(s.contains(want), "missing {want}: {s}");
+        }
+    }
+
+    #[test]
+    fn folds_the_previous_summary_so_old_ids_survive() {
+        let first = extract(&req(None, "[turn 1] user: my card is ZX-99817"));
+        let mut prev = first;
+        for t in 2..8 {
+            prev = extract(&req(
+                Some(&prev),
+                &format!("[turn {t}] user: order ORD-{t}00 please"),
+            ));
+        }
+        assert!(prev.contains("ZX-99817"), "{prev}");
+        assert!(prev.contains("ORD-700"));
+    }
+
+    #[test]
+    fn is_deterministic_and_bounded() {
+        let t = (0..500)
+            .map(|i| format!("[turn {i}] user: item SKU-{i} costs {i}.99"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut r = req(None, &t);
+        r.max_chars = 800;
+        let a = extract(&r);
+        assert_eq!(a, extract(&r));
+        assert!(a.chars().count() <= 800);
+    }
+}

@@ -331,3 +331,75 @@ pub fn chunk_entries(entries: Vec<String>, budget: u64, counter: &dyn TokenCount
     }
     chunks
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(capped: &str) -> (&str, &str) {
+        let (h, rest) = capped.split_once("\n[… ").expect("marker");
+        let (_, t) = rest.split_once(" chars omitted …]\n").expect("marker end");
+        (h, t)
+    }
+
+    #[test]
+    fn short_blocks_are_untouched() {
+        assert_eq!(cap_block("héllo", 5), "héllo");
+    }
+
+    #[test]
+    fn cap_keeps_three_quarters_head_one_quarter_tail() {
+        let s: String = ('a'..='z').cycle().take(1000).collect();
+        let c = cap_block(&s, 100);
+        let (h, t) = parts(&c);
+        assert_eq!((h.chars().count(), t.chars().count()), (75, 25));
+        assert!(s.starts_with(h) && s.ends_with(t));
+        assert!(c.contains("[… 900 chars omitted …]"));
+    }
+
+    #[test]
+    fn cap_on_cjk_and_emoji_cuts_on_char_boundaries() {
+        let s = "漢字🙂".repeat(500);
+        for cap in [1, 2, 7, 100, 333] {
+            let c = cap_block(&s, cap);
+            let (h, t) = parts(&c);
+            assert!(s.starts_with(h) && s.ends_with(t));
+            assert!(h.chars().count() + t.chars().count() <= cap);
+        }
+    }
+
+    #[test]
+    fn cap_never_separates_combining_marks_or_joined_emoji() {
+        // e + combining acute, repeated: a cut after an odd number of chars would
+        // leave a bare accent; the cut moves back instead.
+        let s = "e\u{301}".repeat(300);
+        let c = cap_block(&s, 101);
+        let (h, t) = parts(&c);
+        assert!(h.ends_with('\u{301}'), "head ends on a whole grapheme");
+        assert!(t.starts_with('e'), "tail starts on a base char");
+        // A family emoji is one ZWJ sequence: never cut inside it.
+        let fam = "👩\u{200D}👩\u{200D}👧".repeat(100);
+        let c = cap_block(&fam, 50);
+        let (h, t) = parts(&c);
+        assert!(h.ends_with('👧') && t.starts_with('👩'), "{h:?} | {t:?}");
+    }
+
+    #[test]
+    fn truncate_is_a_char_prefix() {
+        let s = "a🙂b漢c";
+        assert_eq!(truncate_chars(s, 2), "a🙂");
+        assert_eq!(truncate_chars(s, 10), s);
+        assert_eq!(truncate_chars("e\u{301}e\u{301}", 3), "e\u{301}");
+    }
+
+    #[test]
+    fn chunks_fit_the_budget_even_for_one_huge_entry() {
+        let c = super::super::config::CharsPerFour;
+        let entries = vec!["x".repeat(40_000), "small".into(), "y".repeat(3_000)];
+        let chunks = chunk_entries(entries, 500, &c);
+        for ch in &chunks {
+            assert!(c.count(ch) <= 500, "{}", c.count(ch));
+        }
+        assert!(chunks.len() >= 2);
+    }
+}

@@ -1,0 +1,642 @@
+//! Exactly-once compaction: thresholds, boundaries, racing claims, crashes
+//! mid-summary, stale completers, folding, chunking, acceptance (G1, G2, G4, G7)
+//! and G3 holding with compaction on.
+
+mod common;
+use abridge::compaction::{FailurePolicy, SummaryRequest, SummaryResponse};
+use abridge::demo::{demo_tools, user_turn, DEMO_MODEL};
+use abridge::{Error, Event, ModelError, Runner, RunnerConfig, Summariser, Threshold};
+use common::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const SEED: u64 = 21;
+
+/// A summariser with a fixed answer and latency.
+struct Fixed(String, Duration);
+
+#[async_trait::async_trait]
+impl Summariser for Fixed {
+    async fn summarise(&self, _: &SummaryRequest) -> Result<SummaryResponse, ModelError> {
+        tokio::time::sleep(self.1).await;
+        Ok(SummaryResponse {
+            text: self.0.clone(),
+            usage: Default::default(),
+        })
+    }
+}
+
+fn runner_with(
+    store: &abridge::Store,
+    owner: &str,
+    summariser: Arc<dyn Summariser>,
+    tune: impl FnOnce(&mut RunnerConfig),
+) -> Runner {
+    let mut cfg = test_config(Threshold::Tokens(1), None, owner);
+    tune(&mut cfg);
+    Runner::builder(store.clone(), Arc::new(demo_model(SEED, &[])))
+        .tools(demo_tools(None, Duration::ZERO))
+        .summariser_arc(summariser)
+        .config(cfg)
+        .build()
+        .unwrap()
+}
+
+fn extractive() -> Arc<dyn Summariser> {
+    Arc::new(abridge::ExtractiveSummariser)
+}
+
+/// A session with `turns` completed turns and no compaction.
+async fn history(store: &abridge::Store, turns: u64) -> abridge::store::SessionRow {
+    let r = runner_with(store, "setup", extractive(), |c| {
+        c.compaction.compact_at = Threshold::Off
+    });
+    let sid = demo_session(&r, SEED, 0).await;
+    for t in 0..turns {
+        r.run_turn_at(sid, t as i64, &user_turn(SEED, 0, t))
+            .await
+            .unwrap();
+    }
+    store
+        .with_conn(move |c| Ok(abridge::inspect::sessions(c)?.remove(0).session))
+        .unwrap()
+}
+
+fn latest_measure(store: &abridge::Store) -> i64 {
+    store
+        .with_conn(|c| {
+            Ok(c.query_row(
+                "SELECT s.context_tokens FROM steps s JOIN turns t ON s.turn_id = t.id \
+                 ORDER BY t.idx DESC, s.idx DESC LIMIT 1",
+                [],
+                |r| r.get(0),
+            )?)
+        })
+        .unwrap()
+}
+
+fn rows(store: &abridge::Store) -> Vec<(i64, i64, String)> {
+    store
+        .with_conn(|c| {
+            let mut st =
+                c.prepare("SELECT id, up_to_turn_index, status FROM compactions ORDER BY id")?;
+            let v = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+            Ok(v.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_threshold_compacts_at_the_measure_and_not_below() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let s = history(&store, 5).await;
+    let m = latest_measure(&store);
+    let below = runner_with(&store, "below", extractive(), |c| {
+        c.compaction.compact_at = Threshold::Tokens(m as u64 + 1)
+    });
+    assert_eq!(below.compactor().ensure(&s, 5, 0).await.unwrap(), None);
+    assert!(rows(&store).is_empty());
+    let at = runner_with(&store, "at", extractive(), |c| {
+        c.compaction.compact_at = Threshold::Tokens(m as u64)
+    });
+    let row = at.compactor().ensure(&s, 5, 0).await.unwrap().unwrap();
+    assert_eq!((row.up_to_turn_index, row.trigger_tokens), (4, Some(m)));
+    assert_eq!(rows(&store).len(), 1);
+    assert_verified(&store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fraction_threshold_uses_the_context_window() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let s = history(&store, 4).await;
+    let m = latest_measure(&store) as u64;
+    let window = m * 2;
+    let below = runner_with(&store, "below", extractive(), |c| {
+        c.compaction = c
+            .compaction
+            .clone()
+            .with_context_window(DEMO_MODEL, window)
+            .with_compact_at(Threshold::Fraction(0.51));
+    });
+    assert_eq!(below.compactor().ensure(&s, 4, 0).await.unwrap(), None);
+    let at = runner_with(&store, "at", extractive(), |c| {
+        c.compaction = c
+            .compaction
+            .clone()
+            .with_context_window(DEMO_MODEL, window)
+            .with_compact_at(Threshold::Fraction(0.5));
+    });
+    assert!(at.compactor().ensure(&s, 4, 0).await.unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_window_means_off_and_is_said_once() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let r = runner_with(&store, "u", extractive(), |c| {
+        c.compaction.context_windows.clear();
+        c.compaction.compact_at = Threshold::Fraction(0.01);
+    });
+    let mut events = r.subscribe();
+    let sid = r
+        .create_session("unknown", "model-nobody-knows", "sys")
+        .await
+        .unwrap()
+        .id;
+    for t in 0..4 {
+        r.run_turn_at(sid, t, &user_turn(SEED, 0, t as u64))
+            .await
+            .unwrap();
+    }
+    assert!(rows(&store).is_empty());
+    let mut warnings = 0;
+    while let Ok(e) = events.try_recv() {
+        if let Event::Warning { message } = e {
+            assert!(message.contains("model-nobody-knows"));
+            warnings += 1;
+        }
+    }
+    assert_eq!(warnings, 1);
+    // The built-in table knows common models.
+    let cfg = abridge::CompactionConfig::default();
+    assert_eq!(cfg.context_window("gpt-4o-mini"), Some(128_000));
+    assert_eq!(cfg.context_window("claude-sonnet-4-5"), Some(200_000));
+    assert_eq!(cfg.context_window("nope"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn off_never_compacts_but_completed_rows_still_apply() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let s = history(&store, 4).await;
+    let on = runner_with(&store, "on", extractive(), |_| {});
+    let row = on.compactor().ensure(&s, 4, 0).await.unwrap().unwrap();
+    let off = runner_with(&store, "off", extractive(), |c| {
+        c.compaction.compact_at = Threshold::Off
+    });
+    assert_eq!(
+        off.compactor().ensure(&s, 4, 0).await.unwrap(),
+        Some(row.clone())
+    );
+    assert_eq!(off.compactor().ensure(&s, 9, 0).await.unwrap(), Some(row));
+    assert_eq!(rows(&store).len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_last_turns_stay_verbatim_after_the_summary() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    history(&store, 6).await;
+    let r = runner_with(&store, "k", extractive(), |c| {
+        c.compaction.keep_last_turns = 2
+    });
+    let out = r.run_turn_at(1, 6, &user_turn(SEED, 0, 6)).await.unwrap();
+    let (row_boundary, step_id): (i64, i64) = store
+        .with_conn(|c| {
+            Ok(c.query_row(
+                "SELECT c.up_to_turn_index, s.id FROM steps s JOIN compactions c ON s.compaction_id = c.id \
+                 ORDER BY s.id LIMIT 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?)
+        })
+        .unwrap();
+    assert_eq!(row_boundary, 3);
+    let rebuilt = store
+        .with_conn(|c| abridge::replay::rebuild_step(c, step_id))
+        .unwrap();
+    let text = String::from_utf8(rebuilt.bytes).unwrap();
+    for t in [4, 5, 6] {
+        let input = serde_json::to_string(&user_turn(SEED, 0, t)).unwrap();
+        assert!(
+            text.contains(input.trim_matches('"')),
+            "turn {t} not verbatim"
+        );
+    }
+    assert!(text.contains("[Summary of the conversation so far (turns 0 to 3)"));
+    assert!(out.steps >= 1);
+    assert_verified(&store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_is_never_compacted_twice_and_compaction_never_loops() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let summ = Counting::new(abridge::ExtractiveSummariser);
+    let r = runner_with(&store, "t", summ.clone(), |_| {}); // Tokens(1): every step is over
+    let sid = demo_session(&r, SEED, 0).await;
+    let mut steps = 0;
+    for t in 0..10 {
+        steps += r
+            .run_turn_at(sid, t, &user_turn(SEED, 0, t as u64))
+            .await
+            .unwrap()
+            .steps;
+    }
+    let all = rows(&store);
+    assert!(all.len() <= 9, "{all:?}");
+    assert!(steps > 10, "multi-step turns expected: {steps}");
+    // One summariser call per row, whatever the number of steps over the threshold.
+    assert_eq!(summ.count(), all.len());
+    let boundaries: std::collections::BTreeSet<i64> = all.iter().map(|r| r.1).collect();
+    assert_eq!(boundaries.len(), all.len());
+    assert_verified(&store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_tasks_on_one_boundary_make_one_row_and_one_summariser_call() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let s = history(&store, 6).await;
+    let summ = Counting::new(Fixed(
+        "orders ORD-1 and ORD-2; nothing open".into(),
+        Duration::from_millis(200),
+    ));
+    let runners: Vec<Runner> = (0..8)
+        .map(|i| runner_with(&store, &format!("racer-{i}"), summ.clone(), |_| {}))
+        .collect();
+    let mut set = tokio::task::JoinSet::new();
+    for r in runners {
+        let s = s.clone();
+        set.spawn(async move { r.compactor().ensure(&s, 6, 0).await });
+    }
+    let mut ids = std::collections::BTreeSet::new();
+    while let Some(r) = set.join_next().await {
+        ids.insert(r.unwrap().unwrap().unwrap().id);
+    }
+    assert_eq!(ids.len(), 1);
+    assert_eq!(
+        rows(&store),
+        vec![(*ids.first().unwrap(), 5, "completed".into())]
+    );
+    assert_eq!(summ.count(), 1);
+    assert_verified(&store);
+}
+
+#[test]
+fn racing_processes_on_one_boundary_make_one_row() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    rt.block_on(history(&store, 6));
+    drop(store);
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_abridge"))
+                .args(["compact", "--db"])
+                .arg(&path)
+                .args(["--session", "1"])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut ids = std::collections::BTreeSet::new();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = String::from_utf8(out.stdout).unwrap();
+        ids.insert(line.split_whitespace().nth(1).unwrap().to_string());
+    }
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let c = abridge::store::open_read_only(&path).unwrap();
+    let (n, attempts): (i64, i64) = c
+        .query_row("SELECT count(*), max(attempts) FROM compactions", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    // One row, claimed once: no process took it over and summarised again.
+    assert_eq!((n, attempts), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_mid_summary_is_finished_by_the_next_runner_after_the_lease_expires() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let s = history(&store, 5).await;
+    let crashing = runner_with(&store, "crashing", extractive(), |c| {
+        c.fault_hook = Some(fail_at(abridge::FaultPoint::MidSummary, 1));
+        c.compaction.lease_ttl = Duration::from_millis(300);
+    });
+    let err = crashing.compactor().ensure(&s, 5, 0).await.unwrap_err();
+    assert!(matches!(err, Error::Injected(_)));
+    let pending = rows(&store);
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].2, "pending");
+    // A different process: it waits for the lease, then takes the row over.
+    let next = runner_with(&store, "next", extractive(), |c| {
+        c.take_over_dead_local_owners = false
+    });
+    let out = next
+        .run_turn_at(s.id, 5, &user_turn(SEED, 0, 5))
+        .await
+        .unwrap();
+    let after = rows(&store);
+    assert_eq!(after, vec![(pending[0].0, 4, "completed".into())]);
+    let (attempts, reads): (i64, i64) = store
+        .with_conn(|c| {
+            Ok(c.query_row(
+                "SELECT attempts, (SELECT count(*) FROM steps WHERE compaction_id = compactions.id) FROM compactions",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?)
+        })
+        .unwrap();
+    assert_eq!((attempts, reads), (2, out.steps));
+    assert_verified(&store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_completer_cannot_overwrite_the_winners_summary() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let s = history(&store, 5).await;
+    let stale = runner_with(
+        &store,
+        "stale",
+        Arc::new(Fixed(
+            "STALE summary ORD-1".into(),
+            Duration::from_millis(800),
+        )),
+        |c| {
+            c.heartbeat = false; // frozen: its lease runs out mid-summary
+            c.compaction.lease_ttl = Duration::from_millis(100);
+        },
+    );
+    let winner = runner_with(
+        &store,
+        "winner",
+        Arc::new(Fixed("WINNER summary ORD-1".into(), Duration::ZERO)),
+        |_| {},
+    );
+    let s2 = s.clone();
+    let late = tokio::spawn(async move { stale.compactor().ensure(&s2, 5, 0).await });
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let won = winner.compactor().ensure(&s, 5, 0).await.unwrap().unwrap();
+    assert_eq!(won.summary.as_deref(), Some("WINNER summary ORD-1"));
+    let seen_by_stale = late.await.unwrap().unwrap().unwrap();
+    assert_eq!(seen_by_stale, won);
+    let stored: String = store
+        .with_conn(|c| Ok(c.query_row("SELECT summary FROM compactions", [], |r| r.get(0))?))
+        .unwrap();
+    assert_eq!(stored, "WINNER summary ORD-1");
+    assert_verified(&store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fact_from_turn_one_survives_five_compactions() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let r = runner_with(&store, "f", extractive(), |c| {
+        c.compaction.compact_at = Threshold::Tokens(700)
+    });
+    let sid = demo_session(&r, SEED, 0).await;
+    r.run_turn_at(sid, 0, &user_turn(SEED, 0, 0)).await.unwrap();
+    r.run_turn_at(
+        sid,
+        1,
+        "Please note my loyalty card is ZX-99817, keep it on file.",
+    )
+    .await
+    .unwrap();
+    let mut t = 2;
+    while rows(&store).iter().filter(|r| r.2 == "completed").count() < 5 {
+        r.run_turn_at(sid, t, &user_turn(SEED, 0, t as u64))
+            .await
+            .unwrap();
+        t += 1;
+        assert!(t < 60, "fewer than five compactions in 60 turns");
+    }
+    let latest: String = store
+        .with_conn(|c| {
+            Ok(c.query_row(
+                "SELECT summary FROM compactions WHERE status = 'completed' ORDER BY up_to_turn_index DESC LIMIT 1",
+                [],
+                |r| r.get(0),
+            )?)
+        })
+        .unwrap();
+    assert!(latest.contains("ZX-99817"), "{latest}");
+    assert_verified(&store);
+}
+
+/// Records the size of every request and answers with a short summary.
+struct Recording {
+    max_request_tokens: AtomicU64,
+    calls: AtomicU64,
+    previous_seen: Mutex<Vec<bool>>,
+}
+
+#[async_trait::async_trait]
+impl Summariser for Recording {
+    async fn summarise(&self, req: &SummaryRequest) -> Result<SummaryResponse, ModelError> {
+        use abridge::TokenCounter;
+        let n = abridge::compaction::CharsPerFour.count(&req.rules)
+            + abridge::compaction::CharsPerFour.count(&req.body());
+        self.max_request_tokens.fetch_max(n, Ordering::SeqCst);
+        let k = self.calls.fetch_add(1, Ordering::SeqCst);
+        self.previous_seen
+            .lock()
+            .unwrap()
+            .push(req.previous.is_some());
+        Ok(SummaryResponse {
+            text: format!("running summary after chunk {k}"),
+            usage: abridge::Usage {
+                input_tokens: Some(n),
+                output_tokens: Some(5),
+            },
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_span_ten_times_the_budget_is_summarised_in_chunks_that_each_fit() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let s = history(&store, 34).await;
+    let rec = Arc::new(Recording {
+        max_request_tokens: AtomicU64::new(0),
+        calls: AtomicU64::new(0),
+        previous_seen: Mutex::new(Vec::new()),
+    });
+    let budget = 1_000;
+    let r = runner_with(&store, "chunks", rec.clone(), |c| {
+        c.compaction.input_budget_tokens = budget;
+        c.compaction.max_summary_chars = 300;
+    });
+    let row = r.compactor().ensure(&s, 34, 0).await.unwrap().unwrap();
+    let calls = rec.calls.load(Ordering::SeqCst);
+    assert!(
+        row.tokens_before.unwrap() as u64 >= 10 * budget,
+        "span {:?}",
+        row.tokens_before
+    );
+    assert!(calls >= 10, "{calls} calls");
+    assert!(rec.max_request_tokens.load(Ordering::SeqCst) <= budget);
+    // Each chunk after the first folds the running summary in.
+    let seen = rec.previous_seen.lock().unwrap().clone();
+    assert!(!seen[0] && seen[1..].iter().all(|p| *p));
+    assert_eq!(
+        (row.summary_calls, row.input_tokens.is_some()),
+        (calls as i64, true)
+    );
+    assert_verified(&store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_and_not_smaller_summaries_are_failed_attempts_and_the_policy_decides() {
+    for (answer, policy, want_err) in [
+        (String::new(), FailurePolicy::ProceedUncompacted, false),
+        ("x ".repeat(2_900), FailurePolicy::ProceedUncompacted, false),
+        (String::new(), FailurePolicy::FailTurn, true),
+    ] {
+        let (_d, path) = temp_db();
+        let store = open(&path);
+        let s = history(&store, 2).await;
+        let summ = Counting::new(Fixed(answer.clone(), Duration::ZERO));
+        let r = runner_with(&store, "g7", summ.clone(), |c| {
+            c.compaction.on_failure = policy;
+            c.compaction.max_summary_chars = 6_000;
+        });
+        let out = r.run_turn_at(s.id, 2, &user_turn(SEED, 0, 2)).await;
+        let all = rows(&store);
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].2, "failed");
+        assert_eq!(summ.count(), 3, "three attempts");
+        let error: String = store
+            .with_conn(|c| Ok(c.query_row("SELECT error FROM compactions", [], |r| r.get(0))?))
+            .unwrap();
+        assert!(
+            error.contains(if answer.is_empty() {
+                "empty"
+            } else {
+                "not smaller"
+            }),
+            "{error}"
+        );
+        if want_err {
+            assert!(
+                matches!(out, Err(Error::CompactionFailed { .. })),
+                "{out:?}"
+            );
+        } else {
+            out.unwrap();
+            let read: i64 = store
+                .with_conn(|c| {
+                    Ok(c.query_row(
+                        "SELECT count(*) FROM steps WHERE compaction_id IS NOT NULL",
+                        [],
+                        |r| r.get(0),
+                    )?)
+                })
+                .unwrap();
+            assert_eq!(read, 0, "a step read a failed compaction");
+        }
+        // A failed boundary can be retried on request.
+        let good = runner_with(&store, "retry", extractive(), |_| {});
+        assert!(good.compactor().retry_failed(s.id, 1).await.unwrap());
+        if want_err {
+            // The turn failed; the boundary stays reachable by manual compaction.
+            let row = good.compact_now(s.id, None).await.unwrap();
+            assert_eq!(row.status, abridge::store::CompactionStatus::Completed);
+        }
+        assert_verified(&store);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversize_summary_is_cut_on_a_char_boundary() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let s = history(&store, 8).await;
+    let r = runner_with(
+        &store,
+        "cut",
+        Arc::new(Fixed("é🙂漢".repeat(400), Duration::ZERO)),
+        |c| {
+            c.compaction.max_summary_chars = 500;
+        },
+    );
+    let row = r.compactor().ensure(&s, 8, 0).await.unwrap().unwrap();
+    let summary = row.summary.unwrap();
+    assert_eq!(summary.chars().count(), 500);
+    assert!("é🙂漢".repeat(400).starts_with(&summary));
+    assert_verified(&store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_compaction_racing_an_automatic_one_makes_one_row() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let s = history(&store, 5).await;
+    let slow = || -> Arc<dyn Summariser> {
+        Arc::new(Fixed(
+            "manual or auto: ORD-1".into(),
+            Duration::from_millis(150),
+        ))
+    };
+    let manual = runner_with(&store, "manual", slow(), |_| {});
+    let auto = runner_with(&store, "auto", slow(), |_| {});
+    let input = user_turn(SEED, 0, 5);
+    let (m, a) = tokio::join!(
+        manual.compact_now(s.id, Some("order numbers".into())),
+        auto.run_turn_at(s.id, 5, &input)
+    );
+    a.unwrap();
+    match m {
+        Ok(row) => assert_eq!(row.up_to_turn_index, 4),
+        Err(Error::TurnRunning { .. }) => {}
+        Err(e) => panic!("{e}"),
+    }
+    let at4: Vec<_> = rows(&store).into_iter().filter(|r| r.1 == 4).collect();
+    assert_eq!(at4.len(), 1);
+    assert_verified(&store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_compaction_records_focus_and_prompt_hash_and_emits_events() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let s = history(&store, 4).await;
+    let r = runner_with(&store, "m", extractive(), |c| {
+        c.compaction.compact_at = Threshold::Off
+    });
+    let mut events = r.subscribe();
+    let row = r
+        .compact_now(s.id, Some("postal codes".into()))
+        .await
+        .unwrap();
+    assert_eq!(
+        (row.trigger.as_str(), row.focus.as_deref()),
+        ("manual", Some("postal codes"))
+    );
+    let mut rules = abridge::compaction::PROSE_RULES.to_string();
+    rules.push_str("\n\nFocus of this compaction (give it priority): postal codes");
+    assert_eq!(
+        row.prompt_sha256.as_deref(),
+        Some(abridge::message::sha256_hex(rules.as_bytes()).as_str())
+    );
+    // Again: already compacted up to there, the same row comes back.
+    assert_eq!(r.compact_now(s.id, None).await.unwrap().id, row.id);
+    let empty = r.create_session("empty", DEMO_MODEL, "sys").await.unwrap();
+    assert!(matches!(
+        r.compact_now(empty.id, None).await,
+        Err(Error::NothingToCompact { .. })
+    ));
+    let got: Vec<Event> = std::iter::from_fn(|| events.try_recv().ok()).collect();
+    assert!(
+        matches!(got[0], Event::Compacting { boundary: 3, .. }),
+        "{got:?}"
+    );
+    assert!(
+        matches!(got[1], Event::Compacted { boundary: 3, tokens_before, tokens_after, .. } if tokens_after < tokens_before)
+    );
+}
