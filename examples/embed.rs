@@ -1,0 +1,110 @@
+//! Embedding abridge in a host: a model client, one tool of each effect mode,
+//! crash recovery at start-up, a few turns, and a look at what was stored.
+//!
+//! Run it with `cargo run --example embed`.
+
+use abridge::{
+    CompactionConfig, ModelClient, ModelError, ModelRequest, ModelResponse, ResponseBlock, Runner,
+    Store, Threshold, Tool, ToolCall, ToolError, ToolSpec, Tools, TransactionalTool, Usage,
+};
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// A stand-in for a real provider client: calls the `weather` tool once per
+/// turn, then answers with what it got back.
+struct EchoModel;
+
+#[async_trait::async_trait]
+impl ModelClient for EchoModel {
+    async fn complete(&self, req: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        let last = req.messages.last().expect("at least the system prompt");
+        let blocks = match &last.content[0] {
+            abridge::ContentBlock::ToolResult { content, .. } => vec![ResponseBlock::Text {
+                text: format!("The tool said: {content}"),
+            }],
+            _ => vec![ResponseBlock::ToolUse {
+                id: "call-1".into(),
+                name: "weather".into(),
+                input: json!({"city": "Lisbon"}),
+            }],
+        };
+        Ok(ModelResponse {
+            blocks,
+            usage: Usage::default(),
+        })
+    }
+}
+
+/// Idempotent: a real one would pass `call.idempotency_key` to the service.
+struct Weather;
+
+#[async_trait::async_trait]
+impl Tool for Weather {
+    async fn call(&self, call: &ToolCall) -> Result<Value, ToolError> {
+        Ok(json!({"city": call.input["city"], "forecast": "sunny", "key": call.idempotency_key}))
+    }
+}
+
+/// Transactional: its write commits with the invocation record, exactly once.
+struct Remember;
+
+impl TransactionalTool for Remember {
+    fn call(&self, tx: &rusqlite::Transaction<'_>, call: &ToolCall) -> Result<Value, ToolError> {
+        tx.execute("CREATE TABLE IF NOT EXISTS notes (key TEXT, body TEXT)", [])
+            .and_then(|_| {
+                tx.execute(
+                    "INSERT INTO notes VALUES (?1, ?2)",
+                    [&call.idempotency_key, &call.input.to_string()],
+                )
+            })
+            .map_err(|e| ToolError::new(e.to_string()))?;
+        Ok(json!("noted"))
+    }
+}
+
+fn spec(name: &str) -> ToolSpec {
+    ToolSpec {
+        name: name.into(),
+        description: format!("the {name} tool"),
+        input_schema: json!({"type": "object"}),
+    }
+}
+
+#[tokio::main]
+async fn main() -> abridge::Result<()> {
+    let dir = std::env::temp_dir().join(format!("abridge-embed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let store = Store::open(dir.join("agent.db"))?;
+    let runner = Runner::builder(store, Arc::new(EchoModel))
+        .tools(
+            Tools::new()
+                .idempotent(spec("weather"), Weather)
+                .transactional(spec("remember"), Remember),
+        )
+        .compaction(CompactionConfig::default().with_compact_at(Threshold::Tokens(400)))
+        .build()?;
+
+    // At start-up: finish whatever a crash left running.
+    for turn in runner.recoverable_turns().await? {
+        runner.resume_turn(turn.id).await?;
+    }
+
+    let session = runner
+        .create_session("user-42", "gpt-4o", "You are a helpful agent.")
+        .await?;
+    for q in [
+        "Weather in Lisbon?",
+        "And tomorrow?",
+        "Pack an umbrella?",
+        "Thanks!",
+    ] {
+        let out = runner.run_turn(session.id, q).await?;
+        println!("> {q}\n{} ({} steps)", out.output, out.steps);
+    }
+
+    let conn = abridge::store::open_read_only(dir.join("agent.db"))?;
+    let report = abridge::verify::verify(&conn)?;
+    println!("\nguarantees hold: {}", report.ok);
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}
