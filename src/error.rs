@@ -10,6 +10,9 @@ use std::path::PathBuf;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in abridge.
+///
+/// The messages of the errors that fail a turn are stored in the turn's row, so
+/// they name no row id: two stores that ran the same script hold the same text.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -150,7 +153,7 @@ pub enum Error {
     },
 
     /// The turn ran `max_steps` steps without a final answer. The turn is failed.
-    #[error("turn {turn_id} reached max_steps ({max_steps}) without a final answer")]
+    #[error("reached max_steps ({max_steps}) without a final answer")]
     MaxSteps {
         /// The turn.
         turn_id: i64,
@@ -160,7 +163,7 @@ pub enum Error {
 
     /// The model answered with nothing usable (no blocks, or only empty text).
     /// The turn is failed.
-    #[error("model returned an empty response for step {step_id}")]
+    #[error("model returned an empty response")]
     EmptyResponse {
         /// The step.
         step_id: i64,
@@ -168,7 +171,7 @@ pub enum Error {
 
     /// The model response was malformed in a way no tool result can express
     /// (a duplicated or empty tool call id). The turn is failed.
-    #[error("invalid model response for step {step_id}: {reason}")]
+    #[error("invalid model response: {reason}")]
     InvalidResponse {
         /// The step.
         step_id: i64,
@@ -177,7 +180,7 @@ pub enum Error {
     },
 
     /// The model call failed after every retry. The turn is failed.
-    #[error("model call for step {step_id} failed: {message}")]
+    #[error("model call failed: {message}")]
     Model {
         /// The step.
         step_id: i64,
@@ -187,7 +190,7 @@ pub enum Error {
 
     /// A compaction failed after its last attempt and the failure policy says the
     /// turn fails. The row is marked failed; `retry_compaction` re-arms it.
-    #[error("compaction {compaction_id} (session {session_id}, up to turn {boundary}) failed: {message}")]
+    #[error("compaction up to turn {boundary} failed: {message}")]
     CompactionFailed {
         /// The row.
         compaction_id: i64,

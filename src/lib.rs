@@ -45,10 +45,12 @@
 //! - [`inspect`]: read-only views: sessions, turns, compactions, full transcript export.
 //! - [`demo`]: the deterministic customer-support workload behind `abridge demo`.
 //! - [`verify`]: whole-database checks of the guarantees G1-G7.
+//! - [`chaos`]: the kill/race/fault harness behind `abridge chaos`.
 
 #![warn(missing_docs)]
 
 pub mod builder;
+pub mod chaos;
 pub mod compaction;
 pub mod demo;
 pub mod error;

@@ -120,6 +120,72 @@ enum Cmd {
         #[arg(long, default_value = "markdown")]
         format: String,
     },
+    /// Kill, freeze and race worker processes on one database; check nothing is lost.
+    #[command(
+        after_help = "Examples:\n  abridge chaos --db chaos.db --workers 4 --kills 200 --seed 1\n  abridge chaos --db enum.db --enumerate --sessions 2 --turns 4\n\n\
+        Exit status 0 only when every guarantee holds and every session matches the control run."
+    )]
+    Chaos {
+        /// Database file (replaced).
+        #[arg(long, default_value = "abridge-chaos.db")]
+        db: PathBuf,
+        /// Worker processes.
+        #[arg(long, default_value_t = 4)]
+        workers: u64,
+        /// Kills to land before the run may end.
+        #[arg(long, default_value_t = 200)]
+        kills: u64,
+        /// Seed of the workload and the faults.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Sessions per epoch.
+        #[arg(long, default_value_t = 12)]
+        sessions: u64,
+        /// Turns per session.
+        #[arg(long, default_value_t = 10)]
+        turns: u64,
+        /// Self-kill probability per fault point reached.
+        #[arg(long, default_value_t = 0.01)]
+        point_kill_p: f64,
+        /// Compaction threshold, tokens (low, so most turns compact).
+        #[arg(long, default_value_t = 1200)]
+        compact_at: u64,
+        /// Kill at point 1, 2, 3, … of the workload in turn, until none is left.
+        #[arg(long)]
+        enumerate: bool,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 1800)]
+        max_seconds: u64,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// (internal) One chaos worker process.
+    #[command(hide = true)]
+    ChaosWorker {
+        #[arg(long)]
+        db: PathBuf,
+        #[arg(long)]
+        seed: u64,
+        #[arg(long)]
+        sessions: u64,
+        #[arg(long)]
+        turns: u64,
+        #[arg(long)]
+        epochs: u64,
+        #[arg(long)]
+        worker: u64,
+        #[arg(long)]
+        compact_at: u64,
+    },
+    /// (internal) Holds the write lock now and then.
+    #[command(hide = true)]
+    ChaosLocker {
+        #[arg(long)]
+        db: PathBuf,
+        #[arg(long)]
+        seed: u64,
+    },
     /// Check guarantees G1-G7 on a whole database; exit 0 only when all hold.
     #[command(after_help = "Example:\n  abridge verify --db abridge-demo.db --json")]
     Verify {
@@ -369,6 +435,78 @@ async fn run(cmd: Cmd) -> abridge::Result<ExitCode> {
             print!("{}", inspect::export(&conn, &session, format)?);
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Chaos {
+            db,
+            workers,
+            kills,
+            seed,
+            sessions,
+            turns,
+            point_kill_p,
+            compact_at,
+            enumerate,
+            max_seconds,
+            json,
+        } => {
+            if !(0.0..=1.0).contains(&point_kill_p) || workers == 0 || sessions == 0 || turns == 0 {
+                return Err(Error::Config(
+                    "workers, sessions and turns must be > 0 and point-kill-p in [0, 1]".into(),
+                ));
+            }
+            let opts = abridge::chaos::ChaosOptions {
+                db,
+                workers,
+                kills,
+                seed,
+                sessions,
+                turns,
+                point_kill_p,
+                compact_at,
+                max_duration: Duration::from_secs(max_seconds),
+                exe: None,
+                ..Default::default()
+            };
+            let report = if enumerate {
+                abridge::chaos::run_enumerate(&opts).await?
+            } else {
+                abridge::chaos::run_chaos(&opts).await?
+            };
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print_chaos(&report);
+            }
+            Ok(if report.violations.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Cmd::ChaosWorker {
+            db,
+            seed,
+            sessions,
+            turns,
+            epochs,
+            worker,
+            compact_at,
+        } => {
+            let w = abridge::chaos::Workload {
+                seed,
+                sessions,
+                turns,
+                epochs,
+                compact_at,
+            };
+            abridge::chaos::worker_main(&db, &w, worker).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::ChaosLocker { db, seed } => {
+            tokio::task::spawn_blocking(move || abridge::chaos::locker_main(&db, seed))
+                .await
+                .map_err(|e| Error::Task(e.to_string()))??;
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Verify { db, json } => {
             let conn = abridge::store::open_read_only(&db)?;
             let report = abridge::verify::verify(&conn)?;
@@ -434,6 +572,42 @@ fn print_demo_table(r: &abridge::demo::DemoReport) {
                 c.tokens_after.map_or("-".into(), |t| t.to_string())
             );
         }
+    }
+}
+
+fn print_chaos(r: &abridge::chaos::ChaosReport) {
+    println!(
+        "abridge chaos: {:.1} s, {} epoch(s)",
+        r.wall_seconds, r.epochs
+    );
+    println!(
+        "  kills                  {} (recoveries {}, freezes {})",
+        r.kills, r.recoveries, r.freezes
+    );
+    for (p, n) in &r.kills_by_point {
+        println!("    {p:<28} {n}");
+    }
+    println!("  races");
+    for (k, n) in &r.races {
+        println!("    {k:<28} {n}");
+    }
+    println!("  faults injected");
+    for (k, n) in &r.faults {
+        println!("    {k:<28} {n}");
+    }
+    println!("  sessions               {}", r.sessions);
+    println!(
+        "  turns                  {} ({} failed by policy)",
+        r.turns, r.turns_failed_by_policy
+    );
+    println!("  compactions            {}", r.compactions);
+    println!(
+        "  at-most-once unknown   {} session(s)",
+        r.at_most_once_unknown_sessions
+    );
+    println!("  violations             {}", r.violations.len());
+    for v in r.violations.iter().take(30) {
+        println!("    - {v}");
     }
 }
 

@@ -135,6 +135,12 @@ pub fn verify(conn: &Connection) -> Result<Report> {
                 g5.push(format!("effect {key} of {tool} applied {n} times"));
             }
         }
+        let (recorded, applied) = demo::transactional_effect_balance(conn)?;
+        if recorded != applied {
+            g5.push(format!(
+                "{recorded} completed transactional invocations but {applied} applied effects"
+            ));
+        }
     }
     checks.push(check("G5 effects once", invocations + effects, g5));
 

@@ -209,18 +209,10 @@ pub(crate) fn complete_compaction(
     stats: &CompactionStats,
 ) -> Result<(CompactionRow, bool)> {
     let tx = write_tx(conn)?;
-    let sql = if cfg!(feature = "broken-completion") {
-        // Deliberately wrong (feature-gated): lets a late completer overwrite.
-        "UPDATE compactions SET status = 'completed', summary = ?1, summary_sha256 = ?11, model = ?2, \
-         prompt_sha256 = ?3, tokens_before = ?4, tokens_after = ?5, input_tokens = ?6, \
+    let sql = "UPDATE compactions SET status = 'completed', summary = ?1, summary_sha256 = ?11, \
+         model = ?2, prompt_sha256 = ?3, tokens_before = ?4, tokens_after = ?5, input_tokens = ?6, \
          output_tokens = ?7, summary_calls = ?8, completed_at = ?9, lease_expires_at = NULL, \
-         error = NULL WHERE id = ?10"
-    } else {
-        "UPDATE compactions SET status = 'completed', summary = ?1, summary_sha256 = ?11, model = ?2, \
-         prompt_sha256 = ?3, tokens_before = ?4, tokens_after = ?5, input_tokens = ?6, \
-         output_tokens = ?7, summary_calls = ?8, completed_at = ?9, lease_expires_at = NULL, \
-         error = NULL WHERE id = ?10 AND status = 'pending'"
-    };
+         error = NULL WHERE id = ?10 AND status = 'pending'";
     let n = tx.prepare_cached(sql)?.execute(params![
         summary,
         stats.model,

@@ -121,3 +121,16 @@ pub fn all_effects(conn: &Connection, table: DemoTable) -> Result<Vec<(String, S
     let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
+
+/// (completed transactional invocations of the demo tools, rows in `demo_effects`):
+/// equal when every applied effect was recorded exactly once and vice versa.
+pub fn transactional_effect_balance(conn: &Connection) -> Result<(i64, i64)> {
+    Ok(conn.query_row(
+        "SELECT (SELECT count(*) FROM tool_invocations WHERE effect = 'transactional' \
+                 AND status = 'completed' AND tool_name IN \
+                 ('lookup_order', 'check_postcode', 'quote_shipping', 'place_change')), \
+                (SELECT count(*) FROM demo_effects)",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?)
+}

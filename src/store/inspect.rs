@@ -143,3 +143,24 @@ pub(crate) fn integrity_check(conn: &Connection) -> Result<Vec<String>> {
     let rows = st.query_map([], |r| r.get(0))?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
+
+/// (sessions, turns, turns failed, completed compactions) of the whole store.
+pub(crate) fn run_totals(conn: &Connection) -> Result<(i64, i64, i64, i64)> {
+    Ok(conn.query_row(
+        "SELECT (SELECT count(*) FROM sessions), (SELECT count(*) FROM turns), \
+                (SELECT count(*) FROM turns WHERE status = 'failed'), \
+                (SELECT count(*) FROM compactions WHERE status = 'completed')",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+    )?)
+}
+
+/// (turns whose lease was taken more than once, compactions claimed more than once).
+pub(crate) fn takeovers(conn: &Connection) -> Result<(i64, i64)> {
+    Ok(conn.query_row(
+        "SELECT (SELECT count(*) FROM turns WHERE lease_epoch > 1), \
+                (SELECT count(*) FROM compactions WHERE attempts > 1)",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?)
+}

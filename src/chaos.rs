@@ -1,0 +1,945 @@
+//! The chaos harness behind `abridge chaos`: kill at every point, race, inject
+//! faults, lose nothing.
+//!
+//! A supervisor spawns worker processes (this binary, hidden verb
+//! `chaos-worker`) that run a seeded, deterministic workload against one
+//! database file. It SIGKILLs workers at random times and restarts them, freezes
+//! some (SIGSTOP) past their leases so that others take their turns and
+//! compactions over, and runs a third process that holds the write lock for a
+//! while. Workers also kill themselves at named fault points (the
+//! `ABRIDGE_CHAOS_KILL` variable), and their model and summariser inject errors,
+//! timeouts and empty replies. At the end the database must pass `verify`, every
+//! transactional effect must be applied exactly once, and every session's
+//! transcript and step hashes must equal those of a control run with the same
+//! seed and no kills or races.
+//!
+//! Faults are a pure function of the request and the attempt number within one
+//! process, so the control run meets the same faults: a turn that fails by
+//! policy fails the same way in both.
+
+use crate::compaction::{Summariser, SummaryRequest, SummaryResponse};
+use crate::demo::{
+    demo_tools, stable_hash, user_turn, Rng, ScriptedModel, SlowSummariser, DEMO_MODEL,
+    SYSTEM_PROMPT,
+};
+use crate::error::{Error, Result};
+use crate::fault::{FaultHook, FaultPoint};
+use crate::message::{sha256_hex, to_bytes, ModelRequest, ModelResponse};
+use crate::model::{ModelClient, ModelError};
+use crate::{CompactionConfig, Runner, RunnerConfig, Store, Threshold};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The environment variable a worker reads for self-kills: `p=0.02` (probability
+/// per fault point reached) or `at=N` (the N-th fault point reached).
+pub const KILL_ENV: &str = "ABRIDGE_CHAOS_KILL";
+
+/// The workload every worker and the control run execute.
+#[derive(Debug, Clone, Serialize)]
+pub struct Workload {
+    /// Seed of everything.
+    pub seed: u64,
+    /// Sessions per epoch.
+    pub sessions: u64,
+    /// Turns per session.
+    pub turns: u64,
+    /// Epochs (each adds `sessions` sessions; the supervisor adds one when the
+    /// workload finished before enough kills landed).
+    pub epochs: u64,
+    /// Compaction threshold, tokens.
+    pub compact_at: u64,
+}
+
+impl Workload {
+    /// (external id, seed for its turns, index) of every session.
+    pub fn session_ids(&self) -> Vec<(String, u64, u64)> {
+        let mut v = Vec::new();
+        for e in 0..self.epochs {
+            for i in 0..self.sessions {
+                v.push((
+                    format!("chaos-{}-{e}-{i}", self.seed),
+                    self.seed ^ (e << 32),
+                    i,
+                ));
+            }
+        }
+        v
+    }
+}
+
+/// A model wrapper that injects errors, timeouts and empty replies as a pure
+/// function of (request, attempt in this process).
+pub struct FaultyModel {
+    inner: ScriptedModel,
+    seed: u64,
+    attempts: Mutex<HashMap<String, u32>>,
+    report: bool,
+}
+
+fn fault_roll(seed: u64, key: &str, attempt: u32) -> u64 {
+    stable_hash(seed, &[key, &attempt.to_string()]) % 1000
+}
+
+fn say(line: &str) {
+    let mut e = std::io::stderr().lock();
+    let _ = writeln!(e, "{line}");
+    let _ = e.flush();
+}
+
+#[async_trait::async_trait]
+impl ModelClient for FaultyModel {
+    async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        let key = sha256_hex(&to_bytes(&request.messages));
+        let attempt = {
+            let mut a = self.attempts.lock().expect("attempts lock");
+            let n = a.entry(key.clone()).or_insert(0);
+            *n += 1;
+            *n
+        };
+        // Latency first: random in 0..6 ms (kills land mid-call).
+        let lat = stable_hash(self.seed, &[&key, "lat"]) % 6;
+        tokio::time::sleep(Duration::from_millis(lat)).await;
+        let roll = fault_roll(self.seed, &key, attempt);
+        let fault = match roll {
+            0..=39 => Some("model_error"),
+            40..=54 => Some("model_timeout"),
+            _ => None,
+        };
+        // One request in 400 gets an empty reply on every attempt: the turn fails by policy.
+        let empty = stable_hash(self.seed, &[&key, "empty"]) % 400 == 0;
+        if self.report {
+            if let Some(f) = fault {
+                say(&format!("FAULT {f}"));
+            } else if empty {
+                say("FAULT model_empty");
+            }
+        }
+        match fault {
+            Some("model_error") => Err(ModelError::Transient("injected model error".into())),
+            Some(_) => {
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                Err(ModelError::Transient("injected slow reply".into()))
+            }
+            None if empty => Ok(ModelResponse {
+                blocks: Vec::new(),
+                usage: Default::default(),
+            }),
+            None => self.inner.complete(request).await,
+        }
+    }
+}
+
+/// A summariser wrapper with the same kind of faults.
+pub struct FaultySummariser {
+    seed: u64,
+    attempts: Mutex<HashMap<String, u32>>,
+    report: bool,
+}
+
+#[async_trait::async_trait]
+impl Summariser for FaultySummariser {
+    async fn summarise(&self, request: &SummaryRequest) -> Result<SummaryResponse, ModelError> {
+        let key = sha256_hex(format!("{:?}{}", request.previous, request.transcript).as_bytes());
+        let attempt = {
+            let mut a = self.attempts.lock().expect("attempts lock");
+            let n = a.entry(key.clone()).or_insert(0);
+            *n += 1;
+            *n
+        };
+        let lat = 5 + stable_hash(self.seed, &[&key, "lat"]) % 40;
+        tokio::time::sleep(Duration::from_millis(lat)).await;
+        let roll = fault_roll(self.seed ^ 0x5eed, &key, attempt);
+        let fault = match roll {
+            0..=79 => Some("summary_error"),
+            80..=109 => Some("summary_timeout"),
+            110..=139 => Some("summary_empty"),
+            _ => None,
+        };
+        if let (true, Some(f)) = (self.report, fault) {
+            say(&format!("FAULT {f}"));
+        }
+        match fault {
+            Some("summary_error") => Err(ModelError::Transient("injected summariser error".into())),
+            Some("summary_timeout") => {
+                tokio::time::sleep(Duration::from_millis(600)).await;
+                Err(ModelError::Transient("injected slow summary".into()))
+            }
+            Some(_) => Ok(SummaryResponse {
+                text: String::new(),
+                usage: Default::default(),
+            }),
+            None => SlowSummariser::default().summarise(request).await,
+        }
+    }
+    fn model(&self) -> Option<String> {
+        Some("abridge-extractive".into())
+    }
+}
+
+/// Lease, timeout and threshold settings of the chaos workload.
+fn chaos_config(owner: String, hook: Option<FaultHook>, compact_at: u64) -> RunnerConfig {
+    let mut compaction = CompactionConfig::default()
+        .with_compact_at(Threshold::Tokens(compact_at))
+        .with_context_window(DEMO_MODEL, 32_000);
+    compaction.retry_backoff = Duration::from_millis(2);
+    compaction.attempt_timeout = Duration::from_millis(300);
+    // Longer than the turn lease: a frozen summariser's row is still held when its
+    // turn is taken over, so the taker must wait for it (a boundary race).
+    compaction.lease_ttl = Duration::from_millis(1_500);
+    compaction.wait_timeout = Duration::from_secs(30);
+    RunnerConfig {
+        owner,
+        lease_ttl: Duration::from_millis(500),
+        max_steps: 8,
+        model_attempts: 3,
+        model_backoff: Duration::from_millis(2),
+        model_timeout: Duration::from_millis(200),
+        take_over_dead_local_owners: true,
+        heartbeat: true,
+        compaction,
+        fault_hook: hook,
+    }
+}
+
+fn chaos_runner(
+    store: &Store,
+    w: &Workload,
+    owner: String,
+    hook: Option<FaultHook>,
+    report: bool,
+) -> Result<Runner> {
+    let mut model = ScriptedModel::new(w.seed);
+    model.extra_tools = vec!["notify_customer".into(), "charge_card".into()];
+    Runner::builder(
+        store.clone(),
+        Arc::new(FaultyModel {
+            inner: model,
+            seed: w.seed,
+            attempts: Mutex::default(),
+            report,
+        }),
+    )
+    .tools(demo_tools(
+        Some(store.path().to_path_buf()),
+        Duration::from_millis(1),
+    ))
+    .summariser(FaultySummariser {
+        seed: w.seed,
+        attempts: Mutex::default(),
+        report,
+    })
+    .config(chaos_config(owner, hook, w.compact_at))
+    .build()
+}
+
+/// Opens (creating) a workload database with the demo tables.
+pub fn open_workload_db(path: &Path) -> Result<Store> {
+    let store = Store::open(path)?;
+    store.with_conn(|c| crate::store::demo::create_demo_tables(c))?;
+    Ok(store)
+}
+
+/// What one pass over the workload left to do.
+#[derive(Debug, Default)]
+struct Pass {
+    pending: bool,
+    failed_by_policy: u64,
+}
+
+async fn one_pass(runner: &Runner, w: &Workload, order_seed: u64, report: bool) -> Result<Pass> {
+    let mut ids = w.session_ids();
+    // Workers walk the sessions in different orders, so they meet on the same turns.
+    let mut rng = Rng::new(order_seed);
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let mut pass = Pass::default();
+    'sessions: for (ext, seed, i) in ids {
+        let session = runner
+            .create_session(&ext, DEMO_MODEL, SYSTEM_PROMPT)
+            .await?;
+        for t in 0..w.turns {
+            let input = user_turn(seed, i, t);
+            match runner.run_turn_at(session.id, t as i64, &input).await {
+                Ok(_) => {}
+                Err(Error::TurnFinished { .. }) => pass.failed_by_policy += 1,
+                Err(
+                    e @ (Error::LeaseHeld { .. }
+                    | Error::LeaseLost { .. }
+                    | Error::CompactionWaitTimeout { .. }),
+                ) => {
+                    if report && matches!(e, Error::LeaseLost { .. }) {
+                        say("RACE fenced");
+                    }
+                    pass.pending = true;
+                    continue 'sessions;
+                }
+                Err(e) if e.is_resumable() => {
+                    pass.pending = true;
+                    continue 'sessions;
+                }
+                Err(_) => pass.failed_by_policy += 1, // failed by policy just now
+            }
+        }
+    }
+    Ok(pass)
+}
+
+/// Runs the workload until every turn of every session has finished.
+/// Returns the turns failed by policy seen in the last pass.
+pub async fn run_workload(
+    store: &Store,
+    w: &Workload,
+    owner: String,
+    hook: Option<FaultHook>,
+    report: bool,
+) -> Result<u64> {
+    let runner = chaos_runner(store, w, owner, hook, report)?;
+    if report {
+        // Announce each summary as it starts, so the supervisor can freeze this
+        // process mid-summary and make another worker meet the pending row.
+        let mut events = runner.subscribe();
+        tokio::spawn(async move {
+            while let Ok(e) = events.recv().await {
+                if let crate::Event::Compacting { .. } = e {
+                    say("PHASE compacting");
+                }
+            }
+        });
+    }
+    let mut order = stable_hash(w.seed, &[&std::process::id().to_string()]);
+    loop {
+        let pass = one_pass(&runner, w, order, report).await?;
+        if !pass.pending {
+            return Ok(pass.failed_by_policy);
+        }
+        order = order.wrapping_add(1);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The self-kill hook a worker installs from [`KILL_ENV`].
+pub fn kill_hook_from_env() -> Option<FaultHook> {
+    let spec = std::env::var(KILL_ENV).ok()?;
+    let hits = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let rng = Arc::new(Mutex::new(Rng::new(
+        std::process::id() as u64 ^ crate::store::now_ms() as u64,
+    )));
+    let (p, at) = if let Some(p) = spec.strip_prefix("p=") {
+        (p.parse::<f64>().ok()?, None)
+    } else if let Some(n) = spec.strip_prefix("at=") {
+        (0.0, Some(n.parse::<u64>().ok()?))
+    } else {
+        return None;
+    };
+    Some(Arc::new(move |point: FaultPoint| {
+        let n = hits.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        let die = match at {
+            Some(k) => n == k,
+            None => (rng.lock().expect("rng").below(1_000_000) as f64) < p * 1_000_000.0,
+        };
+        if die {
+            say(&format!("KILL {point}"));
+            // SIGKILL: no destructor, no flush, no rollback but SQLite's own.
+            unsafe {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        Ok(())
+    }))
+}
+
+/// The hidden `chaos-worker` verb: runs the workload to the end (or to its death).
+pub async fn worker_main(db: &Path, w: &Workload, worker: u64) -> Result<()> {
+    let store = open_workload_db(db)?;
+    let owner = crate::owner::process_owner(&format!("chaos-w{worker}"));
+    run_workload(&store, w, owner, kill_hook_from_env(), true).await?;
+    Ok(())
+}
+
+/// The hidden `chaos-locker` verb: holds the write lock for 20-120 ms every
+/// 50-300 ms, until killed.
+pub fn locker_main(db: &Path, seed: u64) -> Result<()> {
+    let mut conn = rusqlite::Connection::open(db)?;
+    conn.busy_timeout(Duration::from_secs(30))?;
+    let mut rng = Rng::new(seed ^ 0x10c4);
+    loop {
+        std::thread::sleep(Duration::from_millis(50 + rng.below(250)));
+        let tx = crate::store::write_tx(&mut conn)?;
+        std::thread::sleep(Duration::from_millis(20 + rng.below(100)));
+        tx.commit()?;
+        say("LOCK held");
+    }
+}
+
+/// Options of a chaos run.
+#[derive(Debug, Clone)]
+pub struct ChaosOptions {
+    /// Database file (must not exist, or is replaced).
+    pub db: PathBuf,
+    /// Worker processes.
+    pub workers: u64,
+    /// Kills to land before the run may end.
+    pub kills: u64,
+    /// Seed.
+    pub seed: u64,
+    /// Sessions per epoch.
+    pub sessions: u64,
+    /// Turns per session.
+    pub turns: u64,
+    /// Self-kill probability per fault point reached.
+    pub point_kill_p: f64,
+    /// Compaction threshold, tokens (low: most turns compact).
+    pub compact_at: u64,
+    /// Probability of freezing a worker as it starts a summary.
+    pub freeze_mid_summary: f64,
+    /// Give up after this long (a hung run is a failure).
+    pub max_duration: Duration,
+    /// The binary to spawn workers from (default: this one).
+    pub exe: Option<PathBuf>,
+}
+
+impl Default for ChaosOptions {
+    fn default() -> Self {
+        ChaosOptions {
+            db: PathBuf::from("abridge-chaos.db"),
+            workers: 4,
+            kills: 200,
+            seed: 1,
+            sessions: 12,
+            turns: 10,
+            point_kill_p: 0.01,
+            compact_at: 1_200,
+            freeze_mid_summary: 0.15,
+            max_duration: Duration::from_secs(1_800),
+            exe: None,
+        }
+    }
+}
+
+/// What a chaos run found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChaosReport {
+    /// Kills landed, by point (`random_time` for the supervisor's own).
+    pub kills_by_point: BTreeMap<String, u64>,
+    /// Kills in all.
+    pub kills: u64,
+    /// Workers frozen past their lease (SIGSTOP … SIGCONT).
+    pub freezes: u64,
+    /// Races seen: fenced writes, turn takeovers, compaction takeovers.
+    pub races: BTreeMap<String, u64>,
+    /// Faults injected, by kind (as reported by the workers).
+    pub faults: BTreeMap<String, u64>,
+    /// Worker restarts after a kill.
+    pub recoveries: u64,
+    /// Sessions, turns and their outcome.
+    pub sessions: u64,
+    /// Turns run.
+    pub turns: u64,
+    /// Turns failed by policy (the same in the control run).
+    pub turns_failed_by_policy: u64,
+    /// Completed compactions.
+    pub compactions: u64,
+    /// Sessions where an at-most-once call was cut by a kill: the model saw
+    /// "outcome unknown" instead of the result, by design; compared by effect
+    /// count instead of transcript.
+    pub at_most_once_unknown_sessions: u64,
+    /// Guarantee violations and differences from the control run (must be empty).
+    pub violations: Vec<String>,
+    /// Epochs of the workload run.
+    pub epochs: u64,
+    /// Wall time, seconds.
+    pub wall_seconds: f64,
+}
+
+struct Worker {
+    child: Child,
+    killed_by_us: bool,
+    id: u64,
+}
+
+fn signal(pid: u32, sig: i32) {
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}
+
+fn spawn_worker(
+    exe: &Path,
+    o: &ChaosOptions,
+    w: &Workload,
+    id: u64,
+    tally: &Arc<Mutex<BTreeMap<String, u64>>>,
+) -> Result<Worker> {
+    let mut child = Command::new(exe)
+        .args(["chaos-worker", "--db"])
+        .arg(&o.db)
+        .args([
+            "--seed",
+            &w.seed.to_string(),
+            "--sessions",
+            &w.sessions.to_string(),
+            "--turns",
+            &w.turns.to_string(),
+            "--epochs",
+            &w.epochs.to_string(),
+            "--compact-at",
+            &w.compact_at.to_string(),
+            "--worker",
+            &id.to_string(),
+        ])
+        .env(KILL_ENV, format!("p={}", o.point_kill_p))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stderr = child.stderr.take().expect("piped");
+    let tally = tally.clone();
+    let pid = child.id();
+    let freeze_mid_summary = o.freeze_mid_summary;
+    let mut rng = Rng::new(w.seed ^ ((id + 1) << 20) ^ pid as u64);
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+            if line == "PHASE compacting" {
+                if rng.below(1000) < (freeze_mid_summary * 1000.0) as u64 {
+                    // Past the turn lease, within the compaction lease: another
+                    // worker takes the turn over and must wait for this row.
+                    signal(pid, libc::SIGSTOP);
+                    std::thread::sleep(Duration::from_millis(600 + rng.below(400)));
+                    signal(pid, libc::SIGCONT);
+                    *tally
+                        .lock()
+                        .expect("tally")
+                        .entry("race:frozen_mid_summary".into())
+                        .or_default() += 1;
+                }
+                continue;
+            }
+            let key = match line.split_once(' ') {
+                Some(("KILL", p)) => format!("kill:{p}"),
+                Some(("FAULT", f)) => format!("fault:{f}"),
+                Some(("RACE", r)) => format!("race:{r}"),
+                Some(("LOCK", _)) => "fault:write_lock_held".into(),
+                _ => {
+                    if line.contains("error") {
+                        format!("log:{}", crate::compaction::truncate_chars(&line, 200))
+                    } else {
+                        continue;
+                    }
+                }
+            };
+            *tally.lock().expect("tally").entry(key).or_default() += 1;
+        }
+    });
+    Ok(Worker {
+        child,
+        killed_by_us: false,
+        id,
+    })
+}
+
+/// Runs the supervisor: workers, kills, freezes, the lock holder; then the
+/// control run and the comparison.
+pub async fn run_chaos(o: &ChaosOptions) -> Result<ChaosReport> {
+    let started = Instant::now();
+    remove_db(&o.db);
+    let exe = match &o.exe {
+        Some(e) => e.clone(),
+        None => std::env::current_exe()?,
+    };
+    let mut w = Workload {
+        seed: o.seed,
+        sessions: o.sessions,
+        turns: o.turns,
+        epochs: 1,
+        compact_at: o.compact_at,
+    };
+    open_workload_db(&o.db)?;
+    let tally: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
+    let mut report = ChaosReport::default();
+    let mut rng = Rng::new(o.seed ^ 0xC4A05);
+
+    let locker = Command::new(&exe)
+        .args(["chaos-locker", "--db"])
+        .arg(&o.db)
+        .args(["--seed", &o.seed.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let mut locker = Worker {
+        child: locker,
+        killed_by_us: true,
+        id: u64::MAX,
+    };
+    {
+        let stderr = locker.child.stderr.take().expect("piped");
+        let tally = tally.clone();
+        std::thread::spawn(move || {
+            for _ in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+                *tally
+                    .lock()
+                    .expect("tally")
+                    .entry("fault:write_lock_held".into())
+                    .or_default() += 1;
+            }
+        });
+    }
+
+    let mut workers: Vec<Option<Worker>> = Vec::new();
+    for id in 0..o.workers {
+        workers.push(Some(spawn_worker(&exe, o, &w, id, &tally)?));
+    }
+    let mut random_kills = 0u64;
+    loop {
+        if started.elapsed() > o.max_duration {
+            report
+                .violations
+                .push(format!("run did not finish within {:?}", o.max_duration));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5 + rng.below(40))).await;
+        // Reap: a worker that exited by itself finished the workload; one that
+        // died by SIGKILL without us killed itself at a fault point.
+        let mut all_done = true;
+        for slot in workers.iter_mut() {
+            let Some(wk) = slot else { continue };
+            match wk.child.try_wait()? {
+                None => all_done = false,
+                Some(st) if st.success() => *slot = None,
+                Some(st) => {
+                    use std::os::unix::process::ExitStatusExt;
+                    if st.signal() == Some(libc::SIGKILL) {
+                        if wk.killed_by_us {
+                            random_kills += 1;
+                        }
+                        let id = wk.id;
+                        *slot = Some(spawn_worker(&exe, o, &w, id, &tally)?);
+                        report.recoveries += 1;
+                        all_done = false;
+                    } else {
+                        report
+                            .violations
+                            .push(format!("worker {} exited with {st}", wk.id));
+                        *slot = None;
+                    }
+                }
+            }
+        }
+        let point_kills: u64 = tally
+            .lock()
+            .expect("tally")
+            .iter()
+            .filter(|(k, _)| k.starts_with("kill:"))
+            .map(|(_, v)| v)
+            .sum();
+        let kills = point_kills + random_kills;
+        if all_done {
+            if kills >= o.kills || !report.violations.is_empty() {
+                break;
+            }
+            // The workload finished before enough kills landed: one more epoch.
+            w.epochs += 1;
+            for id in 0..o.workers {
+                workers[id as usize] = Some(spawn_worker(&exe, o, &w, id, &tally)?);
+            }
+            continue;
+        }
+        if kills >= o.kills {
+            continue; // enough kills: let the workload finish undisturbed
+        }
+        let live: Vec<usize> = workers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|_| i))
+            .collect();
+        if live.is_empty() {
+            continue;
+        }
+        let pick = live[rng.below(live.len() as u64) as usize];
+        let wk = workers[pick].as_mut().expect("live");
+        if rng.below(100) < 8 {
+            // Freeze past the turn lease (but not the compaction lease): others
+            // take its turn over and meet its pending compaction.
+            let pid = wk.child.id();
+            signal(pid, libc::SIGSTOP);
+            tokio::time::sleep(Duration::from_millis(600 + rng.below(400))).await;
+            signal(pid, libc::SIGCONT);
+            report.freezes += 1;
+        } else {
+            wk.killed_by_us = true;
+            let _ = wk.child.kill();
+        }
+    }
+    let _ = locker.child.kill();
+    let _ = locker.child.wait();
+    for wk in workers.iter_mut().flatten() {
+        let _ = wk.child.kill();
+        let _ = wk.child.wait();
+    }
+
+    let t = tally.lock().expect("tally").clone();
+    for (k, v) in &t {
+        if let Some(p) = k.strip_prefix("kill:") {
+            report.kills_by_point.insert(p.to_string(), *v);
+        } else if let Some(f) = k.strip_prefix("fault:") {
+            report.faults.insert(f.to_string(), *v);
+        } else if let Some(r) = k.strip_prefix("race:") {
+            report.races.insert(r.to_string(), *v);
+        }
+    }
+    if random_kills > 0 {
+        report
+            .kills_by_point
+            .insert("random_time".into(), random_kills);
+    }
+    report.kills = report.kills_by_point.values().sum();
+    report.epochs = w.epochs;
+    if report.violations.is_empty() {
+        compare_with_control(o, &w, &mut report).await?;
+    }
+    report.wall_seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// Per session: (transcript, step hashes).
+fn session_fingerprints(
+    conn: &rusqlite::Connection,
+    w: &Workload,
+) -> Result<Vec<(String, String, Vec<String>)>> {
+    let mut out = Vec::new();
+    for (ext, _, _) in w.session_ids() {
+        let transcript = crate::inspect::export(conn, &ext, crate::inspect::ExportFormat::Jsonl)?;
+        let s = crate::inspect::resolve_session(conn, &ext)?;
+        let hashes = crate::inspect::session_step_ids(conn, s.id)?
+            .into_iter()
+            .map(|id| {
+                Ok(crate::store::get_step(conn, id)?
+                    .messages_sha256
+                    .unwrap_or_default())
+            })
+            .collect::<Result<Vec<_>>>()?;
+        out.push((ext, transcript, hashes));
+    }
+    Ok(out)
+}
+
+/// Runs the control: the same workload, same faults, one runner, no kills.
+async fn build_control(o: &ChaosOptions, w: &Workload) -> Result<PathBuf> {
+    let control_path = PathBuf::from(format!("{}.control", o.db.display()));
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", control_path.display()));
+    }
+    let control = open_workload_db(&control_path)?;
+    run_workload(&control, w, "control".into(), None, false).await?;
+    Ok(control_path)
+}
+
+fn remove_db(path: &Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
+
+async fn compare_with_control(
+    o: &ChaosOptions,
+    w: &Workload,
+    report: &mut ChaosReport,
+) -> Result<()> {
+    let control_path = build_control(o, w).await?;
+    compare(o, w, &control_path, report)?;
+    if report.violations.is_empty() {
+        remove_db(&control_path);
+    } else {
+        report.violations.push(format!(
+            "the control run is kept at {} for comparison",
+            control_path.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Verifies the chaos database and compares it with the control database.
+fn compare(
+    o: &ChaosOptions,
+    w: &Workload,
+    control_path: &Path,
+    report: &mut ChaosReport,
+) -> Result<()> {
+    let conn = crate::store::open_read_only(&o.db)?;
+    let verify = crate::verify::verify(&conn)?;
+    for c in verify.checks.iter().filter(|c| !c.ok) {
+        for v in &c.violations {
+            report.violations.push(format!("{}: {v}", c.name));
+        }
+    }
+    let cconn = crate::store::open_read_only(control_path)?;
+    let got = session_fingerprints(&conn, w)?;
+    let want = session_fingerprints(&cconn, w)?;
+    for ((ext, t1, h1), (_, t2, h2)) in got.iter().zip(&want) {
+        if let Some(cut) = t1.find("outcome unknown") {
+            // At-most-once by design: never repeated, so the model saw "outcome
+            // unknown" where the control saw the result. Everything before that
+            // record must still match.
+            report.at_most_once_unknown_sessions += 1;
+            let line_start = t1[..cut].rfind('\n').map_or(0, |i| i + 1);
+            if t2.get(..line_start) != Some(&t1[..line_start]) {
+                report.violations.push(format!(
+                    "session {ext}: transcript differs from the control run before the at-most-once cut"
+                ));
+            }
+            continue;
+        }
+        if t1 != t2 {
+            report.violations.push(format!(
+                "session {ext}: transcript differs from the control run"
+            ));
+        } else if h1 != h2 {
+            report.violations.push(format!(
+                "session {ext}: step message bytes differ from the control run"
+            ));
+        }
+    }
+    if report.at_most_once_unknown_sessions == 0 {
+        let effects = |c: &rusqlite::Connection| {
+            crate::store::demo::all_effects(c, crate::store::demo::DemoTable::Effects)
+        };
+        if effects(&conn)? != effects(&cconn)? {
+            report
+                .violations
+                .push("transactional effects differ from the control run".into());
+        }
+    }
+    let totals: (i64, i64, i64, i64) = crate::store::run_totals(&conn)?;
+    report.sessions = totals.0 as u64;
+    report.turns = totals.1 as u64;
+    report.turns_failed_by_policy = totals.2 as u64;
+    report.compactions = totals.3 as u64;
+    let (turn_takeovers, compaction_takeovers) = crate::store::takeovers(&conn)?;
+    report
+        .races
+        .insert("turn_takeovers".into(), turn_takeovers as u64);
+    report
+        .races
+        .insert("compaction_takeovers".into(), compaction_takeovers as u64);
+    Ok(())
+}
+
+/// Enumeration, as SQLite's crash tests do: kill a single worker at the i-th
+/// fault point reached, for i = 1, 2, … until a run completes with no point
+/// left; after each kill, resume to the end and compare with the control run.
+pub async fn run_enumerate(o: &ChaosOptions) -> Result<ChaosReport> {
+    let started = Instant::now();
+    let exe = match &o.exe {
+        Some(e) => e.clone(),
+        None => std::env::current_exe()?,
+    };
+    let w = Workload {
+        seed: o.seed,
+        sessions: o.sessions,
+        turns: o.turns,
+        epochs: 1,
+        compact_at: o.compact_at,
+    };
+    let mut report = ChaosReport::default();
+    let control_path = build_control(o, &w).await?;
+    let mut i = 1u64;
+    loop {
+        if started.elapsed() > o.max_duration {
+            report.violations.push(format!(
+                "enumeration did not finish within {:?}",
+                o.max_duration
+            ));
+            break;
+        }
+        remove_db(&o.db);
+        open_workload_db(&o.db)?;
+        let mut child = Command::new(&exe)
+            .args(["chaos-worker", "--db"])
+            .arg(&o.db)
+            .args([
+                "--seed",
+                &w.seed.to_string(),
+                "--sessions",
+                &w.sessions.to_string(),
+            ])
+            .args([
+                "--turns",
+                &w.turns.to_string(),
+                "--epochs",
+                "1",
+                "--worker",
+                "0",
+            ])
+            .args(["--compact-at", &w.compact_at.to_string()])
+            .env(KILL_ENV, format!("at={i}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let stderr = child.stderr.take().expect("piped");
+        let lines: Vec<String> = BufReader::new(stderr)
+            .lines()
+            .map_while(|l| l.ok())
+            .collect();
+        let status = child.wait()?;
+        if status.success() {
+            break; // point i was never reached: every point has been hit
+        }
+        if let Some(p) = lines.iter().rev().find_map(|l| l.strip_prefix("KILL ")) {
+            *report.kills_by_point.entry(p.to_string()).or_default() += 1;
+        }
+        // Resume to the end with no kill.
+        let out = Command::new(&exe)
+            .args(["chaos-worker", "--db"])
+            .arg(&o.db)
+            .args([
+                "--seed",
+                &w.seed.to_string(),
+                "--sessions",
+                &w.sessions.to_string(),
+            ])
+            .args([
+                "--turns",
+                &w.turns.to_string(),
+                "--epochs",
+                "1",
+                "--worker",
+                "1",
+            ])
+            .args(["--compact-at", &w.compact_at.to_string()])
+            .env_remove(KILL_ENV)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        if !out.success() {
+            report
+                .violations
+                .push(format!("point {i}: the resuming worker failed ({out})"));
+        }
+        let before = report.violations.len();
+        compare(o, &w, &control_path, &mut report)?;
+        if report.violations.len() > before {
+            let new: Vec<String> = report.violations.drain(before..).collect();
+            for v in new {
+                report.violations.push(format!("kill at point #{i}: {v}"));
+            }
+            break;
+        }
+        i += 1;
+    }
+    if report.violations.is_empty() {
+        remove_db(&control_path);
+    }
+    report.kills = report.kills_by_point.values().sum();
+    report.recoveries = report.kills;
+    report.epochs = 1;
+    report.wall_seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}

@@ -1,0 +1,77 @@
+//! The chaos harness, run as the user runs it: `abridge chaos`.
+//!
+//! Scenario: four worker processes run a seeded workload (multi-step turns,
+//! tools in all three effect modes, a threshold low enough that most turns
+//! compact, random model and summariser latency and faults) on one database.
+//! The supervisor SIGKILLs workers at random times and restarts them, freezes
+//! some past their leases, and a third process holds the write lock now and
+//! then; workers also kill themselves at named fault points. The run must end
+//! with every guarantee holding and every session equal to a control run with
+//! the same seed and no kills. The enumeration mode kills at each point of a
+//! small workload in turn, until none is left.
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_abridge");
+
+fn chaos(args: &[&str]) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("chaos.db");
+    let out = Command::new(BIN)
+        .args(["chaos", "--db", db.to_str().unwrap(), "--json"])
+        .args(args)
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+    assert!(out.status.success(), "violations: {}", report["violations"]);
+    report
+}
+
+#[test]
+fn bounded_chaos_run_of_200_kills_holds_every_guarantee() {
+    let r = chaos(&[
+        "--workers",
+        "4",
+        "--kills",
+        "200",
+        "--seed",
+        "7",
+        "--max-seconds",
+        "110",
+    ]);
+    assert_eq!(r["violations"].as_array().unwrap().len(), 0, "{r}");
+    assert!(r["kills"].as_u64().unwrap() >= 200, "{r}");
+    let points = r["kills_by_point"].as_object().unwrap();
+    assert!(
+        points.len() >= 5,
+        "kills landed at too few points: {points:?}"
+    );
+    assert!(r["races"]["turn_takeovers"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["compactions"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["faults"].as_object().unwrap().len() >= 3, "{r}");
+    println!("{r}");
+}
+
+#[test]
+fn enumeration_kills_at_every_point_of_the_workload() {
+    let r = chaos(&[
+        "--enumerate",
+        "--sessions",
+        "1",
+        "--turns",
+        "5",
+        "--compact-at",
+        "400",
+        "--seed",
+        "3",
+    ]);
+    assert_eq!(r["violations"].as_array().unwrap().len(), 0, "{r}");
+    let points = r["kills_by_point"].as_object().unwrap();
+    for p in abridge::FaultPoint::ALL {
+        assert!(
+            points.contains_key(p.name()),
+            "point {p} never hit: {points:?}"
+        );
+    }
+}
