@@ -260,6 +260,14 @@ async fn one_pass(runner: &Runner, w: &Workload, order_seed: u64, report: bool) 
     }
     let mut pass = Pass::default();
     'sessions: for (ext, seed, i) in ids {
+        let e = ext.clone();
+        let done = runner
+            .store()
+            .call(move |c| crate::store::finished_turns(c, &e))
+            .await?;
+        if done as u64 >= w.turns {
+            continue;
+        }
         let session = runner
             .create_session(&ext, DEMO_MODEL, SYSTEM_PROMPT)
             .await?;
@@ -737,7 +745,37 @@ async fn build_control(o: &ChaosOptions, w: &Workload) -> Result<PathBuf> {
         let _ = std::fs::remove_file(format!("{}{suffix}", control_path.display()));
     }
     let control = open_workload_db(&control_path)?;
-    run_workload(&control, w, "control".into(), None, false).await?;
+    // Sessions are independent and faults depend only on the request, so the
+    // control can run its sessions concurrently: the same rows come out.
+    let ids = w.session_ids();
+    let lanes = 8usize.min(ids.len().max(1));
+    let mut set = tokio::task::JoinSet::new();
+    for lane in 0..lanes {
+        let (control, w) = (control.clone(), w.clone());
+        let mine: Vec<(String, u64, u64)> = ids.iter().skip(lane).step_by(lanes).cloned().collect();
+        set.spawn(async move {
+            let runner = chaos_runner(&control, &w, format!("control-{lane}"), None, false)?;
+            for (ext, seed, i) in mine {
+                let session = runner
+                    .create_session(&ext, DEMO_MODEL, SYSTEM_PROMPT)
+                    .await?;
+                for t in 0..w.turns {
+                    match runner
+                        .run_turn_at(session.id, t as i64, &user_turn(seed, i, t))
+                        .await
+                    {
+                        Ok(_) | Err(Error::TurnFinished { .. }) => {}
+                        Err(e) if e.is_resumable() => return Err(e),
+                        Err(_) => {} // failed by policy, as in the chaos run
+                    }
+                }
+            }
+            Ok::<_, Error>(())
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r.map_err(|e| Error::Task(e.to_string()))??;
+    }
     Ok(control_path)
 }
 

@@ -80,3 +80,17 @@ pub fn rebuild_step(conn: &Connection, step_id: i64) -> Result<Rebuilt> {
         recorded,
     })
 }
+
+/// Builds the messages the next step of turn `turn_idx` (its step `step_idx`)
+/// would send now, reading the newest completed compaction before that turn.
+/// For previews and benchmarks; a running step uses what `ensure()` returned.
+pub fn build_at(
+    conn: &Connection,
+    session_id: i64,
+    turn_idx: i64,
+    step_idx: i64,
+) -> Result<Vec<Message>> {
+    let session = store::get_session(conn, session_id)?;
+    let compaction = store::latest_completed(conn, session_id, turn_idx)?;
+    build_for(conn, &session, turn_idx, step_idx, compaction.as_ref())
+}

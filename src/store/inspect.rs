@@ -164,3 +164,14 @@ pub(crate) fn takeovers(conn: &Connection) -> Result<(i64, i64)> {
         |r| Ok((r.get(0)?, r.get(1)?)),
     )?)
 }
+
+/// Finished (completed or failed) turns of the session with this external id,
+/// 0 when it does not exist yet.
+pub fn finished_turns(conn: &Connection, external_id: &str) -> Result<i64> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT count(*) FROM turns t JOIN sessions s ON t.session_id = s.id \
+             WHERE s.external_id = ?1 AND t.status <> 'running'",
+        )?
+        .query_row([external_id], |r| r.get(0))?)
+}

@@ -10,6 +10,8 @@
 //! The async entry points run their SQLite work on tokio's blocking pool
 //! ([`Store::call`]); nothing here blocks a runtime worker thread.
 
+#[doc(hidden)]
+pub mod bench;
 mod compactions;
 pub mod demo;
 mod history;
@@ -23,8 +25,8 @@ pub use rows::*;
 
 pub(crate) use compactions::*;
 pub(crate) use history::*;
-pub use inspect::SessionCounts;
 pub(crate) use inspect::*;
+pub use inspect::{finished_turns, SessionCounts};
 pub(crate) use turns::*;
 
 use crate::error::{Error, Result};
