@@ -385,8 +385,9 @@ fn main() {
     c.final_summary();
 
     println!("\n== means in this run (µs) and ratios");
-    for k in MEANS.lock().unwrap().keys() {
-        println!("{k:<32} {:>12}", us_raw(k));
+    let keys: Vec<String> = MEANS.lock().unwrap().keys().cloned().collect();
+    for k in keys {
+        println!("{k:<32} {:>12}", us_raw(&k));
     }
     let top = *hs.last().unwrap();
     println!(

@@ -8,7 +8,7 @@
 //! is fenced by the turn's lease, so a runner whose lease was taken over cannot
 //! write anything more.
 
-use crate::compaction::{CompactionConfig, Compactor, ExtractiveSummariser, Summariser};
+use crate::compaction::{CompactionConfig, Compactor, Decision, ExtractiveSummariser, Summariser};
 use crate::error::{Error, Result};
 use crate::events::{Event, EventSink};
 use crate::fault::{self, FaultHook, FaultPoint};
@@ -81,6 +81,32 @@ impl Default for RunnerConfig {
             fault_hook: None,
         }
     }
+}
+
+/// What `prepare` found for the next step.
+enum Prepared {
+    /// A step with a persisted response: run its tools.
+    Resume(store::StepRow),
+    /// The step fails the turn (max steps, compaction failure policy).
+    Fail(store::StepRow, Error),
+    /// A step to execute.
+    Run(store::StepRow, Work),
+}
+
+/// The work of a step to execute.
+enum Work {
+    /// Nothing to compact: the compaction it reads and its messages, built.
+    Ready(Option<CompactionRow>, Vec<crate::message::Message>),
+    /// A compaction is due first.
+    Compact(Decision),
+}
+
+/// How an executed step ended.
+enum Executed {
+    /// A final answer: the step and the turn are completed.
+    Finished(TurnRow, String),
+    /// Tool calls to run.
+    Responded(ModelResponse),
 }
 
 /// How a turn ended.
@@ -422,30 +448,27 @@ impl Runner {
             .call(move |c| store::get_session(c, sid))
             .await?;
         loop {
-            let l = lease.clone();
-            let step = self
-                .inner
-                .store
-                .call(move |c| store::claim_step(c, &l))
-                .await?;
-            let response: ModelResponse = if step.status == StepStatus::Running {
-                if step.idx >= self.inner.cfg.max_steps as i64 {
-                    let e = Error::MaxSteps {
-                        turn_id: turn.id,
-                        max_steps: self.inner.cfg.max_steps,
-                    };
-                    return self.fail(&lease, Some(step.id), e).await;
+            let (step, response) = match self.prepare(&session, &turn, &lease).await? {
+                Prepared::Resume(step) => {
+                    let r: ModelResponse =
+                        serde_json::from_str(step.response.as_deref().unwrap_or("{}"))?;
+                    (step, r)
                 }
-                match self
-                    .execute(&session, &turn, &lease, step.id, step.idx)
-                    .await
-                {
-                    Ok(r) => r,
-                    Err(e) if e.is_resumable() => return Err(e),
-                    Err(e) => return self.fail(&lease, Some(step.id), e).await,
+                Prepared::Fail(step, e) => return self.fail(&lease, Some(step.id), e).await,
+                Prepared::Run(step, work) => {
+                    match self.execute(&session, &turn, &lease, &step, work).await {
+                        Ok(Executed::Finished(turn, output)) => {
+                            return Ok(TurnOutcome {
+                                turn,
+                                output,
+                                steps: step.idx + 1,
+                            })
+                        }
+                        Ok(Executed::Responded(r)) => (step, r),
+                        Err(e) if e.is_resumable() => return Err(e),
+                        Err(e) => return self.fail(&lease, Some(step.id), e).await,
+                    }
                 }
-            } else {
-                serde_json::from_str(step.response.as_deref().unwrap_or("{}"))?
             };
 
             let calls: Vec<(String, String, serde_json::Value)> = response
@@ -468,20 +491,17 @@ impl Runner {
                 self.run_tool(&lease, step.id, pos as i64, call).await?;
             }
             fault::check(&self.inner.cfg.fault_hook, FaultPoint::BeforeStepComplete)?;
+            // A responded step without tool calls only exists if a crash hit
+            // between its response and its completion in an older layout; finish it.
             let final_output = calls.is_empty().then(|| response.text());
             let (l, fo) = (lease.clone(), final_output.clone());
-            let sid = step.id;
-            self.inner
+            let step_id = step.id;
+            let finished = self
+                .inner
                 .store
-                .call(move |c| store::complete_step(c, &l, sid, fo.as_deref()))
+                .call(move |c| store::complete_step(c, &l, step_id, fo.as_deref()))
                 .await?;
-            if let Some(output) = final_output {
-                let tid = turn.id;
-                let turn = self
-                    .inner
-                    .store
-                    .call(move |c| store::get_turn(c, tid))
-                    .await?;
+            if let (Some(output), Some(turn)) = (final_output, finished) {
                 return Ok(TurnOutcome {
                     turn,
                     output,
@@ -491,31 +511,82 @@ impl Runner {
         }
     }
 
-    /// Runs a claimed step up to `responded`: ensure, build, hash, call, persist.
+    /// One blocking call: claim (or resume) the step row; if it is to run, decide
+    /// its compaction and, when there is nothing to compact, build its messages.
+    async fn prepare(
+        &self,
+        session: &SessionRow,
+        turn: &TurnRow,
+        lease: &Lease,
+    ) -> Result<Prepared> {
+        let (l, s, compactor) = (lease.clone(), session.clone(), self.inner.compactor.clone());
+        let (turn_id, turn_idx, max_steps) = (turn.id, turn.idx, self.inner.cfg.max_steps);
+        self.inner
+            .store
+            .call(move |c| {
+                let step = store::claim_step(c, &l)?;
+                if step.status != StepStatus::Running {
+                    return Ok(Prepared::Resume(step));
+                }
+                if step.idx >= max_steps as i64 {
+                    return Ok(Prepared::Fail(step, Error::MaxSteps { turn_id, max_steps }));
+                }
+                let decision = match compactor.decide(c, &s, turn_idx, step.idx) {
+                    Ok(d) => d,
+                    Err(e) if e.is_resumable() || matches!(e, Error::Sqlite(_)) => return Err(e),
+                    Err(e) => return Ok(Prepared::Fail(step, e)),
+                };
+                let work = match decision {
+                    Decision::Read(row) => {
+                        let messages = build_for(c, &s, turn_idx, step.idx, row.as_ref())?;
+                        Work::Ready(row, messages)
+                    }
+                    other => Work::Compact(other),
+                };
+                Ok(Prepared::Run(step, work))
+            })
+            .await
+    }
+
+    /// Runs a claimed step: compaction if one is due, the model call, and the
+    /// response persisted in ONE transaction (with the step's and the turn's
+    /// completion when it is the final answer).
     async fn execute(
         &self,
         session: &SessionRow,
         turn: &TurnRow,
         lease: &Lease,
-        step_id: i64,
-        step_idx: i64,
-    ) -> Result<ModelResponse> {
-        // The hook where compaction runs: the step reads only what ensure returns.
-        let compaction = self
-            .inner
-            .compactor
-            .ensure(session, turn.idx, step_idx)
-            .await?;
+        step: &store::StepRow,
+        work: Work,
+    ) -> Result<Executed> {
+        let (step_id, step_idx) = (step.id, step.idx);
+        let (compaction, messages) = match work {
+            Work::Ready(row, messages) => (row, messages),
+            Work::Compact(decision) => {
+                // The hook where compaction runs: the step reads only what it returns.
+                let row = self
+                    .inner
+                    .compactor
+                    .act(session.id, turn.idx, decision)
+                    .await?;
+                let (s, t, r) = (session.clone(), turn.idx, row.clone());
+                let messages = self
+                    .inner
+                    .store
+                    .call(move |conn| build_for(conn, &s, t, step_idx, r.as_ref()))
+                    .await?;
+                (row, messages)
+            }
+        };
         fault::check(&self.inner.cfg.fault_hook, FaultPoint::BeforeModelCall)?;
 
-        let (s, t, c) = (session.clone(), turn.idx, compaction.clone());
-        let messages = self
-            .inner
-            .store
-            .call(move |conn| build_for(conn, &s, t, step_idx, c.as_ref()))
-            .await?;
         let bytes = to_bytes(&messages);
         let sha = sha256_hex(&bytes);
+        let estimate = || {
+            // serde_json writes UTF-8; the check is a fast validation, not a copy.
+            let text = std::str::from_utf8(&bytes).unwrap_or_default();
+            self.inner.cfg.compaction.token_counter.count(text) as i64
+        };
         let request = ModelRequest {
             model: session.model.clone(),
             messages,
@@ -530,42 +601,42 @@ impl Runner {
 
         let (context_tokens, estimated) = match response.usage.input_tokens {
             Some(n) => (n as i64, false),
-            None => {
-                let text = String::from_utf8_lossy(&bytes);
-                (
-                    self.inner.cfg.compaction.token_counter.count(&text) as i64,
-                    true,
-                )
-            }
+            None => (estimate(), true),
         };
         let json = serde_json::to_string(&response)?;
         let l = lease.clone();
         let cid = compaction.as_ref().map(|c| c.id);
         let usage = response.usage;
-        self.inner
+        let final_output = (response.tool_calls().next().is_none()).then(|| response.text());
+        let fo = final_output.clone();
+        let finished = self
+            .inner
             .store
             .call(move |c| {
-                store::persist_response(
-                    c,
-                    &l,
-                    &Responded {
-                        step_id,
-                        compaction_id: cid,
-                        messages_sha256: &sha,
-                        response_json: &json,
-                        input_tokens: usage.input_tokens.map(|n| n as i64),
-                        output_tokens: usage.output_tokens.map(|n| n as i64),
-                        context_tokens,
-                        estimated,
-                    },
-                )
+                let r = Responded {
+                    step_id,
+                    compaction_id: cid,
+                    messages_sha256: &sha,
+                    response_json: &json,
+                    input_tokens: usage.input_tokens.map(|n| n as i64),
+                    output_tokens: usage.output_tokens.map(|n| n as i64),
+                    context_tokens,
+                    estimated,
+                };
+                match fo {
+                    Some(out) => store::persist_final(c, &l, &r, &out).map(Some),
+                    None => store::persist_response(c, &l, &r).map(|_| None),
+                }
             })
             .await?;
+        if let (Some(turn), Some(output)) = (finished, final_output) {
+            return Ok(Executed::Finished(turn, output));
+        }
         fault::check(
             &self.inner.cfg.fault_hook,
             FaultPoint::AfterResponsePersisted,
         )?;
-        Ok(response)
+        Ok(Executed::Responded(response))
     }
 
     async fn call_model(&self, request: ModelRequest, step_id: i64) -> Result<ModelResponse> {

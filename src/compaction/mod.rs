@@ -60,6 +60,19 @@ impl std::fmt::Debug for Compactor {
     }
 }
 
+/// What [`Compactor::decide`] found.
+#[derive(Debug, Clone)]
+pub(crate) enum Decision {
+    /// Nothing to do: the step reads this completed row (or none).
+    Read(Option<CompactionRow>),
+    /// Claim (or finish) the row at `boundary`.
+    Claim {
+        boundary: i64,
+        measure: Option<i64>,
+        latest: Option<CompactionRow>,
+    },
+}
+
 /// Where a compaction request came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Trigger {
@@ -134,49 +147,80 @@ impl Compactor {
         turn_idx: i64,
         step_idx: i64,
     ) -> Result<Option<CompactionRow>> {
-        let sid = session.id;
-        let boundary = planner::boundary(turn_idx, self.config.keep_last_turns);
-        let threshold = self.threshold_tokens(&session.model);
-        let (latest, existing, measure) = self
+        let (this, s) = (self.clone(), session.clone());
+        let decision = self
             .store
-            .call(move |c| {
-                let latest = store::latest_completed(c, sid, turn_idx)?;
-                let Some(b) = boundary else {
-                    return Ok((latest, None, None));
-                };
-                if latest.as_ref().is_some_and(|l| l.up_to_turn_index >= b) {
-                    return Ok((latest, None, None));
-                }
-                let existing = store::compaction_at(c, sid, b)?;
-                let measure = if existing.is_none() && threshold.is_some() {
-                    store::latest_context_tokens(c, sid, turn_idx, step_idx)?
-                } else {
-                    None
-                };
-                Ok((latest, existing, measure))
-            })
+            .call(move |c| this.decide(c, &s, turn_idx, step_idx))
             .await?;
-        let Some(b) = boundary else { return Ok(latest) };
+        self.act(session.id, turn_idx, decision).await
+    }
+
+    /// The synchronous half of [`Compactor::ensure`]: reads what it needs (one
+    /// to three queries) and says whether there is anything to do. The runner
+    /// calls it inside the same blocking call that claims the step and builds
+    /// the messages, so a step below the threshold costs no extra round trip.
+    pub(crate) fn decide(
+        &self,
+        c: &rusqlite::Connection,
+        session: &SessionRow,
+        turn_idx: i64,
+        step_idx: i64,
+    ) -> Result<Decision> {
+        let sid = session.id;
+        let latest = store::latest_completed(c, sid, turn_idx)?;
+        let Some(b) = planner::boundary(turn_idx, self.config.keep_last_turns) else {
+            return Ok(Decision::Read(latest));
+        };
         if latest.as_ref().is_some_and(|l| l.up_to_turn_index >= b) {
-            return Ok(latest);
+            return Ok(Decision::Read(latest));
         }
-        match existing {
+        match store::compaction_at(c, sid, b)? {
+            // Failed earlier in this turn (or before a crash): the policy
+            // decides, and the boundary is not tried again automatically.
             Some(row) if row.status == CompactionStatus::Failed => {
-                // Failed earlier in this turn (or before a crash): the policy
-                // decides, and the boundary is not tried again automatically.
-                return self.on_failed(row, latest);
+                self.on_failed(row, latest).map(Decision::Read)
             }
-            Some(row) if row.status == CompactionStatus::Completed => return Ok(Some(row)),
-            Some(_) => {} // pending: finish it, whatever the measure says now
+            Some(row) if row.status == CompactionStatus::Completed => Ok(Decision::Read(Some(row))),
+            // Pending: finish it, whatever the measure says now.
+            Some(_) => Ok(Decision::Claim {
+                boundary: b,
+                measure: None,
+                latest,
+            }),
             None => {
-                let Some(limit) = threshold else {
-                    return Ok(latest);
+                let Some(limit) = self.threshold_tokens(&session.model) else {
+                    return Ok(Decision::Read(latest));
                 };
-                if !planner::should_compact(measure, limit) {
-                    return Ok(latest);
+                let measure = store::latest_context_tokens(c, sid, turn_idx, step_idx)?;
+                if planner::should_compact(measure, limit) {
+                    Ok(Decision::Claim {
+                        boundary: b,
+                        measure,
+                        latest,
+                    })
+                } else {
+                    Ok(Decision::Read(latest))
                 }
             }
         }
+    }
+
+    /// The asynchronous half: claims, summarises and completes when the decision
+    /// says so; returns the completed compaction the step reads.
+    pub(crate) async fn act(
+        &self,
+        sid: i64,
+        turn_idx: i64,
+        decision: Decision,
+    ) -> Result<Option<CompactionRow>> {
+        let (b, measure, latest) = match decision {
+            Decision::Read(row) => return Ok(row),
+            Decision::Claim {
+                boundary,
+                measure,
+                latest,
+            } => (boundary, measure, latest),
+        };
         let row = self
             .claim_and_finish(sid, b, Trigger::Auto, None, measure)
             .await;

@@ -568,14 +568,60 @@ pub(crate) fn list_invocations(conn: &Connection, step_id: i64) -> Result<Vec<In
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
+/// Persists a final answer: the response as [`persist_response`] does, the step
+/// completed and the turn completed with `output`, in ONE fenced IMMEDIATE
+/// transaction. Returns the finished turn.
+pub(crate) fn persist_final(
+    conn: &mut Connection,
+    lease: &Lease,
+    r: &Responded<'_>,
+    output: &str,
+) -> Result<TurnRow> {
+    let tx = write_tx(conn)?;
+    fence(&tx, lease)?;
+    let now = now_ms();
+    let n = tx
+        .prepare_cached(
+            "UPDATE steps SET status = 'completed', compaction_id = ?1, messages_sha256 = ?2, \
+             response = ?3, input_tokens = ?4, output_tokens = ?5, context_tokens = ?6, \
+             estimated = ?7, responded_at = ?8, completed_at = ?8 WHERE id = ?9 AND status = 'running'",
+        )?
+        .execute(params![
+            r.compaction_id,
+            r.messages_sha256,
+            r.response_json,
+            r.input_tokens,
+            r.output_tokens,
+            r.context_tokens,
+            r.estimated,
+            now,
+            r.step_id
+        ])?;
+    if n == 0 {
+        return Err(Error::LeaseLost {
+            turn_id: lease.turn_id,
+            epoch: lease.epoch,
+        });
+    }
+    tx.prepare_cached(
+        "UPDATE turns SET status = 'completed', output = ?1, finished_at = ?2, \
+         lease_expires_at = NULL WHERE id = ?3",
+    )?
+    .execute(params![output, now, lease.turn_id])?;
+    let turn = get_turn(&tx, lease.turn_id)?;
+    tx.commit()?;
+    Ok(turn)
+}
+
 /// Marks the step completed; with `final_output` also completes the turn and
-/// releases its lease. One fenced IMMEDIATE transaction.
+/// releases its lease, and returns the finished turn. One fenced IMMEDIATE
+/// transaction.
 pub(crate) fn complete_step(
     conn: &mut Connection,
     lease: &Lease,
     step_id: i64,
     final_output: Option<&str>,
-) -> Result<()> {
+) -> Result<Option<TurnRow>> {
     let tx = write_tx(conn)?;
     fence(&tx, lease)?;
     let now = now_ms();
@@ -584,15 +630,17 @@ pub(crate) fn complete_step(
          WHERE id = ?2 AND status = 'responded'",
     )?
     .execute(params![now, step_id])?;
+    let mut finished = None;
     if let Some(out) = final_output {
         tx.prepare_cached(
             "UPDATE turns SET status = 'completed', output = ?1, finished_at = ?2, \
              lease_expires_at = NULL WHERE id = ?3",
         )?
         .execute(params![out, now, lease.turn_id])?;
+        finished = Some(get_turn(&tx, lease.turn_id)?);
     }
     tx.commit()?;
-    Ok(())
+    Ok(finished)
 }
 
 /// Fails the turn (and the step, if given) with `error`, fenced.
