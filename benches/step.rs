@@ -73,7 +73,7 @@ fn fixture(rt: &tokio::runtime::Runtime, h: i64, compaction: bool, sync: Synchro
     )
     .unwrap();
     store
-        .with_conn(|c| abridge::store::demo::create_demo_tables(c))
+        .with_conn(abridge::store::demo::create_demo_tables)
         .unwrap();
     let cfg = RunnerConfig {
         owner: "bench".into(),

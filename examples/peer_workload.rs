@@ -133,7 +133,7 @@ fn main() {
     )
     .unwrap();
     store
-        .with_conn(|c| abridge::store::demo::create_demo_tables(c))
+        .with_conn(abridge::store::demo::create_demo_tables)
         .unwrap();
     let cfg = RunnerConfig {
         owner: "peer".into(),

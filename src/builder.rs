@@ -47,13 +47,21 @@ pub fn build_messages(
         out.push(Message::text(Role::User, summary_text(view)));
     }
     for turn in turns {
-        out.push(Message::text(Role::User, turn.input.clone()));
-        for step in &turn.steps {
-            let response: ModelResponse = serde_json::from_str(&step.response)?;
-            render_step(&response, &step.results, &mut out);
-        }
+        render_turn(turn, &mut out)?;
     }
     Ok(out)
+}
+
+/// Appends one turn's messages: its input, then each completed step's assistant
+/// blocks and tool results. `build_messages` is the system prompt, the summary,
+/// and this for every turn, in order.
+pub fn render_turn(turn: &HistoryTurn, out: &mut Vec<Message>) -> Result<()> {
+    out.push(Message::text(Role::User, turn.input.clone()));
+    for step in &turn.steps {
+        let response: ModelResponse = serde_json::from_str(&step.response)?;
+        render_step(&response, &step.results, out);
+    }
+    Ok(())
 }
 
 fn render_step(

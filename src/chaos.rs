@@ -240,7 +240,7 @@ fn chaos_runner(
 /// Opens (creating) a workload database with the demo tables.
 pub fn open_workload_db(path: &Path) -> Result<Store> {
     let store = Store::open(path)?;
-    store.with_conn(|c| crate::store::demo::create_demo_tables(c))?;
+    store.with_conn(crate::store::demo::create_demo_tables)?;
     Ok(store)
 }
 

@@ -651,7 +651,7 @@ pub async fn run_demo(
 ) -> crate::Result<DemoReport> {
     let started = std::time::Instant::now();
     let store = crate::Store::open(&opts.db)?;
-    store.with_conn(|c| crate::store::demo::create_demo_tables(c))?;
+    store.with_conn(crate::store::demo::create_demo_tables)?;
     let runner = demo_runner(&store, opts)?;
     let progress = std::sync::Arc::new(progress);
     let mut tasks = tokio::task::JoinSet::new();

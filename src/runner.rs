@@ -12,9 +12,9 @@ use crate::compaction::{CompactionConfig, Compactor, Decision, ExtractiveSummari
 use crate::error::{Error, Result};
 use crate::events::{Event, EventSink};
 use crate::fault::{self, FaultHook, FaultPoint};
-use crate::message::{sha256_hex, to_bytes, ModelRequest, ModelResponse};
+use crate::message::{to_bytes, ModelRequest, ModelResponse};
 use crate::model::{ModelClient, ModelError};
-use crate::replay::{build_for, rebuild_step, Rebuilt};
+use crate::replay::{build_parts, rebuild_step, Parts, Rebuilt};
 use crate::store::{
     self, CompactionRow, Effect, InvocationStatus, Lease, NewInvocation, Responded, SessionRow,
     StepStatus, Store, TurnRow, TurnStatus,
@@ -90,15 +90,68 @@ enum Prepared {
     /// The step fails the turn (max steps, compaction failure policy).
     Fail(store::StepRow, Error),
     /// A step to execute.
-    Run(store::StepRow, Work),
+    Run(store::StepRow, Box<Work>),
 }
 
 /// The work of a step to execute.
 enum Work {
     /// Nothing to compact: the compaction it reads and its messages, built.
-    Ready(Option<CompactionRow>, Vec<crate::message::Message>),
+    Ready(Option<CompactionRow>, Parts),
     /// A compaction is due first.
     Compact(Decision),
+}
+
+/// The messages before the current turn, serialised and hashed once per turn:
+/// those rows are final, so every step of the turn shares them. The assembled
+/// bytes equal `to_bytes` of the whole array (serde_json writes an array as
+/// `[`, the elements joined by `,`, then `]`), which `replay` rebuilds in full.
+struct Prefix {
+    compaction_id: Option<i64>,
+    messages: Vec<crate::message::Message>,
+    /// The serialised prefix without its closing `]`.
+    open_bytes: Vec<u8>,
+    hasher: sha2::Sha256,
+}
+
+impl Prefix {
+    fn new(compaction_id: Option<i64>, messages: Vec<crate::message::Message>) -> Prefix {
+        use sha2::Digest;
+        let mut open_bytes = to_bytes(&messages);
+        open_bytes.pop(); // the closing ']'
+        let mut hasher = sha2::Sha256::new();
+        hasher.update(&open_bytes);
+        Prefix {
+            compaction_id,
+            messages,
+            open_bytes,
+            hasher,
+        }
+    }
+
+    /// The whole message array, the bytes after the prefix, and the hash of all.
+    fn assemble(
+        &self,
+        current: Vec<crate::message::Message>,
+    ) -> (Vec<crate::message::Message>, Vec<u8>, String) {
+        use sha2::Digest;
+        let mut tail = Vec::new();
+        for m in &current {
+            tail.push(b',');
+            serde_json::to_writer(&mut tail, m).expect("messages serialise");
+        }
+        tail.push(b']');
+        let mut h = self.hasher.clone();
+        h.update(&tail);
+        let sha = h
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>();
+        let mut messages = Vec::with_capacity(self.messages.len() + current.len());
+        messages.extend_from_slice(&self.messages);
+        messages.extend(current);
+        (messages, tail, sha)
+    }
 }
 
 /// How an executed step ended.
@@ -447,8 +500,10 @@ impl Runner {
             .store
             .call(move |c| store::get_session(c, sid))
             .await?;
+        let mut prefix: Option<Prefix> = None;
         loop {
-            let (step, response) = match self.prepare(&session, &turn, &lease).await? {
+            let cached = prefix.as_ref().map(|p| p.compaction_id);
+            let (step, response) = match self.prepare(&session, &turn, &lease, cached).await? {
                 Prepared::Resume(step) => {
                     let r: ModelResponse =
                         serde_json::from_str(step.response.as_deref().unwrap_or("{}"))?;
@@ -456,7 +511,10 @@ impl Runner {
                 }
                 Prepared::Fail(step, e) => return self.fail(&lease, Some(step.id), e).await,
                 Prepared::Run(step, work) => {
-                    match self.execute(&session, &turn, &lease, &step, work).await {
+                    match self
+                        .execute(&session, &turn, &lease, &step, *work, &mut prefix)
+                        .await
+                    {
                         Ok(Executed::Finished(turn, output)) => {
                             return Ok(TurnOutcome {
                                 turn,
@@ -518,6 +576,7 @@ impl Runner {
         session: &SessionRow,
         turn: &TurnRow,
         lease: &Lease,
+        cached: Option<Option<i64>>,
     ) -> Result<Prepared> {
         let (l, s, compactor) = (lease.clone(), session.clone(), self.inner.compactor.clone());
         let (turn_id, turn_idx, max_steps) = (turn.id, turn.idx, self.inner.cfg.max_steps);
@@ -538,12 +597,14 @@ impl Runner {
                 };
                 let work = match decision {
                     Decision::Read(row) => {
-                        let messages = build_for(c, &s, turn_idx, step.idx, row.as_ref())?;
-                        Work::Ready(row, messages)
+                        let need_prefix = cached != Some(row.as_ref().map(|r| r.id));
+                        let parts =
+                            build_parts(c, &s, turn_idx, step.idx, row.as_ref(), need_prefix)?;
+                        Work::Ready(row, parts)
                     }
                     other => Work::Compact(other),
                 };
-                Ok(Prepared::Run(step, work))
+                Ok(Prepared::Run(step, Box::new(work)))
             })
             .await
     }
@@ -558,10 +619,11 @@ impl Runner {
         lease: &Lease,
         step: &store::StepRow,
         work: Work,
+        prefix: &mut Option<Prefix>,
     ) -> Result<Executed> {
         let (step_id, step_idx) = (step.id, step.idx);
-        let (compaction, messages) = match work {
-            Work::Ready(row, messages) => (row, messages),
+        let (compaction, parts) = match work {
+            Work::Ready(row, parts) => (row, parts),
             Work::Compact(decision) => {
                 // The hook where compaction runs: the step reads only what it returns.
                 let row = self
@@ -569,20 +631,30 @@ impl Runner {
                     .compactor
                     .act(session.id, turn.idx, decision)
                     .await?;
+                let need_prefix =
+                    prefix.as_ref().map(|p| p.compaction_id) != Some(row.as_ref().map(|r| r.id));
                 let (s, t, r) = (session.clone(), turn.idx, row.clone());
-                let messages = self
+                let parts = self
                     .inner
                     .store
-                    .call(move |conn| build_for(conn, &s, t, step_idx, r.as_ref()))
+                    .call(move |conn| build_parts(conn, &s, t, step_idx, r.as_ref(), need_prefix))
                     .await?;
-                (row, messages)
+                (row, parts)
             }
         };
+        if let Some(messages) = parts.prefix {
+            *prefix = Some(Prefix::new(compaction.as_ref().map(|c| c.id), messages));
+        }
+        let prefix = prefix
+            .as_ref()
+            .ok_or_else(|| Error::Task("no message prefix for this compaction".into()))?;
         fault::check(&self.inner.cfg.fault_hook, FaultPoint::BeforeModelCall)?;
 
-        let bytes = to_bytes(&messages);
-        let sha = sha256_hex(&bytes);
+        let (messages, tail, sha) = prefix.assemble(parts.current);
         let estimate = || {
+            let mut bytes = Vec::with_capacity(prefix.open_bytes.len() + tail.len());
+            bytes.extend_from_slice(&prefix.open_bytes);
+            bytes.extend_from_slice(&tail);
             // serde_json writes UTF-8; the check is a fast validation, not a copy.
             let text = std::str::from_utf8(&bytes).unwrap_or_default();
             self.inner.cfg.compaction.token_counter.count(text) as i64

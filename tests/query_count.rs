@@ -57,7 +57,7 @@ async fn statements_for_turn_at(h: i64, compact_at: Threshold) -> u64 {
     )
     .unwrap();
     store
-        .with_conn(|c| abridge::store::demo::create_demo_tables(c))
+        .with_conn(abridge::store::demo::create_demo_tables)
         .unwrap();
     let mut cfg = RunnerConfig {
         owner: "q".into(),

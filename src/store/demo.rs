@@ -10,9 +10,11 @@
 use crate::error::Result;
 use rusqlite::{params, Connection, OptionalExtension};
 
-/// Creates the demo tables if missing.
-pub fn create_demo_tables(conn: &Connection) -> Result<()> {
-    conn.execute_batch(
+/// Creates the demo tables if missing (IMMEDIATE: several processes may open
+/// the same new file at once).
+pub fn create_demo_tables(conn: &mut Connection) -> Result<()> {
+    let tx = super::write_tx(conn)?;
+    tx.execute_batch(
         "CREATE TABLE IF NOT EXISTS demo_effects (
              id INTEGER PRIMARY KEY,
              idempotency_key TEXT NOT NULL,
@@ -26,6 +28,7 @@ pub fn create_demo_tables(conn: &Connection) -> Result<()> {
              arguments TEXT NOT NULL
          );",
     )?;
+    tx.commit()?;
     Ok(())
 }
 

@@ -110,9 +110,18 @@ fn map_open_err(path: &Path, e: rusqlite::Error) -> Error {
 }
 
 /// Reads `user_version` and refuses files abridge cannot use. Returns the version.
+///
+/// The version and the table count are read in one statement, so one snapshot:
+/// another process migrating the same new file in between cannot make it look
+/// like a foreign database.
 fn check_file(conn: &Connection, path: &Path) -> Result<i64> {
-    let version: i64 = conn
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
+    let (version, tables): (i64, i64) = conn
+        .query_row(
+            "SELECT (SELECT user_version FROM pragma_user_version), \
+                    (SELECT count(*) FROM sqlite_master WHERE type = 'table')",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
         .map_err(|e| map_open_err(path, e))?;
     if version > SCHEMA_VERSION {
         return Err(Error::SchemaTooNew {
@@ -120,21 +129,33 @@ fn check_file(conn: &Connection, path: &Path) -> Result<i64> {
             supported: SCHEMA_VERSION,
         });
     }
-    if version == 0 {
-        let tables: i64 = conn
-            .query_row(
-                "SELECT count(*) FROM sqlite_master WHERE type = 'table'",
-                [],
-                |r| r.get(0),
-            )
-            .map_err(|e| map_open_err(path, e))?;
-        if tables > 0 {
-            return Err(Error::ForeignDatabase {
-                path: path.to_path_buf(),
-            });
-        }
+    if version == 0 && tables > 0 {
+        return Err(Error::ForeignDatabase {
+            path: path.to_path_buf(),
+        });
     }
     Ok(version)
+}
+
+/// Retries `f` while SQLite says busy or locked, until `timeout` has passed.
+fn retry_busy<T>(
+    timeout: Duration,
+    mut f: impl FnMut() -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match f() {
+            Err(e)
+                if matches!(
+                    e.sqlite_error_code(),
+                    Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+                ) && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            other => return other,
+        }
+    }
 }
 
 fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
@@ -168,9 +189,13 @@ impl Store {
             check_file(&conn, &path)?;
             // WAL once, before the pool exists: setting it from every pooled
             // connection's init races into "database is locked" at start-up.
-            let mode: String = conn
-                .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-                .map_err(|e| map_open_err(&path, e))?;
+            // Switching to WAL takes an exclusive lock and can fail with
+            // SQLITE_BUSY without the busy handler while another process opens
+            // the same new file: retry until the busy timeout.
+            let mode: String = retry_busy(opts.busy_timeout, || {
+                conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            })
+            .map_err(|e| map_open_err(&path, e))?;
             if !mode.eq_ignore_ascii_case("wal") {
                 tracing::warn!(%mode, "journal_mode WAL not available");
             }

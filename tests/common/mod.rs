@@ -16,7 +16,7 @@ pub fn temp_db() -> (tempfile::TempDir, PathBuf) {
 pub fn open(path: &Path) -> Store {
     let store = Store::open(path).unwrap();
     store
-        .with_conn(|c| abridge::store::demo::create_demo_tables(c))
+        .with_conn(abridge::store::demo::create_demo_tables)
         .unwrap();
     store
 }
