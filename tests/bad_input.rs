@@ -338,3 +338,23 @@ async fn out_of_range_configuration_is_refused_when_built() {
     assert_eq!(Threshold::parse("0.9").unwrap(), Threshold::Fraction(0.9));
     assert_eq!(Threshold::parse("5000").unwrap(), Threshold::Tokens(5000));
 }
+
+/// Regression (found by the chaos harness's control comparison): the stored text
+/// of a failed step or turn named the step's row id, so two stores that ran the
+/// same script held different transcripts. Failure text now names no row id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_messages_name_no_row_ids() {
+    let (_d, store, r) = run(vec![vec![text(" ")]]).await;
+    assert!(r.is_err());
+    let (step_err, turn_err): (String, String) = store
+        .with_conn(|c| {
+            Ok(c.query_row(
+                "SELECT s.error, t.error FROM steps s JOIN turns t ON s.turn_id = t.id WHERE s.status = 'failed'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?)
+        })
+        .unwrap();
+    assert_eq!(step_err, "model returned an empty response");
+    assert_eq!(turn_err, step_err);
+}

@@ -356,6 +356,7 @@ impl Compactor {
             info!(
                 session_id,
                 boundary,
+                attempt = outcome.row().attempts,
                 outcome = outcome_name(&outcome),
                 "compaction claim"
             );
