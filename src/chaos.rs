@@ -478,6 +478,24 @@ fn signal(pid: u32, sig: i32) {
     }
 }
 
+/// The command line of one worker process on the workload.
+fn worker_command(exe: &Path, db: &Path, w: &Workload, id: u64) -> Command {
+    let mut c = Command::new(exe);
+    c.args(["chaos-worker", "--db"]).arg(db);
+    for (flag, v) in [
+        ("--seed", w.seed),
+        ("--sessions", w.sessions),
+        ("--turns", w.turns),
+        ("--epochs", w.epochs),
+        ("--worker", id),
+        ("--compact-at", w.compact_at),
+    ] {
+        c.arg(flag).arg(v.to_string());
+    }
+    c.stdin(Stdio::null()).stdout(Stdio::null());
+    c
+}
+
 fn spawn_worker(
     exe: &Path,
     o: &ChaosOptions,
@@ -485,26 +503,8 @@ fn spawn_worker(
     id: u64,
     tally: &Arc<Mutex<BTreeMap<String, u64>>>,
 ) -> Result<Worker> {
-    let mut child = Command::new(exe)
-        .args(["chaos-worker", "--db"])
-        .arg(&o.db)
-        .args([
-            "--seed",
-            &w.seed.to_string(),
-            "--sessions",
-            &w.sessions.to_string(),
-            "--turns",
-            &w.turns.to_string(),
-            "--epochs",
-            &w.epochs.to_string(),
-            "--compact-at",
-            &w.compact_at.to_string(),
-            "--worker",
-            &id.to_string(),
-        ])
+    let mut child = worker_command(exe, &o.db, w, id)
         .env(KILL_ENV, format!("p={}", o.point_kill_p))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()?;
     let stderr = child.stderr.take().expect("piped");
@@ -898,27 +898,8 @@ pub async fn run_enumerate(o: &ChaosOptions) -> Result<ChaosReport> {
         }
         remove_db(&o.db);
         open_workload_db(&o.db)?;
-        let mut child = Command::new(&exe)
-            .args(["chaos-worker", "--db"])
-            .arg(&o.db)
-            .args([
-                "--seed",
-                &w.seed.to_string(),
-                "--sessions",
-                &w.sessions.to_string(),
-            ])
-            .args([
-                "--turns",
-                &w.turns.to_string(),
-                "--epochs",
-                "1",
-                "--worker",
-                "0",
-            ])
-            .args(["--compact-at", &w.compact_at.to_string()])
+        let mut child = worker_command(&exe, &o.db, &w, 0)
             .env(KILL_ENV, format!("at={i}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()?;
         let stderr = child.stderr.take().expect("piped");
@@ -934,26 +915,8 @@ pub async fn run_enumerate(o: &ChaosOptions) -> Result<ChaosReport> {
             *report.kills_by_point.entry(p.to_string()).or_default() += 1;
         }
         // Resume to the end with no kill.
-        let out = Command::new(&exe)
-            .args(["chaos-worker", "--db"])
-            .arg(&o.db)
-            .args([
-                "--seed",
-                &w.seed.to_string(),
-                "--sessions",
-                &w.sessions.to_string(),
-            ])
-            .args([
-                "--turns",
-                &w.turns.to_string(),
-                "--epochs",
-                "1",
-                "--worker",
-                "1",
-            ])
-            .args(["--compact-at", &w.compact_at.to_string()])
+        let out = worker_command(&exe, &o.db, &w, 1)
             .env_remove(KILL_ENV)
-            .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()?;
         if !out.success() {

@@ -325,7 +325,7 @@ impl Compactor {
         measure: Option<i64>,
     ) -> Result<CompactionRow> {
         let deadline = tokio::time::Instant::now() + self.config.wait_timeout;
-        let mut poll = Duration::from_millis(10);
+        let mut poll = Duration::from_millis(2);
         loop {
             let owner = self.owner.clone();
             let ttl = self.config.lease_ttl.as_millis() as i64;
