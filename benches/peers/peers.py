@@ -50,6 +50,11 @@ def pct(v, p):
 
 
 def db_bytes(path):
+    """The database's size once its WAL is checkpointed into it (a WAL file keeps
+    its largest size until truncated, which would count pages twice)."""
+    c = sqlite3.connect(path)
+    c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    c.close()
     return sum(os.path.getsize(path + s) for s in ("", "-wal") if os.path.exists(path + s))
 
 
