@@ -592,7 +592,7 @@ impl Runner {
                 }
                 let decision = match compactor.decide(c, &s, turn_idx, step.idx) {
                     Ok(d) => d,
-                    Err(e) if e.is_resumable() || matches!(e, Error::Sqlite(_)) => return Err(e),
+                    Err(e) if e.is_resumable() => return Err(e),
                     Err(e) => return Ok(Prepared::Fail(step, e)),
                 };
                 let work = match decision {
