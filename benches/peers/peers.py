@@ -5,20 +5,23 @@ tool's result: 200 B to 4 KB, 50 KB every 25th) and a final assistant message. P
 library must durably append what the step produced and build the context for the next model
 call. Every library uses WAL with the same `synchronous` setting, set explicitly.
 
-    python peers.py LIB H K STEPS SYNC BUDGET_SECONDS
+    python peers.py LIB H K STEPS SYNC BUDGET_SECONDS [MAX_DB_GB]
 
 LIB is `sqlite3` (a bare baseline with Python's own driver), `sqlitesession` (the OpenAI
 Agents SDK's SQLiteSession) or `langgraph` (LangGraph's SQLite checkpointer). Prints one JSON
 line. The baseline and SQLiteSession get their first H turns written in bulk, then STEPS
 steps are timed at H. LangGraph stores the whole state at every checkpoint, so its history
 cannot be written in bulk without changing what it stores: it runs turn by turn from zero,
-and stops at H or when BUDGET_SECONDS run out, reporting the largest H it reached.
+and stops at H, when BUDGET_SECONDS run out, or when its database passes MAX_DB_GB
+(default 16: it grows by megabytes per turn and would fill the disk), reporting the largest
+H it reached. The temporary databases are removed at the end.
 """
 
 import asyncio
 import json
 import os
 import resource
+import shutil
 import sqlite3
 import sys
 import tempfile
@@ -156,7 +159,19 @@ class Graph:
 
 def main():
     lib, h, k, steps, sync, budget = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5].upper(), float(sys.argv[6])
+    max_bytes = float(sys.argv[7] if len(sys.argv) > 7 else 16) * 1e9
     d = tempfile.mkdtemp()
+    try:
+        run(lib, h, k, steps, sync, budget, max_bytes, d)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def size_on_disk(path):
+    return sum(os.path.getsize(path + s) for s in ("", "-wal") if os.path.exists(path + s))
+
+
+def run(lib, h, k, steps, sync, budget, max_bytes, d):
     path = os.path.join(d, "peer.db")
     store = {"sqlite3": Baseline, "sqlitesession": Session, "langgraph": Graph}[lib](path, sync)
     started = time.perf_counter()
@@ -165,7 +180,7 @@ def main():
         # Turn by turn from zero: what it stores is what it stored along the way.
         reached = 0
         for idx in range(h):
-            if time.perf_counter() - started > budget:
+            if time.perf_counter() - started > budget or size_on_disk(path) > max_bytes:
                 break
             for items in turn_items(idx, k):
                 store.append(items)
