@@ -18,62 +18,36 @@ const SEED: u64 = 11;
 const TURNS: u64 = 12;
 const EXTRAS: &[&str] = &["notify_customer"];
 
-async fn control() -> (tempfile::TempDir, abridge::Store) {
+/// Runs the script on a fresh store; with `fault`, the first runner fails at the
+/// `nth` time it reaches the point and a new runner resumes. Returns the faults seen.
+async fn run(fault: Option<(FaultPoint, usize)>) -> (tempfile::TempDir, abridge::Store, usize) {
     let (d, path) = temp_db();
     let store = open(&path);
-    let r = demo_runner_with(
-        &store,
-        SEED,
-        Threshold::Tokens(1_500),
-        None,
-        EXTRAS,
-        "control",
-    );
-    let s2 = store.clone();
-    let faults = run_script(
-        &r,
-        || demo_runner_with(&s2, SEED, Threshold::Tokens(1_500), None, EXTRAS, "control"),
-        SEED,
-        0,
-        TURNS,
-    )
-    .await;
-    assert_eq!(faults, 0);
-    (d, store)
-}
-
-async fn crash_at(point: FaultPoint, nth: usize) -> (tempfile::TempDir, abridge::Store, usize) {
-    let (d, path) = temp_db();
-    let store = open(&path);
-    let r = demo_runner_with(
-        &store,
-        SEED,
-        Threshold::Tokens(1_500),
-        Some(fail_at(point, nth)),
-        EXTRAS,
-        "crashy",
-    );
-    let s2 = store.clone();
-    let faults = run_script(
-        &r,
-        || demo_runner_with(&s2, SEED, Threshold::Tokens(1_500), None, EXTRAS, "crashy"),
-        SEED,
-        0,
-        TURNS,
-    )
-    .await;
+    let hook = fault.map(|(point, nth)| fail_at(point, nth));
+    let runner = |hook| {
+        demo_runner_with(
+            &store,
+            SEED,
+            Threshold::Tokens(1_500),
+            hook,
+            EXTRAS,
+            "runner",
+        )
+    };
+    let faults = run_script(&runner(hook), || runner(None), SEED, 0, TURNS).await;
     (d, store, faults)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_at_every_point_resumes_to_the_control_transcript() {
-    let (_c, control) = control().await;
+    let (_c, control, faults) = run(None).await;
+    assert_eq!(faults, 0);
     let want = transcript(&control, SEED, 0);
     let want_effects = effects(&control);
     assert_verified(&control);
     for point in FaultPoint::ALL {
         for nth in [1, 2, 5] {
-            let (_d, store, faults) = crash_at(point, nth).await;
+            let (_d, store, faults) = run(Some((point, nth))).await;
             assert_eq!(faults, 1, "{point} #{nth} was never reached");
             assert_eq!(
                 transcript(&store, SEED, 0),

@@ -362,6 +362,56 @@ pub(crate) struct Responded<'a> {
     pub estimated: bool,
 }
 
+/// Writes a step's response, usage, hash and compaction read, inside the caller's
+/// fenced transaction: `running` → `responded`, or straight to `completed` for a
+/// final answer. A step that is no longer running means the lease was lost.
+fn write_response(
+    tx: &Transaction<'_>,
+    lease: &Lease,
+    r: &Responded<'_>,
+    now: i64,
+    complete: bool,
+) -> Result<()> {
+    let sql = if complete {
+        "UPDATE steps SET status = 'completed', compaction_id = ?1, messages_sha256 = ?2, \
+         response = ?3, input_tokens = ?4, output_tokens = ?5, context_tokens = ?6, \
+         estimated = ?7, responded_at = ?8, completed_at = ?8 WHERE id = ?9 AND status = 'running'"
+    } else {
+        "UPDATE steps SET status = 'responded', compaction_id = ?1, messages_sha256 = ?2, \
+         response = ?3, input_tokens = ?4, output_tokens = ?5, context_tokens = ?6, \
+         estimated = ?7, responded_at = ?8 WHERE id = ?9 AND status = 'running'"
+    };
+    let n = tx.prepare_cached(sql)?.execute(params![
+        r.compaction_id,
+        r.messages_sha256,
+        r.response_json,
+        r.input_tokens,
+        r.output_tokens,
+        r.context_tokens,
+        r.estimated,
+        now,
+        r.step_id
+    ])?;
+    if n == 0 {
+        return Err(Error::LeaseLost {
+            turn_id: lease.turn_id,
+            epoch: lease.epoch,
+        });
+    }
+    Ok(())
+}
+
+/// Completes the leased turn with `output` and releases its lease, inside the
+/// caller's fenced transaction; returns the finished row.
+fn complete_turn(tx: &Transaction<'_>, lease: &Lease, output: &str, now: i64) -> Result<TurnRow> {
+    tx.prepare_cached(
+        "UPDATE turns SET status = 'completed', output = ?1, finished_at = ?2, \
+         lease_expires_at = NULL WHERE id = ?3",
+    )?
+    .execute(params![output, now, lease.turn_id])?;
+    get_turn(tx, lease.turn_id)
+}
+
 /// Persists the model response, usage, hash and compaction read: `running` →
 /// `responded`, fenced, in ONE IMMEDIATE transaction.
 pub(crate) fn persist_response(
@@ -371,29 +421,7 @@ pub(crate) fn persist_response(
 ) -> Result<()> {
     let tx = write_tx(conn)?;
     fence(&tx, lease)?;
-    let n = tx
-        .prepare_cached(
-            "UPDATE steps SET status = 'responded', compaction_id = ?1, messages_sha256 = ?2, \
-             response = ?3, input_tokens = ?4, output_tokens = ?5, context_tokens = ?6, \
-             estimated = ?7, responded_at = ?8 WHERE id = ?9 AND status = 'running'",
-        )?
-        .execute(params![
-            r.compaction_id,
-            r.messages_sha256,
-            r.response_json,
-            r.input_tokens,
-            r.output_tokens,
-            r.context_tokens,
-            r.estimated,
-            now_ms(),
-            r.step_id
-        ])?;
-    if n == 0 {
-        return Err(Error::LeaseLost {
-            turn_id: lease.turn_id,
-            epoch: lease.epoch,
-        });
-    }
+    write_response(&tx, lease, r, now_ms(), false)?;
     tx.commit()?;
     Ok(())
 }
@@ -580,35 +608,8 @@ pub(crate) fn persist_final(
     let tx = write_tx(conn)?;
     fence(&tx, lease)?;
     let now = now_ms();
-    let n = tx
-        .prepare_cached(
-            "UPDATE steps SET status = 'completed', compaction_id = ?1, messages_sha256 = ?2, \
-             response = ?3, input_tokens = ?4, output_tokens = ?5, context_tokens = ?6, \
-             estimated = ?7, responded_at = ?8, completed_at = ?8 WHERE id = ?9 AND status = 'running'",
-        )?
-        .execute(params![
-            r.compaction_id,
-            r.messages_sha256,
-            r.response_json,
-            r.input_tokens,
-            r.output_tokens,
-            r.context_tokens,
-            r.estimated,
-            now,
-            r.step_id
-        ])?;
-    if n == 0 {
-        return Err(Error::LeaseLost {
-            turn_id: lease.turn_id,
-            epoch: lease.epoch,
-        });
-    }
-    tx.prepare_cached(
-        "UPDATE turns SET status = 'completed', output = ?1, finished_at = ?2, \
-         lease_expires_at = NULL WHERE id = ?3",
-    )?
-    .execute(params![output, now, lease.turn_id])?;
-    let turn = get_turn(&tx, lease.turn_id)?;
+    write_response(&tx, lease, r, now, true)?;
+    let turn = complete_turn(&tx, lease, output, now)?;
     tx.commit()?;
     Ok(turn)
 }
@@ -630,15 +631,10 @@ pub(crate) fn complete_step(
          WHERE id = ?2 AND status = 'responded'",
     )?
     .execute(params![now, step_id])?;
-    let mut finished = None;
-    if let Some(out) = final_output {
-        tx.prepare_cached(
-            "UPDATE turns SET status = 'completed', output = ?1, finished_at = ?2, \
-             lease_expires_at = NULL WHERE id = ?3",
-        )?
-        .execute(params![out, now, lease.turn_id])?;
-        finished = Some(get_turn(&tx, lease.turn_id)?);
-    }
+    let finished = match final_output {
+        Some(out) => Some(complete_turn(&tx, lease, out, now)?),
+        None => None,
+    };
     tx.commit()?;
     Ok(finished)
 }
