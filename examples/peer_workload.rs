@@ -6,11 +6,11 @@
 //! whole turns run through the runner and each step is timed: ensure, build the
 //! context, hash, persist the response, run the transactional tool, complete.
 //!
-//! `cargo run --release --example peer_workload -- H K STEPS on|off normal|full`
+//! `cargo run --release --example peer_workload -- H K STEPS on|off normal|full [pool|inplace]`
 
 use abridge::store::bench::{peer_result_size, seed_history, truncate_from, SeedShape};
 use abridge::{
-    CompactionConfig, ContentBlock, ModelClient, ModelError, ModelRequest, ModelResponse,
+    Blocking, CompactionConfig, ContentBlock, ModelClient, ModelError, ModelRequest, ModelResponse,
     ResponseBlock, Runner, RunnerConfig, Store, StoreOptions, Synchronous, Threshold, ToolCall,
     ToolError, ToolSpec, Tools, TransactionalTool, Usage,
 };
@@ -121,6 +121,11 @@ fn main() {
     } else {
         Synchronous::Normal
     };
+    let blocking = if args.get(6).is_some_and(|s| s == "inplace") {
+        Blocking::InPlace
+    } else {
+        Blocking::Pool
+    };
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -133,6 +138,7 @@ fn main() {
         &path,
         StoreOptions {
             synchronous: sync,
+            blocking,
             ..StoreOptions::default()
         },
     )
@@ -242,7 +248,12 @@ fn main() {
     let step_p50 = pct(&mut per_step, 0.5);
     let floor_p50 = pct(&mut floor, 0.5);
     let out = json!({
-        "lib": if compaction { "abridge (compaction on)" } else { "abridge (compaction off)" },
+        "lib": match (compaction, blocking) {
+            (true, Blocking::Pool) => "abridge (compaction on)",
+            (false, Blocking::Pool) => "abridge (compaction off)",
+            (true, Blocking::InPlace) => "abridge (compaction on, Blocking::InPlace)",
+            (false, Blocking::InPlace) => "abridge (compaction off, Blocking::InPlace)",
+        },
         "h": h,
         "k": k,
         "step_p50_ms": step_p50,

@@ -79,5 +79,5 @@ pub use message::{
 pub use model::{ModelClient, ModelError};
 pub use replay::Rebuilt;
 pub use runner::{Runner, RunnerBuilder, RunnerConfig, TurnOutcome};
-pub use store::{Store, StoreOptions, Synchronous};
+pub use store::{Blocking, Store, StoreOptions, Synchronous};
 pub use tools::{Tool, ToolCall, ToolError, Tools, TransactionalTool};

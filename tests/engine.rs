@@ -40,3 +40,48 @@ async fn compaction_on_many_turns_verifies() {
         detail.summary.counts
     );
 }
+
+/// `Blocking::InPlace` runs store calls on the calling worker (multi-thread
+/// runtime) and falls back to the blocking pool on a current-thread runtime; the
+/// guarantees hold either way.
+#[test]
+fn in_place_blocking_runs_turns_on_both_runtime_flavors() {
+    for multi in [true, false] {
+        let rt = if multi {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap()
+        } else {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let (_d, path) = temp_db();
+        let store = abridge::Store::open_with(
+            &path,
+            abridge::StoreOptions {
+                blocking: abridge::Blocking::InPlace,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        store
+            .with_conn(abridge::store::demo::create_demo_tables)
+            .unwrap();
+        rt.block_on(async {
+            let runner = demo_runner(&store, 4, Threshold::Tokens(600), None);
+            let sid = demo_session(&runner, 4, 0).await;
+            for i in 0..8 {
+                runner
+                    .run_turn_at(sid, i as i64, &abridge::demo::user_turn(4, 0, i))
+                    .await
+                    .unwrap();
+            }
+        });
+        assert_verified(&store);
+        assert!(assert_all_steps_rebuild(&store) > 8);
+    }
+}

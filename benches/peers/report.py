@@ -38,7 +38,7 @@ for r in rows:
 
 def find(lib, h):
     for r in rows:
-        if r["lib"].startswith(lib) and r["h"] == h:
+        if r["lib"] == lib and r["h"] == h:
             return r
     return None
 
@@ -46,14 +46,22 @@ def find(lib, h):
 ratios = []
 for h in sorted({r["h"] for r in rows if r["lib"].startswith("abridge")}):
     on = find("abridge (compaction on)", h)
+    inplace = next((r for r in rows if r["lib"] == "abridge (compaction on, Blocking::InPlace)" and r["h"] == h), None)
     for peer in ["openai-agents SQLiteSession", "python sqlite3 (bare)", "langgraph SqliteSaver"]:
         p = find(peer, h)
         if on and p:
             ratios.append(f"- H={h}: abridge (compaction on) is {p['step_p50_ms'] / on['step_p50_ms']:.1f}× cheaper per step than {peer}")
+        if inplace and p:
+            ratios.append(f"- H={h}: abridge (compaction on, Blocking::InPlace) is {p['step_p50_ms'] / inplace['step_p50_ms']:.1f}× cheaper per step than {peer}")
     off, base = find("abridge (compaction off)", h), find("python sqlite3 (bare)", h)
     if off and base:
         ratios.append(f"- H={h}: abridge (compaction off) costs {off['step_p50_ms'] / base['step_p50_ms']:.2f}× the bare Python sqlite3 baseline per step")
 ons = sorted((r for r in rows if r["lib"] == "abridge (compaction on)"), key=lambda r: r["h"])
+for g in (r for r in rows if r["lib"] == "langgraph SqliteSaver"):
+    if ons and not find("abridge (compaction on)", g["h"]):
+        near = min(ons, key=lambda r: abs(r["h"] - g["h"]))
+        ratios.append(f"- H={g['h']} (the largest LangGraph reached): abridge (compaction on, measured at H={near['h']}; flat in H) "
+                      f"is {g['step_p50_ms'] / near['step_p50_ms']:.1f}× cheaper per step than langgraph SqliteSaver")
 if len(ons) >= 2:
     ratios.append(f"- flat with compaction on: step p50 at H={ons[-1]['h']} is {ons[-1]['step_p50_ms'] / ons[0]['step_p50_ms']:.2f}× that at H={ons[0]['h']}; "
                   f"context build {ons[-1]['build_p50_ms'] / ons[0]['build_p50_ms']:.2f}×; bytes per turn {ons[-1]['bytes_per_turn'] / ons[0]['bytes_per_turn']:.2f}×")

@@ -25,6 +25,7 @@ out=$(mktemp)
 for H in $HS; do
   ./target/release/examples/peer_workload "$H" "$K" "$STEPS" on "$SYNC" >> "$out"
   ./target/release/examples/peer_workload "$H" "$K" "$STEPS" off "$SYNC" >> "$out"
+  ./target/release/examples/peer_workload "$H" "$K" "$STEPS" on "$SYNC" inplace >> "$out"
   "$VENV/bin/python" benches/peers/peers.py sqlite3 "$H" "$K" "$STEPS" "$SYNC" 0 >> "$out"
   "$VENV/bin/python" benches/peers/peers.py sqlitesession "$H" "$K" "$STEPS" "$SYNC" 0 >> "$out"
 done
