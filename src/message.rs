@@ -193,10 +193,15 @@ pub fn to_bytes(messages: &[Message]) -> Vec<u8> {
 /// Lower-case hex SHA-256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(bytes);
-    let mut out = String::with_capacity(64);
+    hex(&Sha256::digest(bytes))
+}
+
+/// Lower-case hex of a digest.
+pub(crate) fn hex(digest: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(digest.len() * 2);
     for b in digest {
-        out.push_str(&format!("{b:02x}"));
+        let _ = write!(out, "{b:02x}");
     }
     out
 }

@@ -142,11 +142,7 @@ impl Prefix {
         tail.push(b']');
         let mut h = self.hasher.clone();
         h.update(&tail);
-        let sha = h
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>();
+        let sha = crate::message::hex(&h.finalize());
         let mut messages = Vec::with_capacity(self.messages.len() + current.len());
         messages.extend_from_slice(&self.messages);
         messages.extend(current);
@@ -254,9 +250,9 @@ impl RunnerBuilder {
         }
         let events = EventSink::default();
         let dead: crate::compaction::DeadCheck = if cfg.take_over_dead_local_owners {
-            Arc::new(crate::owner::is_dead_local_owner)
+            crate::owner::is_dead_local_owner
         } else {
-            Arc::new(|_: &str| false)
+            |_| false
         };
         let summariser = self
             .summariser
@@ -315,12 +311,8 @@ impl Runner {
         self.inner.events.subscribe()
     }
 
-    fn dead_check(&self) -> fn(&str) -> bool {
-        if self.inner.cfg.take_over_dead_local_owners {
-            crate::owner::is_dead_local_owner
-        } else {
-            |_| false
-        }
+    fn dead_check(&self) -> crate::compaction::DeadCheck {
+        self.inner.compactor.owner_is_dead
     }
 
     /// Creates a session, or returns the one with this external id.
@@ -405,11 +397,7 @@ impl Runner {
     /// process on this machine): what a host resumes at start-up.
     pub async fn recoverable_turns(&self) -> Result<Vec<TurnRow>> {
         let dead = self.dead_check();
-        let rows = self
-            .inner
-            .store
-            .call(move |c| store::running_turns(c, false, store::now_ms()))
-            .await?;
+        let rows = self.inner.store.call(store::running_turns).await?;
         let now = store::now_ms();
         Ok(rows
             .into_iter()

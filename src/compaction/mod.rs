@@ -35,7 +35,7 @@ use tracing::{info, instrument, warn};
 pub const MAX_FOCUS_CHARS: usize = 1_000;
 
 /// Decides whether a liveness-checkable owner is dead (see [`crate::owner`]).
-pub(crate) type DeadCheck = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+pub(crate) type DeadCheck = fn(&str) -> bool;
 
 /// Runs the compaction protocol for one store.
 #[derive(Clone)]
@@ -330,7 +330,7 @@ impl Compactor {
             let owner = self.owner.clone();
             let ttl = self.config.lease_ttl.as_millis() as i64;
             let focus_c = focus.clone();
-            let dead = self.owner_is_dead.clone();
+            let dead = self.owner_is_dead;
             let outcome = self
                 .store
                 .call(move |c| {
@@ -349,7 +349,7 @@ impl Compactor {
                             focus: focus_c.as_deref(),
                             trigger_tokens: measure,
                         },
-                        &*dead,
+                        &dead,
                     )
                 })
                 .await?;

@@ -126,19 +126,14 @@ pub(crate) fn list_turns(conn: &Connection, session_id: i64) -> Result<Vec<TurnR
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
-/// Running turns, optionally only those whose lease has expired (or was never
-/// taken): what a host resumes at start-up.
-pub(crate) fn running_turns(
-    conn: &Connection,
-    expired_only: bool,
-    now: i64,
-) -> Result<Vec<TurnRow>> {
+/// Every running turn; the runner keeps those a host may resume (lease expired
+/// or owner dead).
+pub(crate) fn running_turns(conn: &mut Connection) -> Result<Vec<TurnRow>> {
     let mut st = conn.prepare(&format!(
-        "SELECT {} FROM turns WHERE status = 'running' \
-         AND (?1 = 0 OR lease_expires_at IS NULL OR lease_expires_at < ?2) ORDER BY id",
+        "SELECT {} FROM turns WHERE status = 'running' ORDER BY id",
         TurnRow::COLUMNS
     ))?;
-    let rows = st.query_map(params![expired_only, now], TurnRow::from_row)?;
+    let rows = st.query_map([], TurnRow::from_row)?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
