@@ -15,7 +15,9 @@ use std::sync::Arc;
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum FaultPoint {
-    /// The step row is claimed; the model has not been called.
+    /// The step row is claimed (by the transaction that began the turn or
+    /// completed the previous step) and its messages built; the model has not
+    /// been called.
     BeforeModelCall,
     /// The model's response is persisted (`responded`); no tool has run.
     AfterResponsePersisted,
@@ -25,7 +27,11 @@ pub enum FaultPoint {
     InsideTransactionalTool,
     /// An idempotent or at-most-once tool ran; its result is not yet recorded.
     AfterToolEffect,
-    /// Every tool of the step is recorded; the step is not marked completed.
+    /// Inside the transaction of the step's last tool call, after its result is
+    /// written, before the step's completion and the next step's claim are: a
+    /// crash here rolls the result back with them. (A step whose last call had
+    /// completed before, or that has none, completes in a transaction of its
+    /// own, and the point comes before it.)
     BeforeStepComplete,
     /// A compaction row is claimed (pending); the summariser has not been called.
     AfterClaim,

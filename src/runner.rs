@@ -154,8 +154,8 @@ impl Prefix {
 enum Executed {
     /// A final answer: the step and the turn are completed.
     Finished(TurnRow, String),
-    /// Tool calls to run.
-    Responded(ModelResponse),
+    /// Tool calls to run, and what to persist before running them.
+    Calls(ModelResponse, Responded),
 }
 
 /// How a turn ended.
@@ -356,15 +356,18 @@ impl Runner {
         let ttl = self.inner.cfg.lease_ttl.as_millis() as i64;
         let input = input.to_string();
         let dead = self.dead_check();
-        let (turn, lease) = self
+        let this = self.clone();
+        let begun = self
             .inner
             .store
-            .call(move |c| store::begin_turn(c, session_id, idx, &input, &owner, ttl, &dead))
+            .call(move |c| {
+                match store::begin_turn(c, session_id, idx, &input, &owner, ttl, &dead)? {
+                    (turn, Some(lease)) => this.start(c, turn, lease),
+                    (turn, None) => Ok(Begun::Finished(turn)),
+                }
+            })
             .await?;
-        match lease {
-            Some(lease) => self.drive(turn, lease).await,
-            None => self.finished_outcome(turn).await,
-        }
+        self.begun(begun).await
     }
 
     /// Resumes a running turn (from any process) at its first incomplete step.
@@ -374,22 +377,38 @@ impl Runner {
         let owner = self.inner.cfg.owner.clone();
         let ttl = self.inner.cfg.lease_ttl.as_millis() as i64;
         let dead = self.dead_check();
-        let got = self
+        let this = self.clone();
+        let begun = self
             .inner
             .store
-            .call(move |c| store::acquire_lease(c, turn_id, &owner, ttl, &dead))
-            .await;
-        match got {
-            Ok((turn, lease)) => self.drive(turn, lease).await,
-            Err(Error::TurnFinished { .. }) => {
-                let turn = self
-                    .inner
-                    .store
-                    .call(move |c| store::get_turn(c, turn_id))
-                    .await?;
-                self.finished_outcome(turn).await
+            .call(
+                move |c| match store::acquire_lease(c, turn_id, &owner, ttl, &dead) {
+                    Ok((turn, lease)) => this.start(c, turn, lease),
+                    Err(Error::TurnFinished { .. }) => {
+                        Ok(Begun::Finished(store::get_turn(c, turn_id)?))
+                    }
+                    Err(e) => Err(e),
+                },
+            )
+            .await?;
+        self.begun(begun).await
+    }
+
+    /// After taking a turn's lease, in the same blocking call: the session and
+    /// the first step to run, prepared.
+    fn start(&self, c: &mut rusqlite::Connection, turn: TurnRow, lease: Lease) -> Result<Begun> {
+        let session = store::get_session(c, turn.session_id)?;
+        let first = self.prepare(c, &session, &turn, &lease, None)?;
+        Ok(Begun::Drive(Box::new((turn, lease, session, first))))
+    }
+
+    async fn begun(&self, begun: Begun) -> Result<TurnOutcome> {
+        match begun {
+            Begun::Drive(b) => {
+                let (turn, lease, session, first) = *b;
+                self.drive(turn, lease, session, first).await
             }
-            Err(e) => Err(e),
+            Begun::Finished(turn) => self.finished_outcome(turn).await,
         }
     }
 
@@ -479,23 +498,23 @@ impl Runner {
         Err(err)
     }
 
-    #[instrument(skip(self, turn, lease), fields(session = turn.session_id, turn = turn.idx, turn_id = turn.id))]
-    async fn drive(&self, turn: TurnRow, lease: Lease) -> Result<TurnOutcome> {
+    #[instrument(skip(self, turn, lease, session, first), fields(session = turn.session_id, turn = turn.idx, turn_id = turn.id))]
+    async fn drive(
+        &self,
+        turn: TurnRow,
+        lease: Lease,
+        session: SessionRow,
+        first: Prepared,
+    ) -> Result<TurnOutcome> {
         let _hb = self.heartbeat(&lease);
-        let sid = turn.session_id;
-        let session = self
-            .inner
-            .store
-            .call(move |c| store::get_session(c, sid))
-            .await?;
         let mut prefix: Option<Prefix> = None;
+        let mut next = first;
         loop {
-            let cached = prefix.as_ref().map(|p| p.compaction_id);
-            let (step, response) = match self.prepare(&session, &turn, &lease, cached).await? {
+            let (step, response, persist) = match next {
                 Prepared::Resume(step) => {
                     let r: ModelResponse =
                         serde_json::from_str(step.response.as_deref().unwrap_or("{}"))?;
-                    (step, r)
+                    (step, r, None)
                 }
                 Prepared::Fail(step, e) => return self.fail(&lease, Some(step.id), e).await,
                 Prepared::Run(step, work) => {
@@ -510,96 +529,99 @@ impl Runner {
                                 steps: step.idx + 1,
                             })
                         }
-                        Ok(Executed::Responded(r)) => (step, r),
+                        Ok(Executed::Calls(r, persist)) => (step, r, Some(persist)),
                         Err(e) if e.is_resumable() => return Err(e),
                         Err(e) => return self.fail(&lease, Some(step.id), e).await,
                     }
                 }
             };
-
-            let calls: Vec<(String, String, serde_json::Value)> = response
-                .tool_calls()
-                .map(|(id, name, input)| (id.to_string(), name.to_string(), input.clone()))
-                .collect();
-            for (pos, (id, name, input)) in calls.iter().enumerate() {
-                if pos > 0 {
-                    fault::check(&self.inner.cfg.fault_hook, FaultPoint::BetweenTools)?;
+            let plan = Arc::new(StepPlan {
+                calls: response
+                    .tool_calls()
+                    .map(|(id, name, input)| (id.to_string(), name.to_string(), input.clone()))
+                    .collect(),
+                final_text: response.text(),
+                session: session.clone(),
+                turn: turn.clone(),
+                lease: lease.clone(),
+                step_id: step.id,
+                step_idx: step.idx,
+                cached: prefix.as_ref().map(|p| p.compaction_id),
+            });
+            let mut advanced = self.advance(&plan, 0, persist, None).await?;
+            next = loop {
+                match advanced {
+                    Advanced::Next(p) => break p,
+                    Advanced::Finished(turn, output) => {
+                        return Ok(TurnOutcome {
+                            turn,
+                            output,
+                            steps: step.idx + 1,
+                        })
+                    }
+                    Advanced::Async {
+                        pos,
+                        tool,
+                        row,
+                        inserted,
+                    } => {
+                        let result = self.run_async_tool(&plan, pos, tool, &row, inserted).await;
+                        fault::check(&self.inner.cfg.fault_hook, FaultPoint::AfterToolEffect)?;
+                        advanced = self
+                            .advance(&plan, pos + 1, None, Some((row.id, result)))
+                            .await?;
+                    }
                 }
-                let call = ToolCall {
-                    session: session.external_id.clone(),
-                    turn_idx: turn.idx,
-                    step_idx: step.idx,
-                    tool_call_id: id.clone(),
-                    name: name.clone(),
-                    input: input.clone(),
-                    idempotency_key: idempotency_key(&session.external_id, turn.idx, step.idx, id),
-                };
-                self.run_tool(&lease, step.id, pos as i64, call).await?;
-            }
-            fault::check(&self.inner.cfg.fault_hook, FaultPoint::BeforeStepComplete)?;
-            // A responded step without tool calls only exists if a crash hit
-            // between its response and its completion in an older layout; finish it.
-            let final_output = calls.is_empty().then(|| response.text());
-            let (l, fo) = (lease.clone(), final_output.clone());
-            let step_id = step.id;
-            let finished = self
-                .inner
-                .store
-                .call(move |c| store::complete_step(c, &l, step_id, fo.as_deref()))
-                .await?;
-            if let (Some(output), Some(turn)) = (final_output, finished) {
-                return Ok(TurnOutcome {
-                    turn,
-                    output,
-                    steps: step.idx + 1,
-                });
-            }
+            };
         }
     }
 
-    /// One blocking call: claim (or resume) the step row; if it is to run, decide
-    /// its compaction and, when there is nothing to compact, build its messages.
-    async fn prepare(
+    /// The finding of `prepare`, run in the caller's blocking call: the step to
+    /// run (a read: the transaction that completed the previous step, or began
+    /// the turn, claimed it); if it is to run, its compaction decided and, when
+    /// there is nothing to compact, its messages built.
+    fn prepare(
         &self,
+        c: &mut rusqlite::Connection,
         session: &SessionRow,
         turn: &TurnRow,
         lease: &Lease,
         cached: Option<Option<i64>>,
     ) -> Result<Prepared> {
-        let (l, s, compactor) = (lease.clone(), session.clone(), self.inner.compactor.clone());
-        let (turn_id, turn_idx, max_steps) = (turn.id, turn.idx, self.inner.cfg.max_steps);
-        self.inner
-            .store
-            .call(move |c| {
-                let step = store::claim_step(c, &l)?;
-                if step.status != StepStatus::Running {
-                    return Ok(Prepared::Resume(step));
-                }
-                if step.idx >= max_steps as i64 {
-                    return Ok(Prepared::Fail(step, Error::MaxSteps { turn_id, max_steps }));
-                }
-                let decision = match compactor.decide(c, &s, turn_idx, step.idx) {
-                    Ok(d) => d,
-                    Err(e) if e.is_resumable() => return Err(e),
-                    Err(e) => return Ok(Prepared::Fail(step, e)),
-                };
-                let work = match decision {
-                    Decision::Read(row) => {
-                        let need_prefix = cached != Some(row.as_ref().map(|r| r.id));
-                        let parts =
-                            build_parts(c, &s, turn_idx, step.idx, row.as_ref(), need_prefix)?;
-                        Work::Ready(row, parts)
-                    }
-                    other => Work::Compact(other),
-                };
-                Ok(Prepared::Run(step, Box::new(work)))
-            })
-            .await
+        let max_steps = self.inner.cfg.max_steps;
+        let step = store::claim_step(c, lease)?;
+        if step.status != StepStatus::Running {
+            return Ok(Prepared::Resume(step));
+        }
+        if step.idx >= max_steps as i64 {
+            return Ok(Prepared::Fail(
+                step,
+                Error::MaxSteps {
+                    turn_id: turn.id,
+                    max_steps,
+                },
+            ));
+        }
+        let decision = match self.inner.compactor.decide(c, session, turn.idx, step.idx) {
+            Ok(d) => d,
+            Err(e) if e.is_resumable() => return Err(e),
+            Err(e) => return Ok(Prepared::Fail(step, e)),
+        };
+        let work = match decision {
+            Decision::Read(row) => {
+                let need_prefix = cached != Some(row.as_ref().map(|r| r.id));
+                let parts = build_parts(c, session, turn.idx, step.idx, row.as_ref(), need_prefix)?;
+                Work::Ready(row, parts)
+            }
+            other => Work::Compact(other),
+        };
+        Ok(Prepared::Run(step, Box::new(work)))
     }
 
-    /// Runs a claimed step: compaction if one is due, the model call, and the
-    /// response persisted in ONE transaction (with the step's and the turn's
-    /// completion when it is the final answer).
+    /// Runs a claimed step: compaction if one is due, the model call; a final
+    /// answer is persisted with the step's and the turn's completion in ONE
+    /// transaction, a response with tool calls is returned to be persisted by
+    /// [`Runner::advance`] (in the same blocking call as its first tools).
     async fn execute(
         &self,
         session: &SessionRow,
@@ -663,40 +685,27 @@ impl Runner {
             Some(n) => (n as i64, false),
             None => (estimate(), true),
         };
-        let json = serde_json::to_string(&response)?;
-        let l = lease.clone();
-        let cid = compaction.as_ref().map(|c| c.id);
-        let usage = response.usage;
-        let final_output = (response.tool_calls().next().is_none()).then(|| response.text());
-        let fo = final_output.clone();
-        let finished = self
+        let r = Responded {
+            step_id,
+            compaction_id: compaction.as_ref().map(|c| c.id),
+            messages_sha256: sha,
+            response_json: serde_json::to_string(&response)?,
+            input_tokens: response.usage.input_tokens.map(|n| n as i64),
+            output_tokens: response.usage.output_tokens.map(|n| n as i64),
+            context_tokens,
+            estimated,
+        };
+        if response.tool_calls().next().is_some() {
+            return Ok(Executed::Calls(response, r));
+        }
+        let (l, output) = (lease.clone(), response.text());
+        let out = output.clone();
+        let turn = self
             .inner
             .store
-            .call(move |c| {
-                let r = Responded {
-                    step_id,
-                    compaction_id: cid,
-                    messages_sha256: &sha,
-                    response_json: &json,
-                    input_tokens: usage.input_tokens.map(|n| n as i64),
-                    output_tokens: usage.output_tokens.map(|n| n as i64),
-                    context_tokens,
-                    estimated,
-                };
-                match fo {
-                    Some(out) => store::persist_final(c, &l, &r, &out).map(Some),
-                    None => store::persist_response(c, &l, &r).map(|_| None),
-                }
-            })
+            .call(move |c| store::persist_final(c, &l, &r, &out))
             .await?;
-        if let (Some(turn), Some(output)) = (finished, final_output) {
-            return Ok(Executed::Finished(turn, output));
-        }
-        fault::check(
-            &self.inner.cfg.fault_hook,
-            FaultPoint::AfterResponsePersisted,
-        )?;
-        Ok(Executed::Responded(response))
+        Ok(Executed::Finished(turn, output))
     }
 
     async fn call_model(&self, request: ModelRequest, step_id: i64) -> Result<ModelResponse> {
@@ -732,126 +741,224 @@ impl Runner {
         })
     }
 
-    /// Runs one tool call per its effect mode, exactly once per (step, call id).
-    async fn run_tool(
+    /// One blocking call that takes a step as far as it can go without awaiting:
+    /// persists the response (`persist`), records the result of the async tool
+    /// that just ran (`finished`, the call before `from`), runs the transactional
+    /// tool calls from `from` on, each in its own transaction, and stops at the
+    /// next async tool with its invocation claimed. The last tool's transaction
+    /// also completes the step and claims the next one; the next step is then
+    /// prepared in the same call.
+    async fn advance(
         &self,
-        lease: &Lease,
-        step_id: i64,
-        position: i64,
-        call: ToolCall,
-    ) -> Result<()> {
-        let registered = self.inner.tools.get(&call.name).cloned();
-        let args = call.input.to_string();
-        let refusal = match (&registered, call.input.is_object()) {
-            (None, _) => Some(format!("unknown tool: {}", call.name)),
-            (Some(_), false) => Some(format!(
+        plan: &Arc<StepPlan>,
+        from: usize,
+        persist: Option<Responded>,
+        finished: Option<(i64, (bool, String))>,
+    ) -> Result<Advanced> {
+        let (this, plan) = (self.clone(), plan.clone());
+        self.inner
+            .store
+            .call(move |c| this.advance_blocking(c, &plan, from, persist, finished))
+            .await
+    }
+
+    fn advance_blocking(
+        &self,
+        c: &mut rusqlite::Connection,
+        plan: &StepPlan,
+        from: usize,
+        persist: Option<Responded>,
+        finished: Option<(i64, (bool, String))>,
+    ) -> Result<Advanced> {
+        let hook = &self.inner.cfg.fault_hook;
+        let lease = &plan.lease;
+        if let Some(r) = persist {
+            store::persist_response(c, lease, &r)?;
+            fault::check(hook, FaultPoint::AfterResponsePersisted)?;
+        }
+        let n = plan.calls.len();
+        let completed = std::cell::Cell::new(false);
+        let complete = |tx: &rusqlite::Transaction<'_>| {
+            fault::check(hook, FaultPoint::BeforeStepComplete)?;
+            store::complete_step_in(tx, lease, plan.step_id, plan.step_idx, None)?;
+            completed.set(true);
+            Ok(())
+        };
+        let then_if_last = |pos: usize| -> store::Then<'_> { (pos + 1 == n).then_some(&complete) };
+        if let Some((id, (ok, result))) = finished {
+            store::finish_invocation(c, lease, id, ok, &result, then_if_last(from - 1))?;
+        }
+        for pos in from..n {
+            if pos > 0 {
+                fault::check(hook, FaultPoint::BetweenTools)?;
+            }
+            let call = plan.call(pos);
+            match self.prepare_tool(&call) {
+                Err(refusal) => {
+                    // No tool runs: record the error result the model sees.
+                    let inv = new_invocation(plan.step_id, pos, &call, Effect::None);
+                    let body =
+                        Box::new(move |_: &rusqlite::Transaction<'_>, _: &_| Ok(Err(refusal)));
+                    store::run_transactional(c, lease, &inv, body, then_if_last(pos))?;
+                }
+                Ok((ToolImpl::Transactional(tool), _)) => {
+                    let inv = new_invocation(plan.step_id, pos, &call, Effect::Transactional);
+                    let tc = call.clone();
+                    let body = move |tx: &rusqlite::Transaction<'_>, _: &store::InvocationRow| {
+                        let r = std::panic::catch_unwind(AssertUnwindSafe(|| tool.call(tx, &tc)));
+                        let out = match r {
+                            Ok(Ok(v)) => Ok(render_result(&v)),
+                            Ok(Err(e)) => Err(e.0),
+                            Err(p) => Err(format!("tool panicked: {}", panic_message(&p))),
+                        };
+                        fault::check(hook, FaultPoint::InsideTransactionalTool)?;
+                        Ok(out)
+                    };
+                    store::run_transactional(c, lease, &inv, Box::new(body), then_if_last(pos))?;
+                }
+                Ok((ToolImpl::Async(tool), effect)) => {
+                    let inv = new_invocation(plan.step_id, pos, &call, effect);
+                    let (row, inserted) = store::start_invocation(c, lease, &inv)?;
+                    if row.status == InvocationStatus::Started
+                        || cfg!(feature = "broken-idempotency")
+                    {
+                        return Ok(Advanced::Async {
+                            pos,
+                            tool,
+                            row,
+                            inserted,
+                        });
+                    }
+                    // Completed earlier: its stored result is reused (G5).
+                }
+            }
+        }
+        if !completed.get() {
+            // No tool call (a responded final answer from an older layout), or the
+            // last call had completed before: complete the step on its own.
+            fault::check(hook, FaultPoint::BeforeStepComplete)?;
+            let final_output = (n == 0).then_some(plan.final_text.as_str());
+            let finished =
+                store::complete_step(c, lease, plan.step_id, plan.step_idx, final_output)?;
+            if let Some(turn) = finished {
+                return Ok(Advanced::Finished(turn, plan.final_text.clone()));
+            }
+        }
+        let next = self.prepare(c, &plan.session, &plan.turn, lease, plan.cached)?;
+        Ok(Advanced::Next(next))
+    }
+
+    /// The registered tool for a call, or the refusal the model sees instead.
+    fn prepare_tool(&self, call: &ToolCall) -> std::result::Result<(ToolImpl, Effect), String> {
+        match self.inner.tools.get(&call.name) {
+            None => Err(format!("unknown tool: {}", call.name)),
+            Some(_) if !call.input.is_object() => Err(format!(
                 "malformed arguments for {}: expected a JSON object, got {}",
                 call.name,
-                crate::compaction::truncate_chars(&args, 200)
+                crate::compaction::truncate_chars(&call.input.to_string(), 200)
             )),
-            _ => None,
-        };
-        if let Some(msg) = refusal {
-            // No tool runs: record the error result the model sees, in one transaction.
-            let (l, c) = (lease.clone(), call.clone());
-            return self
-                .inner
-                .store
-                .call(move |conn| {
-                    let inv = new_invocation(step_id, position, &c, &args, Effect::None);
-                    store::run_transactional(conn, &l, &inv, Box::new(move |_, _| Ok(Err(msg))))?;
-                    Ok(())
-                })
-                .await;
+            Some(r) => Ok((r.imp.clone(), r.effect)),
         }
-        let registered = registered.expect("checked above");
-        match registered.imp {
-            ToolImpl::Transactional(tool) => {
-                let (l, c) = (lease.clone(), call.clone());
-                let hook = self.inner.cfg.fault_hook.clone();
-                self.inner
-                    .store
-                    .call(move |conn| {
-                        let inv =
-                            new_invocation(step_id, position, &c, &args, Effect::Transactional);
-                        let tc = c.clone();
-                        let body =
-                            move |tx: &rusqlite::Transaction<'_>, _: &store::InvocationRow| {
-                                let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                                    tool.call(tx, &tc)
-                                }));
-                                let out = match r {
-                                    Ok(Ok(v)) => Ok(render_result(&v)),
-                                    Ok(Err(e)) => Err(e.0),
-                                    Err(p) => Err(format!("tool panicked: {}", panic_message(&p))),
-                                };
-                                fault::check(&hook, FaultPoint::InsideTransactionalTool)?;
-                                Ok(out)
-                            };
-                        store::run_transactional(conn, &l, &inv, Box::new(body))?;
-                        Ok(())
-                    })
-                    .await
-            }
-            ToolImpl::Async(tool) => {
-                let effect = registered.effect;
-                let (l, c, a) = (lease.clone(), call.clone(), args.clone());
-                let (row, inserted) = self
-                    .inner
-                    .store
-                    .call(move |conn| {
-                        store::start_invocation(
-                            conn,
-                            &l,
-                            &new_invocation(step_id, position, &c, &a, effect),
-                        )
-                    })
-                    .await?;
-                if row.status != InvocationStatus::Started && !cfg!(feature = "broken-idempotency")
-                {
-                    return Ok(()); // completed earlier: its stored result is reused (G5)
-                }
-                let (ok, result) = if effect == Effect::AtMostOnce && !inserted {
-                    (
-                        false,
-                        format!(
-                            "outcome unknown: the call to {} may or may not have taken effect \
-                             (the process stopped during it); it was not repeated",
-                            call.name
-                        ),
-                    )
-                } else {
-                    let c = call.clone();
-                    match tokio::spawn(async move { tool.call(&c).await }).await {
-                        Ok(Ok(v)) => (true, render_result(&v)),
-                        Ok(Err(e)) => (false, e.0),
-                        Err(j) => (false, format!("tool panicked: {j}")),
-                    }
-                };
-                fault::check(&self.inner.cfg.fault_hook, FaultPoint::AfterToolEffect)?;
-                let l = lease.clone();
-                self.inner
-                    .store
-                    .call(move |conn| store::finish_invocation(conn, &l, row.id, ok, &result))
-                    .await
-            }
+    }
+
+    /// Calls an idempotent or at-most-once tool whose invocation is claimed;
+    /// returns (ok, result). At-most-once: a call that had started before (a
+    /// crash cut it) is not repeated; its outcome is reported as unknown.
+    async fn run_async_tool(
+        &self,
+        plan: &StepPlan,
+        pos: usize,
+        tool: Arc<dyn crate::tools::Tool>,
+        row: &store::InvocationRow,
+        inserted: bool,
+    ) -> (bool, String) {
+        let call = plan.call(pos);
+        if row.effect == Effect::AtMostOnce && !inserted {
+            return (
+                false,
+                format!(
+                    "outcome unknown: the call to {} may or may not have taken effect \
+                     (the process stopped during it); it was not repeated",
+                    call.name
+                ),
+            );
+        }
+        match tokio::spawn(async move { tool.call(&call).await }).await {
+            Ok(Ok(v)) => (true, render_result(&v)),
+            Ok(Err(e)) => (false, e.0),
+            Err(j) => (false, format!("tool panicked: {j}")),
         }
     }
 }
 
+/// A step with its model response, as the blocking half needs it.
+struct StepPlan {
+    calls: Vec<(String, String, serde_json::Value)>,
+    final_text: String,
+    session: SessionRow,
+    turn: TurnRow,
+    lease: Lease,
+    step_id: i64,
+    step_idx: i64,
+    /// The compaction the runner's message prefix is for.
+    cached: Option<Option<i64>>,
+}
+
+impl StepPlan {
+    fn call(&self, pos: usize) -> ToolCall {
+        let (id, name, input) = &self.calls[pos];
+        ToolCall {
+            session: self.session.external_id.clone(),
+            turn_idx: self.turn.idx,
+            step_idx: self.step_idx,
+            tool_call_id: id.clone(),
+            name: name.clone(),
+            input: input.clone(),
+            idempotency_key: idempotency_key(
+                &self.session.external_id,
+                self.turn.idx,
+                self.step_idx,
+                id,
+            ),
+        }
+    }
+}
+
+/// Where [`Runner::advance`] stopped.
+enum Advanced {
+    /// The async tool call at `pos` is to run; its invocation row is claimed.
+    Async {
+        pos: usize,
+        tool: Arc<dyn crate::tools::Tool>,
+        row: store::InvocationRow,
+        inserted: bool,
+    },
+    /// The step was the turn's last.
+    Finished(TurnRow, String),
+    /// The step is completed; the next one is prepared.
+    Next(Prepared),
+}
+
+/// What the turn's first blocking call found.
+enum Begun {
+    /// The lease is held: drive from the prepared first step.
+    Drive(Box<(TurnRow, Lease, SessionRow, Prepared)>),
+    /// The turn had already finished.
+    Finished(TurnRow),
+}
+
 fn new_invocation<'a>(
     step_id: i64,
-    position: i64,
+    position: usize,
     call: &'a ToolCall,
-    args: &'a str,
     effect: Effect,
 ) -> NewInvocation<'a> {
     NewInvocation {
         step_id,
-        position,
+        position: position as i64,
         tool_call_id: &call.tool_call_id,
         tool_name: &call.name,
-        arguments: args,
+        arguments: call.input.to_string(),
         effect,
         idempotency_key: &call.idempotency_key,
     }

@@ -13,9 +13,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 static STATEMENTS: AtomicU64 = AtomicU64::new(0);
+static WRITE_TXS: AtomicU64 = AtomicU64::new(0);
 
-fn count(_: &str) {
+fn count(sql: &str) {
     STATEMENTS.fetch_add(1, Ordering::SeqCst);
+    if sql.trim_start().starts_with("BEGIN IMMEDIATE") {
+        WRITE_TXS.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 /// Step 0 calls one tool; step 1 answers.
@@ -46,7 +50,8 @@ impl ModelClient for TwoSteps {
     }
 }
 
-async fn statements_for_turn_at(h: i64, compact_at: Threshold) -> u64 {
+/// (statements, write transactions) of one two-step turn after `h` turns.
+async fn statements_for_turn_at(h: i64, compact_at: Threshold) -> (u64, u64) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open_with(
         dir.path().join("q.db"),
@@ -79,10 +84,16 @@ async fn statements_for_turn_at(h: i64, compact_at: Threshold) -> u64 {
     for t in 0..h {
         runner.run_turn(s.id, &format!("turn {t}")).await.unwrap();
     }
-    let before = STATEMENTS.load(Ordering::SeqCst);
+    let (before, before_tx) = (
+        STATEMENTS.load(Ordering::SeqCst),
+        WRITE_TXS.load(Ordering::SeqCst),
+    );
     let out = runner.run_turn(s.id, "the measured turn").await.unwrap();
     assert_eq!(out.steps, 2);
-    STATEMENTS.load(Ordering::SeqCst) - before
+    (
+        STATEMENTS.load(Ordering::SeqCst) - before,
+        WRITE_TXS.load(Ordering::SeqCst) - before_tx,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -91,12 +102,20 @@ async fn statements_per_step_are_fixed_and_independent_of_history() {
         let small = statements_for_turn_at(10, compact_at).await;
         let large = statements_for_turn_at(120, compact_at).await;
         assert_eq!(small, large, "{compact_at:?}: statements grew with H");
-        // Two steps: begin turn, claim, ensure, build, persist, tool, complete…
-        let per_step = small / 2;
+        // Two steps: begin turn (claims step 0), ensure, build, persist, tool
+        // (completes step 0, claims step 1), ensure, build, persist the final answer.
+        let (statements, write_txs) = small;
+        let per_step = statements / 2;
         assert!(
-            per_step <= 40,
+            per_step <= 25,
             "{compact_at:?}: {per_step} statements per step"
         );
-        println!("{compact_at:?}: {small} statements per two-step turn");
+        // Begin the turn, persist the tool step's response, its tool (with the
+        // step's completion), the final answer (with the turn's completion).
+        assert_eq!(write_txs, 4, "{compact_at:?}: write transactions per turn");
+        println!(
+            "{compact_at:?}: {statements} statements, {write_txs} write transactions \
+             per two-step turn"
+        );
     }
 }

@@ -214,6 +214,8 @@ pub(crate) fn begin_turn(
         params![session_id, idx, input, owner, now + ttl_ms, now],
     )?;
     let id = tx.last_insert_rowid();
+    // Step 0 is claimed with its turn: the first step needs no write of its own.
+    insert_step(&tx, id, 0, now)?;
     let row = get_turn(&tx, id)?;
     tx.commit()?;
     let lease = Lease {
@@ -313,31 +315,49 @@ pub(crate) fn list_steps(conn: &Connection, turn_id: i64) -> Result<Vec<StepRow>
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
-/// Claims the step to run next: the unfinished one if any (a resume), otherwise
-/// a new row after the last completed step.
-///
-/// Claim semantics: UNIQUE(turn_id, idx) plus the fence; returns the row and the
-/// number of steps the turn has (for `max_steps`).
-pub(crate) fn claim_step(conn: &mut Connection, lease: &Lease) -> Result<StepRow> {
-    let tx = write_tx(conn)?;
-    fence(&tx, lease)?;
-    let last: Option<StepRow> = tx
+/// The turn's newest step row, if any. A read: no transaction, no fence.
+pub(crate) fn last_step(conn: &Connection, turn_id: i64) -> Result<Option<StepRow>> {
+    Ok(conn
         .prepare_cached(&format!(
             "SELECT {} FROM steps WHERE turn_id = ?1 ORDER BY idx DESC LIMIT 1",
             StepRow::COLUMNS
         ))?
-        .query_row([lease.turn_id], StepRow::from_row)
-        .optional()?;
-    let row = match last {
+        .query_row([turn_id], StepRow::from_row)
+        .optional()?)
+}
+
+/// Claims step `idx` of a turn as `running` inside the caller's transaction; a
+/// row already there is left as it is.
+fn insert_step(tx: &Transaction<'_>, turn_id: i64, idx: i64, now: i64) -> Result<()> {
+    tx.prepare_cached(
+        "INSERT INTO steps (turn_id, idx, status, created_at) VALUES (?1, ?2, 'running', ?3) \
+         ON CONFLICT (turn_id, idx) DO NOTHING",
+    )?
+    .execute(params![turn_id, idx, now])?;
+    Ok(())
+}
+
+/// The step to run next: the turn's unfinished step if there is one (a resume,
+/// or the step claimed by the transaction that completed the previous one),
+/// otherwise a new row after the last completed step.
+///
+/// Claim semantics: the common case is a read; only a turn whose newest step is
+/// completed (a layout where completing a step did not claim the next) takes a
+/// fenced IMMEDIATE transaction to claim one under UNIQUE(turn_id, idx).
+pub(crate) fn claim_step(conn: &mut Connection, lease: &Lease) -> Result<StepRow> {
+    if let Some(s) = last_step(conn, lease.turn_id)? {
+        if s.status != StepStatus::Completed {
+            return Ok(s);
+        }
+    }
+    let tx = write_tx(conn)?;
+    fence(&tx, lease)?;
+    let row = match last_step(&tx, lease.turn_id)? {
         Some(s) if s.status != StepStatus::Completed => s,
         other => {
             let idx = other.map_or(0, |s| s.idx + 1);
-            tx.prepare_cached(
-                "INSERT INTO steps (turn_id, idx, status, created_at) VALUES (?1, ?2, 'running', ?3)",
-            )?
-            .execute(params![lease.turn_id, idx, now_ms()])?;
-            let id = tx.last_insert_rowid();
-            get_step(&tx, id)?
+            insert_step(&tx, lease.turn_id, idx, now_ms())?;
+            last_step(&tx, lease.turn_id)?.expect("row exists after insert")
         }
     };
     tx.commit()?;
@@ -346,11 +366,11 @@ pub(crate) fn claim_step(conn: &mut Connection, lease: &Lease) -> Result<StepRow
 
 /// What a step persists with its response, in one transaction.
 #[derive(Debug, Clone)]
-pub(crate) struct Responded<'a> {
+pub(crate) struct Responded {
     pub step_id: i64,
     pub compaction_id: Option<i64>,
-    pub messages_sha256: &'a str,
-    pub response_json: &'a str,
+    pub messages_sha256: String,
+    pub response_json: String,
     pub input_tokens: Option<i64>,
     pub output_tokens: Option<i64>,
     pub context_tokens: i64,
@@ -363,7 +383,7 @@ pub(crate) struct Responded<'a> {
 fn write_response(
     tx: &Transaction<'_>,
     lease: &Lease,
-    r: &Responded<'_>,
+    r: &Responded,
     now: i64,
     complete: bool,
 ) -> Result<()> {
@@ -409,11 +429,7 @@ fn complete_turn(tx: &Transaction<'_>, lease: &Lease, output: &str, now: i64) ->
 
 /// Persists the model response, usage, hash and compaction read: `running` →
 /// `responded`, fenced, in ONE IMMEDIATE transaction.
-pub(crate) fn persist_response(
-    conn: &mut Connection,
-    lease: &Lease,
-    r: &Responded<'_>,
-) -> Result<()> {
+pub(crate) fn persist_response(conn: &mut Connection, lease: &Lease, r: &Responded) -> Result<()> {
     let tx = write_tx(conn)?;
     fence(&tx, lease)?;
     write_response(&tx, lease, r, now_ms(), false)?;
@@ -428,7 +444,7 @@ pub(crate) struct NewInvocation<'a> {
     pub position: i64,
     pub tool_call_id: &'a str,
     pub tool_name: &'a str,
-    pub arguments: &'a str,
+    pub arguments: String,
     pub effect: Effect,
     pub idempotency_key: &'a str,
 }
@@ -514,17 +530,27 @@ fn finish_invocation_in(
     Ok(())
 }
 
-/// Records a tool's result: `started` → `completed`/`failed`, fenced.
+/// More writes for the transaction that records a tool's result, run after the
+/// result is written and before the commit (the runner completes the step there
+/// when it was its last tool call). An `Err` rolls the whole transaction back.
+pub(crate) type Then<'f> = Option<&'f dyn Fn(&Transaction<'_>) -> Result<()>>;
+
+/// Records a tool's result: `started` → `completed`/`failed`, fenced, then runs
+/// `then` in the same IMMEDIATE transaction.
 pub(crate) fn finish_invocation(
     conn: &mut Connection,
     lease: &Lease,
     id: i64,
     ok: bool,
     result: &str,
+    then: Then<'_>,
 ) -> Result<()> {
     let tx = write_tx(conn)?;
     fence(&tx, lease)?;
     finish_invocation_in(&tx, lease, id, ok, result)?;
+    if let Some(then) = then {
+        then(&tx)?;
+    }
     tx.commit()?;
     Ok(())
 }
@@ -537,49 +563,39 @@ pub(crate) type TxBody<'f> = dyn FnOnce(&Transaction<'_>, &InvocationRow) -> Res
 /// result in ONE IMMEDIATE transaction, so the tool's writes and its completion
 /// commit together or not at all.
 ///
-/// Returns the final row. An already-finished invocation returns without running
-/// `body`. A body that returns `Ok(Err(msg))` (the tool refused) has its writes
-/// rolled back, and the error result is recorded in a second transaction. A body
-/// returning `Err` aborts everything (a crash: nothing recorded).
+/// An already-finished invocation does not run `body`. A body that returns
+/// `Ok(Err(msg))` (the tool refused) has its writes rolled back to a savepoint
+/// and the error result is recorded instead. A body returning `Err` aborts
+/// everything (a crash: nothing recorded). `then` runs last, in the same
+/// transaction, whichever of these happened.
 pub(crate) fn run_transactional(
     conn: &mut Connection,
     lease: &Lease,
     inv: &NewInvocation<'_>,
     body: Box<TxBody<'_>>,
-) -> Result<InvocationRow> {
+    then: Then<'_>,
+) -> Result<()> {
     let tx = write_tx(conn)?;
     fence(&tx, lease)?;
     let (row, _) = insert_or_get_invocation(&tx, inv)?;
-    if row.status != InvocationStatus::Started && !cfg!(feature = "broken-idempotency") {
-        tx.commit()?;
-        return Ok(row);
-    }
-    tx.execute_batch("SAVEPOINT tool_body")?;
-    match body(&tx, &row)? {
-        Ok(result) => {
-            tx.execute_batch("RELEASE tool_body")?;
-            finish_invocation_in(&tx, lease, row.id, true, &result)?;
-            let row = get_invocation(&tx, row.id)?;
-            tx.commit()?;
-            Ok(row)
-        }
-        Err(msg) => {
-            tx.execute_batch("ROLLBACK TO tool_body; RELEASE tool_body")?;
-            finish_invocation_in(&tx, lease, row.id, false, &msg)?;
-            let row = get_invocation(&tx, row.id)?;
-            tx.commit()?;
-            Ok(row)
+    if row.status == InvocationStatus::Started || cfg!(feature = "broken-idempotency") {
+        tx.execute_batch("SAVEPOINT tool_body")?;
+        match body(&tx, &row)? {
+            Ok(result) => {
+                tx.execute_batch("RELEASE tool_body")?;
+                finish_invocation_in(&tx, lease, row.id, true, &result)?;
+            }
+            Err(msg) => {
+                tx.execute_batch("ROLLBACK TO tool_body; RELEASE tool_body")?;
+                finish_invocation_in(&tx, lease, row.id, false, &msg)?;
+            }
         }
     }
-}
-
-pub(crate) fn get_invocation(conn: &Connection, id: i64) -> Result<InvocationRow> {
-    Ok(conn
-        .prepare_cached(&format!(
-            "SELECT {} FROM tool_invocations WHERE id = ?1",
-            InvocationRow::COLUMNS
-        ))?
-        .query_row([id], InvocationRow::from_row)?)
+    if let Some(then) = then {
+        then(&tx)?;
+    }
+    tx.commit()?;
+    Ok(())
 }
 
 pub(crate) fn list_invocations(conn: &Connection, step_id: i64) -> Result<Vec<InvocationRow>> {
@@ -597,7 +613,7 @@ pub(crate) fn list_invocations(conn: &Connection, step_id: i64) -> Result<Vec<In
 pub(crate) fn persist_final(
     conn: &mut Connection,
     lease: &Lease,
-    r: &Responded<'_>,
+    r: &Responded,
     output: &str,
 ) -> Result<TurnRow> {
     let tx = write_tx(conn)?;
@@ -609,27 +625,43 @@ pub(crate) fn persist_final(
     Ok(turn)
 }
 
-/// Marks the step completed; with `final_output` also completes the turn and
-/// releases its lease, and returns the finished turn. One fenced IMMEDIATE
-/// transaction.
-pub(crate) fn complete_step(
-    conn: &mut Connection,
+/// Marks a responded step completed inside the caller's fenced transaction;
+/// with `final_output` also completes the turn (releasing its lease) and
+/// returns it, otherwise claims the next step (`running`), so that the next
+/// step starts with a read, not a write.
+pub(crate) fn complete_step_in(
+    tx: &Transaction<'_>,
     lease: &Lease,
     step_id: i64,
+    step_idx: i64,
     final_output: Option<&str>,
 ) -> Result<Option<TurnRow>> {
-    let tx = write_tx(conn)?;
-    fence(&tx, lease)?;
     let now = now_ms();
     tx.prepare_cached(
         "UPDATE steps SET status = 'completed', completed_at = ?1 \
          WHERE id = ?2 AND status = 'responded'",
     )?
     .execute(params![now, step_id])?;
-    let finished = match final_output {
-        Some(out) => Some(complete_turn(&tx, lease, out, now)?),
-        None => None,
-    };
+    match final_output {
+        Some(out) => Ok(Some(complete_turn(tx, lease, out, now)?)),
+        None => {
+            insert_step(tx, lease.turn_id, step_idx + 1, now)?;
+            Ok(None)
+        }
+    }
+}
+
+/// [`complete_step_in`] in its own fenced IMMEDIATE transaction.
+pub(crate) fn complete_step(
+    conn: &mut Connection,
+    lease: &Lease,
+    step_id: i64,
+    step_idx: i64,
+    final_output: Option<&str>,
+) -> Result<Option<TurnRow>> {
+    let tx = write_tx(conn)?;
+    fence(&tx, lease)?;
+    let finished = complete_step_in(&tx, lease, step_id, step_idx, final_output)?;
     tx.commit()?;
     Ok(finished)
 }
