@@ -718,10 +718,8 @@ impl Runner {
                 tokio::time::sleep(backoff).await;
                 backoff *= 2;
             }
-            let model = self.inner.model.clone();
-            let req = request.clone();
-            let task = tokio::spawn(async move { model.complete(&req).await });
-            match tokio::time::timeout(cfg.model_timeout, task).await {
+            let call = CatchUnwind(self.inner.model.complete(&request));
+            match tokio::time::timeout(cfg.model_timeout, call).await {
                 Ok(Ok(Ok(resp))) => return Ok(resp),
                 Ok(Ok(Err(ModelError::Permanent(m)))) => {
                     return Err(Error::Model {
@@ -730,7 +728,7 @@ impl Runner {
                     });
                 }
                 Ok(Ok(Err(e))) => last = e.to_string(),
-                Ok(Err(join)) => last = format!("model client panicked: {join}"),
+                Ok(Err(p)) => last = format!("model client panicked: {}", panic_message(&p)),
                 Err(_) => last = format!("model call timed out after {:?}", cfg.model_timeout),
             }
             warn!(step_id, attempt, error = %last, "model call failed");
@@ -883,10 +881,10 @@ impl Runner {
                 ),
             );
         }
-        match tokio::spawn(async move { tool.call(&call).await }).await {
+        match CatchUnwind(tool.call(&call)).await {
             Ok(Ok(v)) => (true, render_result(&v)),
             Ok(Err(e)) => (false, e.0),
-            Err(j) => (false, format!("tool panicked: {j}")),
+            Err(p) => (false, format!("tool panicked: {}", panic_message(&p))),
         }
     }
 }
@@ -961,6 +959,27 @@ fn new_invocation<'a>(
         arguments: call.input.to_string(),
         effect,
         idempotency_key: &call.idempotency_key,
+    }
+}
+
+/// Polls a boxed future in the caller's task, turning a panic inside it into
+/// an `Err` with the payload: what spawning a task for the call would give,
+/// without handing it to another thread. Dropping it (a timeout) cancels the
+/// call instead of leaving it running detached.
+struct CatchUnwind<'a, T>(std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>);
+
+impl<T> std::future::Future for CatchUnwind<'_, T> {
+    type Output = std::thread::Result<T>;
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let fut = self.0.as_mut();
+        match std::panic::catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
+            Err(p) => std::task::Poll::Ready(Err(p)),
+        }
     }
 }
 

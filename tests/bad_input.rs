@@ -188,7 +188,8 @@ async fn failing_and_panicking_tools_become_error_results_and_roll_back() {
     r.unwrap();
     let res = results(&store);
     assert_eq!(res[0], ("the service said no".to_string(), true));
-    assert!(res[1].1 && res[1].0.contains("panicked"), "{res:?}");
+    // The panic's own message, nothing that differs between runs (a task id).
+    assert_eq!(res[1], ("tool panicked: tool bug".to_string(), true));
     assert!(
         res[2].1 && res[2].0.contains("transactional tool bug"),
         "{res:?}"
@@ -357,4 +358,39 @@ async fn failure_messages_name_no_row_ids() {
         .unwrap();
     assert_eq!(step_err, "model returned an empty response");
     assert_eq!(turn_err, step_err);
+}
+
+/// A model client that panics.
+struct PanickingModel;
+#[async_trait::async_trait]
+impl abridge::ModelClient for PanickingModel {
+    async fn complete(
+        &self,
+        _: &abridge::ModelRequest,
+    ) -> Result<abridge::ModelResponse, abridge::ModelError> {
+        panic!("client bug")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_model_client_fails_the_turn_with_its_message() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let mut cfg = test_config(Threshold::Off, None, "t");
+    cfg.model_attempts = 2;
+    cfg.model_backoff = std::time::Duration::from_millis(1);
+    let runner = Runner::builder(store.clone(), Arc::new(PanickingModel))
+        .config(cfg)
+        .build()
+        .unwrap();
+    let s = runner.create_session("s", "m", "sys").await.unwrap();
+    let r = runner.run_turn(s.id, "hello").await;
+    match r {
+        Err(Error::Model { message, .. }) => {
+            assert_eq!(message, "model client panicked: client bug")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(turn_statuses(&store), vec!["failed"]);
+    assert_verified(&store);
 }
