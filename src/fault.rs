@@ -19,19 +19,19 @@ pub enum FaultPoint {
     /// completed the previous step) and its messages built; the model has not
     /// been called.
     BeforeModelCall,
-    /// The model's response is persisted (`responded`); no tool has run.
-    AfterResponsePersisted,
-    /// Between two tool invocations of one step.
+    /// The model's response is written in the step's transaction; no tool has
+    /// run, nothing of the step is committed (a crash here calls the model again).
+    AfterResponseWritten,
+    /// Between two tool invocations of one step (inside the step's transaction
+    /// unless the first was an async tool, whose result opens a new one).
     BetweenTools,
     /// Inside a transactional tool's transaction, after its writes, before commit.
     InsideTransactionalTool,
     /// An idempotent or at-most-once tool ran; its result is not yet recorded.
     AfterToolEffect,
-    /// Inside the transaction of the step's last tool call, after its result is
-    /// written, before the step's completion and the next step's claim are: a
-    /// crash here rolls the result back with them. (A step whose last call had
-    /// completed before, or that has none, completes in a transaction of its
-    /// own, and the point comes before it.)
+    /// Every tool result of the step is written, in the step's last transaction;
+    /// the step's completion and the next step's claim are not: a crash here
+    /// rolls back everything since the step's previous commit.
     BeforeStepComplete,
     /// A compaction row is claimed (pending); the summariser has not been called.
     AfterClaim,
@@ -48,7 +48,7 @@ impl FaultPoint {
         FaultPoint::MidSummary,
         FaultPoint::AfterCompactionComplete,
         FaultPoint::BeforeModelCall,
-        FaultPoint::AfterResponsePersisted,
+        FaultPoint::AfterResponseWritten,
         FaultPoint::BetweenTools,
         FaultPoint::InsideTransactionalTool,
         FaultPoint::AfterToolEffect,
@@ -59,7 +59,7 @@ impl FaultPoint {
     pub fn name(self) -> &'static str {
         match self {
             FaultPoint::BeforeModelCall => "before_model_call",
-            FaultPoint::AfterResponsePersisted => "after_response_persisted",
+            FaultPoint::AfterResponseWritten => "after_response_written",
             FaultPoint::BetweenTools => "between_tools",
             FaultPoint::InsideTransactionalTool => "inside_transactional_tool",
             FaultPoint::AfterToolEffect => "after_tool_effect",

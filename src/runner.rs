@@ -150,14 +150,6 @@ impl Prefix {
     }
 }
 
-/// How an executed step ended.
-enum Executed {
-    /// A final answer: the step and the turn are completed.
-    Finished(TurnRow, String),
-    /// Tool calls to run, and what to persist before running them.
-    Calls(ModelResponse, Responded),
-}
-
 /// How a turn ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TurnOutcome {
@@ -519,17 +511,10 @@ impl Runner {
                 Prepared::Fail(step, e) => return self.fail(&lease, Some(step.id), e).await,
                 Prepared::Run(step, work) => {
                     match self
-                        .execute(&session, &turn, &lease, &step, *work, &mut prefix)
+                        .execute(&session, &turn, &step, *work, &mut prefix)
                         .await
                     {
-                        Ok(Executed::Finished(turn, output)) => {
-                            return Ok(TurnOutcome {
-                                turn,
-                                output,
-                                steps: step.idx + 1,
-                            })
-                        }
-                        Ok(Executed::Calls(r, persist)) => (step, r, Some(persist)),
+                        Ok((r, persist)) => (step, r, Some(persist)),
                         Err(e) if e.is_resumable() => return Err(e),
                         Err(e) => return self.fail(&lease, Some(step.id), e).await,
                     }
@@ -618,19 +603,17 @@ impl Runner {
         Ok(Prepared::Run(step, Box::new(work)))
     }
 
-    /// Runs a claimed step: compaction if one is due, the model call; a final
-    /// answer is persisted with the step's and the turn's completion in ONE
-    /// transaction, a response with tool calls is returned to be persisted by
-    /// [`Runner::advance`] (in the same blocking call as its first tools).
+    /// Runs a claimed step up to its model response: compaction if one is due,
+    /// the messages assembled and hashed, the model call. Returns the response
+    /// and what [`Runner::advance`] persists with it.
     async fn execute(
         &self,
         session: &SessionRow,
         turn: &TurnRow,
-        lease: &Lease,
         step: &store::StepRow,
         work: Work,
         prefix: &mut Option<Prefix>,
-    ) -> Result<Executed> {
+    ) -> Result<(ModelResponse, Responded)> {
         let (step_id, step_idx) = (step.id, step.idx);
         let (compaction, parts) = match work {
             Work::Ready(row, parts) => (row, parts),
@@ -695,17 +678,7 @@ impl Runner {
             context_tokens,
             estimated,
         };
-        if response.tool_calls().next().is_some() {
-            return Ok(Executed::Calls(response, r));
-        }
-        let (l, output) = (lease.clone(), response.text());
-        let out = output.clone();
-        let turn = self
-            .inner
-            .store
-            .call(move |c| store::persist_final(c, &l, &r, &out))
-            .await?;
-        Ok(Executed::Finished(turn, output))
+        Ok((response, r))
     }
 
     async fn call_model(&self, request: ModelRequest, step_id: i64) -> Result<ModelResponse> {
@@ -739,13 +712,17 @@ impl Runner {
         })
     }
 
-    /// One blocking call that takes a step as far as it can go without awaiting:
-    /// persists the response (`persist`), records the result of the async tool
-    /// that just ran (`finished`, the call before `from`), runs the transactional
-    /// tool calls from `from` on, each in its own transaction, and stops at the
-    /// next async tool with its invocation claimed. The last tool's transaction
-    /// also completes the step and claims the next one; the next step is then
-    /// prepared in the same call.
+    /// One blocking call, and ONE fenced transaction, that takes a step as far
+    /// as it can go without awaiting: writes the response (`persist`), records
+    /// the result of the async tool that just ran (`finished`, the call before
+    /// `from`), runs the transactional tool calls from `from` on, and either
+    /// stops at the next async tool call, committing with its invocation claimed
+    /// (everything before an outside effect is durable before it happens), or
+    /// completes the step and claims the next one (completes the turn, for a
+    /// final answer) and commits. The next step is then prepared in the same
+    /// call. A crash anywhere inside rolls back to the previous commit: a step
+    /// whose response is lost is called again (the model call is at-least-once),
+    /// a tool whose record is lost had no effect outside this transaction.
     async fn advance(
         &self,
         plan: &Arc<StepPlan>,
@@ -770,21 +747,14 @@ impl Runner {
     ) -> Result<Advanced> {
         let hook = &self.inner.cfg.fault_hook;
         let lease = &plan.lease;
-        if let Some(r) = persist {
-            store::persist_response(c, lease, &r)?;
-            fault::check(hook, FaultPoint::AfterResponsePersisted)?;
-        }
         let n = plan.calls.len();
-        let completed = std::cell::Cell::new(false);
-        let complete = |tx: &rusqlite::Transaction<'_>| {
-            fault::check(hook, FaultPoint::BeforeStepComplete)?;
-            store::complete_step_in(tx, lease, plan.step_id, plan.step_idx, None)?;
-            completed.set(true);
-            Ok(())
-        };
-        let then_if_last = |pos: usize| -> store::Then<'_> { (pos + 1 == n).then_some(&complete) };
-        if let Some((id, (ok, result))) = finished {
-            store::finish_invocation(c, lease, id, ok, &result, then_if_last(from - 1))?;
+        let tx = store::fenced_tx(c, lease)?;
+        if let Some(r) = &persist {
+            store::write_response(&tx, lease, r)?;
+            fault::check(hook, FaultPoint::AfterResponseWritten)?;
+        }
+        if let Some((id, (ok, result))) = &finished {
+            store::finish_invocation(&tx, lease, *id, *ok, result)?;
         }
         for pos in from..n {
             if pos > 0 {
@@ -797,7 +767,7 @@ impl Runner {
                     let inv = new_invocation(plan.step_id, pos, &call, Effect::None);
                     let body =
                         Box::new(move |_: &rusqlite::Transaction<'_>, _: &_| Ok(Err(refusal)));
-                    store::run_transactional(c, lease, &inv, body, then_if_last(pos))?;
+                    store::run_transactional(&tx, lease, &inv, body)?;
                 }
                 Ok((ToolImpl::Transactional(tool), _)) => {
                     let inv = new_invocation(plan.step_id, pos, &call, Effect::Transactional);
@@ -812,14 +782,16 @@ impl Runner {
                         fault::check(hook, FaultPoint::InsideTransactionalTool)?;
                         Ok(out)
                     };
-                    store::run_transactional(c, lease, &inv, Box::new(body), then_if_last(pos))?;
+                    store::run_transactional(&tx, lease, &inv, Box::new(body))?;
                 }
                 Ok((ToolImpl::Async(tool), effect)) => {
                     let inv = new_invocation(plan.step_id, pos, &call, effect);
-                    let (row, inserted) = store::start_invocation(c, lease, &inv)?;
+                    let (row, inserted) = store::start_invocation(&tx, &inv)?;
                     if row.status == InvocationStatus::Started
                         || cfg!(feature = "broken-idempotency")
                     {
+                        // Everything so far is durable before the outside effect.
+                        tx.commit()?;
                         return Ok(Advanced::Async {
                             pos,
                             tool,
@@ -831,16 +803,12 @@ impl Runner {
                 }
             }
         }
-        if !completed.get() {
-            // No tool call (a responded final answer from an older layout), or the
-            // last call had completed before: complete the step on its own.
-            fault::check(hook, FaultPoint::BeforeStepComplete)?;
-            let final_output = (n == 0).then_some(plan.final_text.as_str());
-            let finished =
-                store::complete_step(c, lease, plan.step_id, plan.step_idx, final_output)?;
-            if let Some(turn) = finished {
-                return Ok(Advanced::Finished(turn, plan.final_text.clone()));
-            }
+        fault::check(hook, FaultPoint::BeforeStepComplete)?;
+        let final_output = (n == 0).then_some(plan.final_text.as_str());
+        let finished = store::complete_step(&tx, lease, plan.step_id, plan.step_idx, final_output)?;
+        tx.commit()?;
+        if let Some(turn) = finished {
+            return Ok(Advanced::Finished(turn, plan.final_text.clone()));
         }
         let next = self.prepare(c, &plan.session, &plan.turn, lease, plan.cached)?;
         Ok(Advanced::Next(next))

@@ -91,70 +91,180 @@ fn step_states(store: &abridge::Store) -> Vec<(i64, i64, String, Vec<String>)> {
         .unwrap()
 }
 
-/// Scenario: the last tool call of a step records its result, completes the
-/// step and claims the next step in one transaction. A crash inside it, after
-/// the result is written and before the commit, leaves none of the three: the
-/// step is `responded` with its last call unrecorded and no next step exists.
-/// The resumed run records the call once and ends at the control transcript.
+/// Step 0 calls `lookup_order` (transactional), then the tool named here;
+/// step 1 answers.
+struct ToolsThenAnswer(&'static str);
+
+#[async_trait::async_trait]
+impl abridge::ModelClient for ToolsThenAnswer {
+    async fn complete(
+        &self,
+        req: &abridge::ModelRequest,
+    ) -> Result<abridge::ModelResponse, abridge::ModelError> {
+        let first = req.messages.len() == 2; // system prompt, user input
+        let blocks = if first {
+            ["lookup_order", self.0]
+                .iter()
+                .enumerate()
+                .map(|(i, name)| abridge::ResponseBlock::ToolUse {
+                    id: format!("c{i}"),
+                    name: (*name).into(),
+                    input: serde_json::json!({"order_id": "ORD-1"}),
+                })
+                .collect()
+        } else {
+            vec![abridge::ResponseBlock::Text {
+                text: "done".into(),
+            }]
+        };
+        Ok(abridge::ModelResponse {
+            blocks,
+            usage: Default::default(),
+        })
+    }
+}
+
+/// An idempotent tool that records the keys it was called with.
+#[derive(Clone, Default)]
+struct Recording(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+#[async_trait::async_trait]
+impl abridge::Tool for Recording {
+    async fn call(
+        &self,
+        call: &abridge::ToolCall,
+    ) -> Result<serde_json::Value, abridge::ToolError> {
+        self.0.lock().unwrap().push(call.idempotency_key.clone());
+        Ok(serde_json::json!("sent"))
+    }
+}
+
+fn spec(name: &str) -> abridge::ToolSpec {
+    abridge::ToolSpec {
+        name: name.into(),
+        description: "d".into(),
+        input_schema: serde_json::json!({"type": "object"}),
+    }
+}
+
+/// A runner over `store` with the transactional `lookup_order` and, with
+/// `external`, that idempotent outside tool as `notify`.
+fn two_tool_runner(
+    store: &abridge::Store,
+    model: std::sync::Arc<Counting<ToolsThenAnswer>>,
+    external: Option<Recording>,
+    hook: Option<abridge::FaultHook>,
+) -> abridge::Runner {
+    let tools = abridge::Tools::new().transactional(
+        spec("lookup_order"),
+        abridge::demo::DemoTxTool("lookup_order"),
+    );
+    let tools = match external {
+        Some(t) => tools.idempotent(spec("notify"), t),
+        None => tools,
+    };
+    abridge::Runner::builder(store.clone(), model)
+        .tools(tools)
+        .config(test_config(Threshold::Off, hook, "runner"))
+        .build()
+        .unwrap()
+}
+
+fn demo_effect_count(store: &abridge::Store) -> i64 {
+    store
+        .with_conn(|c| Ok(c.query_row("SELECT count(*) FROM demo_effects", [], |r| r.get(0))?))
+        .unwrap()
+}
+
+fn statuses(n: usize, status: &str) -> Vec<String> {
+    vec![status.to_string(); n]
+}
+
+/// Scenario: a step whose tool calls are all transactional commits once: its
+/// response, both tools' writes and results, its completion and the next
+/// step's claim. A crash after the tools' results are written and before that
+/// commit leaves none of it: step 0 is `running` again, without a response, no
+/// invocation and no effect is recorded, no step 1 exists. The resumed run
+/// calls the model for step 0 again (at-least-once), applies each effect once
+/// and verifies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn last_tool_result_step_completion_and_next_claim_commit_together() {
-    let (_c, control, _) = run(None).await;
+async fn a_step_commits_its_response_tools_completion_and_next_claim_together() {
     let (_d, path) = temp_db();
     let store = open(&path);
-    let crashing = demo_runner_with(
+    store
+        .with_conn(abridge::store::demo::create_demo_tables)
+        .unwrap();
+    let model = Counting::new(ToolsThenAnswer("lookup_order"));
+    let crashing = two_tool_runner(
         &store,
-        SEED,
-        Threshold::Tokens(1_500),
+        model.clone(),
+        None,
         Some(fail_at(FaultPoint::BeforeStepComplete, 1)),
-        EXTRAS,
-        "runner",
     );
-    let sid = demo_session(&crashing, SEED, 0).await;
-    let input = abridge::demo::user_turn(SEED, 0, 0);
-    let err = crashing.run_turn_at(sid, 0, &input).await.unwrap_err();
+    let s = crashing.create_session("s", "m", "sys").await.unwrap();
+    let err = crashing.run_turn(s.id, "go").await.unwrap_err();
     assert!(matches!(err, abridge::Error::Injected(_)), "{err}");
+    assert_eq!(step_states(&store), vec![(0, 0, "running".into(), vec![])]);
+    assert_eq!(demo_effect_count(&store), 0);
 
-    let states = step_states(&store);
-    let (_, step_idx, status, invocations) = states.last().unwrap().clone();
-    assert_eq!(status, "responded", "{states:?}");
-    assert!(
-        invocations
-            .iter()
-            .all(|s| s == "completed" || s == "failed")
-            && invocations.len() < step_calls(&store, step_idx),
-        "the last call's result must roll back with the completion: {states:?}"
+    let resumed = two_tool_runner(&store, model.clone(), None, None);
+    let out = resumed.run_turn_at(s.id, 0, "go").await.unwrap();
+    assert_eq!(out.output, "done");
+    assert_eq!(
+        model.count(),
+        3,
+        "step 0 twice (its response was lost), step 1 once"
     );
-
-    let fresh = || {
-        demo_runner_with(
-            &store,
-            SEED,
-            Threshold::Tokens(1_500),
-            None,
-            EXTRAS,
-            "runner",
-        )
-    };
-    run_script(&fresh(), fresh, SEED, 0, TURNS).await;
-    assert_eq!(transcript(&store, SEED, 0), transcript(&control, SEED, 0));
-    assert_eq!(effects(&store), effects(&control));
+    assert_eq!(
+        step_states(&store),
+        vec![
+            (0, 0, "completed".into(), statuses(2, "completed")),
+            (0, 1, "completed".into(), vec![])
+        ]
+    );
+    assert_eq!(demo_effect_count(&store), 2);
     assert_verified(&store);
 }
 
-/// How many tool calls the response of turn 0's step `step_idx` made.
-fn step_calls(store: &abridge::Store, step_idx: i64) -> usize {
+/// Scenario: a step that calls an outside (idempotent) tool commits its
+/// response, the transactional tool before it and the outside call's claim
+/// before the outside call happens. A crash after the outside call and before
+/// its result is recorded keeps all of that: on resume the model is not called
+/// again for step 0, the transactional effect is not repeated, and the outside
+/// tool is called again with the same idempotency key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outside_call_happens_after_the_response_and_earlier_tools_commit() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
     store
-        .with_conn(|c| {
-            let json: String = c.query_row(
-                "SELECT s.response FROM steps s JOIN turns t ON t.id = s.turn_id \
-                 WHERE t.idx = 0 AND s.idx = ?1",
-                [step_idx],
-                |r| r.get(0),
-            )?;
-            let r: abridge::ModelResponse = serde_json::from_str(&json).unwrap();
-            Ok(r.tool_calls().count())
-        })
-        .unwrap()
+        .with_conn(abridge::store::demo::create_demo_tables)
+        .unwrap();
+    let model = Counting::new(ToolsThenAnswer("notify"));
+    let external = Recording::default();
+    let crashing = two_tool_runner(
+        &store,
+        model.clone(),
+        Some(external.clone()),
+        Some(fail_at(FaultPoint::AfterToolEffect, 1)),
+    );
+    let s = crashing.create_session("s", "m", "sys").await.unwrap();
+    crashing.run_turn(s.id, "go").await.unwrap_err();
+    let mut want = statuses(1, "completed");
+    want.push("started".into());
+    assert_eq!(step_states(&store), vec![(0, 0, "responded".into(), want)]);
+    assert_eq!(demo_effect_count(&store), 1);
+
+    let resumed = two_tool_runner(&store, model.clone(), Some(external.clone()), None);
+    resumed.run_turn_at(s.id, 0, "go").await.unwrap();
+    assert_eq!(model.count(), 2, "step 0's response was reused");
+    assert_eq!(demo_effect_count(&store), 1);
+    let keys = external.0.lock().unwrap().clone();
+    assert_eq!(keys.len(), 2);
+    assert_eq!(
+        keys[0], keys[1],
+        "the repeated outside call has the same key"
+    );
+    assert_verified(&store);
 }
 
 /// Scenario: a running turn whose newest step is completed and whose next step

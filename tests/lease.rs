@@ -112,7 +112,7 @@ async fn turns_left_running_by_a_crash_are_listed_and_resumed() {
     let store = open(&path);
     let mut cfg = test_config(
         Threshold::Off,
-        Some(fail_at(abridge::FaultPoint::AfterResponsePersisted, 1)),
+        Some(fail_at(abridge::FaultPoint::AfterResponseWritten, 1)),
         "crashed",
     );
     cfg.lease_ttl = Duration::from_millis(100);

@@ -377,36 +377,35 @@ pub(crate) struct Responded {
     pub estimated: bool,
 }
 
-/// Writes a step's response, usage, hash and compaction read, inside the caller's
-/// fenced transaction: `running` → `responded`, or straight to `completed` for a
-/// final answer. A step that is no longer running means the lease was lost.
-fn write_response(
-    tx: &Transaction<'_>,
-    lease: &Lease,
-    r: &Responded,
-    now: i64,
-    complete: bool,
-) -> Result<()> {
-    let sql = if complete {
-        "UPDATE steps SET status = 'completed', compaction_id = ?1, messages_sha256 = ?2, \
-         response = ?3, input_tokens = ?4, output_tokens = ?5, context_tokens = ?6, \
-         estimated = ?7, responded_at = ?8, completed_at = ?8 WHERE id = ?9 AND status = 'running'"
-    } else {
-        "UPDATE steps SET status = 'responded', compaction_id = ?1, messages_sha256 = ?2, \
-         response = ?3, input_tokens = ?4, output_tokens = ?5, context_tokens = ?6, \
-         estimated = ?7, responded_at = ?8 WHERE id = ?9 AND status = 'running'"
-    };
-    let n = tx.prepare_cached(sql)?.execute(params![
-        r.compaction_id,
-        r.messages_sha256,
-        r.response_json,
-        r.input_tokens,
-        r.output_tokens,
-        r.context_tokens,
-        r.estimated,
-        now,
-        r.step_id
-    ])?;
+/// Opens a fenced IMMEDIATE transaction: every write of a leased turn runs in
+/// one. The caller commits it.
+pub(crate) fn fenced_tx<'c>(conn: &'c mut Connection, lease: &Lease) -> Result<Transaction<'c>> {
+    let tx = write_tx(conn)?;
+    fence(&tx, lease)?;
+    Ok(tx)
+}
+
+/// Writes a step's response, usage, hash, compaction read and context measure
+/// inside the caller's fenced transaction: `running` → `responded`. A step that
+/// is no longer running means the lease was lost.
+pub(crate) fn write_response(tx: &Transaction<'_>, lease: &Lease, r: &Responded) -> Result<()> {
+    let n = tx
+        .prepare_cached(
+            "UPDATE steps SET status = 'responded', compaction_id = ?1, messages_sha256 = ?2, \
+             response = ?3, input_tokens = ?4, output_tokens = ?5, context_tokens = ?6, \
+             estimated = ?7, responded_at = ?8 WHERE id = ?9 AND status = 'running'",
+        )?
+        .execute(params![
+            r.compaction_id,
+            r.messages_sha256,
+            r.response_json,
+            r.input_tokens,
+            r.output_tokens,
+            r.context_tokens,
+            r.estimated,
+            now_ms(),
+            r.step_id
+        ])?;
     if n == 0 {
         return Err(Error::LeaseLost {
             turn_id: lease.turn_id,
@@ -425,16 +424,6 @@ fn complete_turn(tx: &Transaction<'_>, lease: &Lease, output: &str, now: i64) ->
     )?
     .execute(params![output, now, lease.turn_id])?;
     get_turn(tx, lease.turn_id)
-}
-
-/// Persists the model response, usage, hash and compaction read: `running` →
-/// `responded`, fenced, in ONE IMMEDIATE transaction.
-pub(crate) fn persist_response(conn: &mut Connection, lease: &Lease, r: &Responded) -> Result<()> {
-    let tx = write_tx(conn)?;
-    fence(&tx, lease)?;
-    write_response(&tx, lease, r, now_ms(), false)?;
-    tx.commit()?;
-    Ok(())
 }
 
 /// A tool call to record.
@@ -482,28 +471,27 @@ fn insert_or_get_invocation(
     Ok((row, inserted))
 }
 
-/// Records that a tool call is about to run (or returns its row if it exists).
+/// Records that a tool call is about to run (or returns its row if it exists),
+/// inside the caller's fenced transaction.
 ///
 /// Claim semantics: UNIQUE(step_id, tool_call_id). Returns the row and whether
 /// this call inserted it. An existing `started` row gets `attempts + 1`.
 pub(crate) fn start_invocation(
-    conn: &mut Connection,
-    lease: &Lease,
+    tx: &Transaction<'_>,
     inv: &NewInvocation<'_>,
 ) -> Result<(InvocationRow, bool)> {
-    let tx = write_tx(conn)?;
-    fence(&tx, lease)?;
-    let (mut row, inserted) = insert_or_get_invocation(&tx, inv)?;
+    let (mut row, inserted) = insert_or_get_invocation(tx, inv)?;
     if !inserted && row.status == InvocationStatus::Started {
         tx.prepare_cached("UPDATE tool_invocations SET attempts = attempts + 1 WHERE id = ?1")?
             .execute([row.id])?;
         row.attempts += 1;
     }
-    tx.commit()?;
     Ok((row, inserted))
 }
 
-fn finish_invocation_in(
+/// Records a tool's result inside the caller's fenced transaction:
+/// `started` → `completed`/`failed`.
+pub(crate) fn finish_invocation(
     tx: &Transaction<'_>,
     lease: &Lease,
     id: i64,
@@ -530,72 +518,40 @@ fn finish_invocation_in(
     Ok(())
 }
 
-/// More writes for the transaction that records a tool's result, run after the
-/// result is written and before the commit (the runner completes the step there
-/// when it was its last tool call). An `Err` rolls the whole transaction back.
-pub(crate) type Then<'f> = Option<&'f dyn Fn(&Transaction<'_>) -> Result<()>>;
-
-/// Records a tool's result: `started` → `completed`/`failed`, fenced, then runs
-/// `then` in the same IMMEDIATE transaction.
-pub(crate) fn finish_invocation(
-    conn: &mut Connection,
-    lease: &Lease,
-    id: i64,
-    ok: bool,
-    result: &str,
-    then: Then<'_>,
-) -> Result<()> {
-    let tx = write_tx(conn)?;
-    fence(&tx, lease)?;
-    finish_invocation_in(&tx, lease, id, ok, result)?;
-    if let Some(then) = then {
-        then(&tx)?;
-    }
-    tx.commit()?;
-    Ok(())
-}
-
 /// What a transactional tool body returns: Ok(result) commits with its writes.
 pub(crate) type TxBody<'f> = dyn FnOnce(&Transaction<'_>, &InvocationRow) -> Result<std::result::Result<String, String>>
     + 'f;
 
-/// Runs a transactional tool: claims the invocation, runs `body` and records the
-/// result in ONE IMMEDIATE transaction, so the tool's writes and its completion
-/// commit together or not at all.
+/// Runs a transactional tool inside the caller's fenced transaction: claims the
+/// invocation, runs `body` and records the result, so the tool's writes and its
+/// record commit together or not at all.
 ///
 /// An already-finished invocation does not run `body`. A body that returns
 /// `Ok(Err(msg))` (the tool refused) has its writes rolled back to a savepoint
-/// and the error result is recorded instead. A body returning `Err` aborts
-/// everything (a crash: nothing recorded). `then` runs last, in the same
-/// transaction, whichever of these happened.
+/// and the error result is recorded instead. A body returning `Err` aborts the
+/// caller's transaction (a crash: nothing recorded).
 pub(crate) fn run_transactional(
-    conn: &mut Connection,
+    tx: &Transaction<'_>,
     lease: &Lease,
     inv: &NewInvocation<'_>,
     body: Box<TxBody<'_>>,
-    then: Then<'_>,
 ) -> Result<()> {
-    let tx = write_tx(conn)?;
-    fence(&tx, lease)?;
-    let (row, _) = insert_or_get_invocation(&tx, inv)?;
-    if row.status == InvocationStatus::Started || cfg!(feature = "broken-idempotency") {
-        tx.execute_batch("SAVEPOINT tool_body")?;
-        match body(&tx, &row)? {
-            Ok(result) => {
-                tx.execute_batch("RELEASE tool_body")?;
-                finish_invocation_in(&tx, lease, row.id, true, &result)?;
-            }
-            Err(msg) => {
-                tx.execute_batch("ROLLBACK TO tool_body; RELEASE tool_body")?;
-                finish_invocation_in(&tx, lease, row.id, false, &msg)?;
-            }
+    let (row, _) = insert_or_get_invocation(tx, inv)?;
+    if row.status != InvocationStatus::Started && !cfg!(feature = "broken-idempotency") {
+        return Ok(());
+    }
+    tx.prepare_cached("SAVEPOINT tool_body")?.execute([])?;
+    match body(tx, &row)? {
+        Ok(result) => {
+            tx.prepare_cached("RELEASE tool_body")?.execute([])?;
+            finish_invocation(tx, lease, row.id, true, &result)
+        }
+        Err(msg) => {
+            tx.prepare_cached("ROLLBACK TO tool_body")?.execute([])?;
+            tx.prepare_cached("RELEASE tool_body")?.execute([])?;
+            finish_invocation(tx, lease, row.id, false, &msg)
         }
     }
-    if let Some(then) = then {
-        then(&tx)?;
-    }
-    tx.commit()?;
-    Ok(())
 }
 
 pub(crate) fn list_invocations(conn: &Connection, step_id: i64) -> Result<Vec<InvocationRow>> {
@@ -607,29 +563,11 @@ pub(crate) fn list_invocations(conn: &Connection, step_id: i64) -> Result<Vec<In
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
-/// Persists a final answer: the response as [`persist_response`] does, the step
-/// completed and the turn completed with `output`, in ONE fenced IMMEDIATE
-/// transaction. Returns the finished turn.
-pub(crate) fn persist_final(
-    conn: &mut Connection,
-    lease: &Lease,
-    r: &Responded,
-    output: &str,
-) -> Result<TurnRow> {
-    let tx = write_tx(conn)?;
-    fence(&tx, lease)?;
-    let now = now_ms();
-    write_response(&tx, lease, r, now, true)?;
-    let turn = complete_turn(&tx, lease, output, now)?;
-    tx.commit()?;
-    Ok(turn)
-}
-
 /// Marks a responded step completed inside the caller's fenced transaction;
 /// with `final_output` also completes the turn (releasing its lease) and
 /// returns it, otherwise claims the next step (`running`), so that the next
 /// step starts with a read, not a write.
-pub(crate) fn complete_step_in(
+pub(crate) fn complete_step(
     tx: &Transaction<'_>,
     lease: &Lease,
     step_id: i64,
@@ -649,21 +587,6 @@ pub(crate) fn complete_step_in(
             Ok(None)
         }
     }
-}
-
-/// [`complete_step_in`] in its own fenced IMMEDIATE transaction.
-pub(crate) fn complete_step(
-    conn: &mut Connection,
-    lease: &Lease,
-    step_id: i64,
-    step_idx: i64,
-    final_output: Option<&str>,
-) -> Result<Option<TurnRow>> {
-    let tx = write_tx(conn)?;
-    fence(&tx, lease)?;
-    let finished = complete_step_in(&tx, lease, step_id, step_idx, final_output)?;
-    tx.commit()?;
-    Ok(finished)
 }
 
 /// Fails the turn (and the step, if given) with `error`, fenced.
