@@ -8,7 +8,7 @@
 
 use crate::error::Result;
 use crate::message::{ContentBlock, Message, ModelResponse, ResponseBlock, Role};
-use crate::store::HistoryTurn;
+use crate::store::{HistoryStep, HistoryTurn};
 use std::collections::HashMap;
 
 /// The compaction summary a step reads, as rendered.
@@ -57,7 +57,12 @@ pub fn build_messages(
 /// and this for every turn, in order.
 pub fn render_turn(turn: &HistoryTurn, out: &mut Vec<Message>) -> Result<()> {
     out.push(Message::text(Role::User, turn.input.clone()));
-    for step in &turn.steps {
+    render_steps(&turn.steps, out)
+}
+
+/// Appends completed steps' messages: what `render_turn` adds after the input.
+pub(crate) fn render_steps(steps: &[HistoryStep], out: &mut Vec<Message>) -> Result<()> {
+    for step in steps {
         let response: ModelResponse = serde_json::from_str(&step.response)?;
         render_step(&response, &step.results, out);
     }

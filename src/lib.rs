@@ -35,6 +35,8 @@
 //! - [`message`]: provider-neutral messages, requests, responses; bytes and hashes.
 //! - [`builder`]: the pure message builder (rows in, message array out).
 //! - [`replay`]: rebuilding an executed step's messages from the store (G3).
+//! - `context`: the message context a runner extends step by step (and keeps
+//!   between turns), byte for byte what a full rebuild gives.
 //! - [`runner`]: the durable turn/step runner, leases and fencing, tool effect modes.
 //! - [`tools`]: the tool traits and registry.
 //! - [`model`]: the model client trait and its crash contract.
@@ -52,6 +54,7 @@
 pub mod builder;
 pub mod chaos;
 pub mod compaction;
+mod context;
 pub mod demo;
 pub mod error;
 pub mod events;

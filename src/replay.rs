@@ -45,41 +45,6 @@ pub(crate) fn build_for(
     build_messages(&session.system_prompt, view, &history)
 }
 
-/// A step's messages in two parts: everything before its turn (final rows, the
-/// same for every step of the turn) and its turn so far.
-pub(crate) struct Parts {
-    pub prefix: Option<Vec<Message>>,
-    pub current: Vec<Message>,
-}
-
-/// Builds the current turn's messages, and the prefix (system prompt, summary,
-/// earlier kept turns) unless the caller already has it.
-pub(crate) fn build_parts(
-    conn: &Connection,
-    session: &SessionRow,
-    turn_idx: i64,
-    step_idx: i64,
-    compaction: Option<&CompactionRow>,
-    need_prefix: bool,
-) -> Result<Parts> {
-    let prefix = if need_prefix {
-        let after = compaction.map_or(-1, |c| c.up_to_turn_index);
-        let history = store::load_history(conn, session.id, after, turn_idx - 1, i64::MAX)?;
-        let view = compaction.map(|c| SummaryView {
-            up_to_turn_index: c.up_to_turn_index,
-            summary: c.summary.as_deref().unwrap_or(""),
-        });
-        Some(build_messages(&session.system_prompt, view, &history)?)
-    } else {
-        None
-    };
-    let mut current = Vec::new();
-    for turn in store::load_history(conn, session.id, turn_idx - 1, turn_idx, step_idx)? {
-        crate::builder::render_turn(&turn, &mut current)?;
-    }
-    Ok(Parts { prefix, current })
-}
-
 /// Rebuilds an executed step's messages, their bytes and hash, next to the hash
 /// it recorded. Errors with [`Error::StepNotExecuted`] for a step that never got
 /// a response.

@@ -9,12 +9,13 @@
 //! write anything more.
 
 use crate::compaction::{CompactionConfig, Compactor, Decision, ExtractiveSummariser, Summariser};
+use crate::context::{Context, ContextCache};
 use crate::error::{Error, Result};
 use crate::events::{Event, EventSink};
 use crate::fault::{self, FaultHook, FaultPoint};
-use crate::message::{to_bytes, ModelRequest, ModelResponse};
+use crate::message::{ModelRequest, ModelResponse};
 use crate::model::{ModelClient, ModelError};
-use crate::replay::{build_parts, rebuild_step, Parts, Rebuilt};
+use crate::replay::{rebuild_step, Rebuilt};
 use crate::store::{
     self, CompactionRow, Effect, InvocationStatus, Lease, NewInvocation, Responded, SessionRow,
     StepStatus, Store, TurnRow, TurnStatus,
@@ -49,6 +50,11 @@ pub struct RunnerConfig {
     /// Default true. Off only to simulate a frozen holder (a GC pause, a stopped
     /// process) in tests: its lease then expires and it gets fenced.
     pub heartbeat: bool,
+    /// Bytes of message contexts kept between turns, one per session, least
+    /// recently used out. With its context kept, a turn's first step reads only
+    /// the rows written since the session's previous step instead of rebuilding
+    /// everything after the summary. Default 64 MiB; 0 keeps none.
+    pub context_cache_bytes: usize,
     /// Compaction settings.
     pub compaction: CompactionConfig,
     /// Fault injection (tests, chaos harness). Default None.
@@ -77,16 +83,18 @@ impl Default for RunnerConfig {
             model_timeout: Duration::from_secs(300),
             take_over_dead_local_owners: true,
             heartbeat: true,
+            context_cache_bytes: 64 << 20,
             compaction: CompactionConfig::default(),
             fault_hook: None,
         }
     }
 }
 
-/// What `prepare` found for the next step.
+/// What `prepare` found for the next step. The session's message context
+/// travels with it.
 enum Prepared {
     /// A step with a persisted response: run its tools.
-    Resume(store::StepRow),
+    Resume(store::StepRow, Option<Context>),
     /// The step fails the turn (max steps, compaction failure policy).
     Fail(store::StepRow, Error),
     /// A step to execute.
@@ -96,58 +104,9 @@ enum Prepared {
 /// The work of a step to execute.
 enum Work {
     /// Nothing to compact: the compaction it reads and its messages, built.
-    Ready(Option<CompactionRow>, Parts),
+    Ready(Option<CompactionRow>, Context),
     /// A compaction is due first.
-    Compact(Decision),
-}
-
-/// The messages before the current turn, serialised and hashed once per turn:
-/// those rows are final, so every step of the turn shares them. The assembled
-/// bytes equal `to_bytes` of the whole array (serde_json writes an array as
-/// `[`, the elements joined by `,`, then `]`), which `replay` rebuilds in full.
-struct Prefix {
-    compaction_id: Option<i64>,
-    messages: Vec<crate::message::Message>,
-    /// The serialised prefix without its closing `]`.
-    open_bytes: Vec<u8>,
-    hasher: sha2::Sha256,
-}
-
-impl Prefix {
-    fn new(compaction_id: Option<i64>, messages: Vec<crate::message::Message>) -> Prefix {
-        use sha2::Digest;
-        let mut open_bytes = to_bytes(&messages);
-        open_bytes.pop(); // the closing ']'
-        let mut hasher = sha2::Sha256::new();
-        hasher.update(&open_bytes);
-        Prefix {
-            compaction_id,
-            messages,
-            open_bytes,
-            hasher,
-        }
-    }
-
-    /// The whole message array, the bytes after the prefix, and the hash of all.
-    fn assemble(
-        &self,
-        current: Vec<crate::message::Message>,
-    ) -> (Vec<crate::message::Message>, Vec<u8>, String) {
-        use sha2::Digest;
-        let mut tail = Vec::new();
-        for m in &current {
-            tail.push(b',');
-            serde_json::to_writer(&mut tail, m).expect("messages serialise");
-        }
-        tail.push(b']');
-        let mut h = self.hasher.clone();
-        h.update(&tail);
-        let sha = crate::message::hex(&h.finalize());
-        let mut messages = Vec::with_capacity(self.messages.len() + current.len());
-        messages.extend_from_slice(&self.messages);
-        messages.extend(current);
-        (messages, tail, sha)
-    }
+    Compact(Decision, Option<Context>),
 }
 
 /// How a turn ended.
@@ -168,6 +127,7 @@ struct Inner {
     cfg: RunnerConfig,
     compactor: Compactor,
     events: EventSink,
+    contexts: ContextCache,
 }
 
 /// Runs turns durably. Cheap to clone; share one per store and model.
@@ -255,6 +215,7 @@ impl RunnerBuilder {
                 store: self.store,
                 model: self.model,
                 tools: self.tools,
+                contexts: ContextCache::new(cfg.context_cache_bytes),
                 cfg,
                 compactor,
                 events,
@@ -390,7 +351,8 @@ impl Runner {
     /// the first step to run, prepared.
     fn start(&self, c: &mut rusqlite::Connection, turn: TurnRow, lease: Lease) -> Result<Begun> {
         let session = store::get_session(c, turn.session_id)?;
-        let first = self.prepare(c, &session, &turn, &lease, None)?;
+        let ctx = self.inner.contexts.take(session.id);
+        let first = self.prepare(c, &session, &turn, &lease, ctx)?;
         Ok(Begun::Drive(Box::new((turn, lease, session, first))))
     }
 
@@ -499,22 +461,18 @@ impl Runner {
         first: Prepared,
     ) -> Result<TurnOutcome> {
         let _hb = self.heartbeat(&lease);
-        let mut prefix: Option<Prefix> = None;
         let mut next = first;
         loop {
-            let (step, response, persist) = match next {
-                Prepared::Resume(step) => {
+            let (step, response, persist, ctx) = match next {
+                Prepared::Resume(step, ctx) => {
                     let r: ModelResponse =
                         serde_json::from_str(step.response.as_deref().unwrap_or("{}"))?;
-                    (step, r, None)
+                    (step, r, None, ctx)
                 }
                 Prepared::Fail(step, e) => return self.fail(&lease, Some(step.id), e).await,
                 Prepared::Run(step, work) => {
-                    match self
-                        .execute(&session, &turn, &step, *work, &mut prefix)
-                        .await
-                    {
-                        Ok((r, persist)) => (step, r, Some(persist)),
+                    match self.execute(&session, &turn, &step, *work).await {
+                        Ok((r, persist, ctx)) => (step, r, Some(persist), Some(ctx)),
                         Err(e) if e.is_resumable() => return Err(e),
                         Err(e) => return self.fail(&lease, Some(step.id), e).await,
                     }
@@ -531,7 +489,7 @@ impl Runner {
                 lease: lease.clone(),
                 step_id: step.id,
                 step_idx: step.idx,
-                cached: prefix.as_ref().map(|p| p.compaction_id),
+                ctx: std::sync::Mutex::new(ctx),
             });
             let mut advanced = self.advance(&plan, 0, persist, None).await?;
             next = loop {
@@ -571,12 +529,12 @@ impl Runner {
         session: &SessionRow,
         turn: &TurnRow,
         lease: &Lease,
-        cached: Option<Option<i64>>,
+        ctx: Option<Context>,
     ) -> Result<Prepared> {
         let max_steps = self.inner.cfg.max_steps;
         let step = store::claim_step(c, lease)?;
         if step.status != StepStatus::Running {
-            return Ok(Prepared::Resume(step));
+            return Ok(Prepared::Resume(step, ctx));
         }
         if step.idx >= max_steps as i64 {
             return Ok(Prepared::Fail(
@@ -594,11 +552,11 @@ impl Runner {
         };
         let work = match decision {
             Decision::Read(row) => {
-                let need_prefix = cached != Some(row.as_ref().map(|r| r.id));
-                let parts = build_parts(c, session, turn.idx, step.idx, row.as_ref(), need_prefix)?;
-                Work::Ready(row, parts)
+                let at = (turn.idx, step.idx);
+                let ctx = Context::advance(ctx, c, session, row.as_ref(), at)?;
+                Work::Ready(row, ctx)
             }
-            other => Work::Compact(other),
+            other => Work::Compact(other, ctx),
         };
         Ok(Prepared::Run(step, Box::new(work)))
     }
@@ -612,52 +570,30 @@ impl Runner {
         turn: &TurnRow,
         step: &store::StepRow,
         work: Work,
-        prefix: &mut Option<Prefix>,
-    ) -> Result<(ModelResponse, Responded)> {
+    ) -> Result<(ModelResponse, Responded, Context)> {
         let (step_id, step_idx) = (step.id, step.idx);
-        let (compaction, parts) = match work {
-            Work::Ready(row, parts) => (row, parts),
-            Work::Compact(decision) => {
+        let (compaction, ctx) = match work {
+            Work::Ready(row, ctx) => (row, ctx),
+            Work::Compact(decision, ctx) => {
                 // The hook where compaction runs: the step reads only what it returns.
                 let row = self
                     .inner
                     .compactor
                     .act(session.id, turn.idx, decision)
                     .await?;
-                let need_prefix =
-                    prefix.as_ref().map(|p| p.compaction_id) != Some(row.as_ref().map(|r| r.id));
-                let (s, t, r) = (session.clone(), turn.idx, row.clone());
-                let parts = self
+                let (s, at, r) = (session.clone(), (turn.idx, step_idx), row.clone());
+                let ctx = self
                     .inner
                     .store
-                    .call(move |conn| build_parts(conn, &s, t, step_idx, r.as_ref(), need_prefix))
+                    .call(move |conn| Context::advance(ctx, conn, &s, r.as_ref(), at))
                     .await?;
-                (row, parts)
+                (row, ctx)
             }
         };
-        if let Some(messages) = parts.prefix {
-            *prefix = Some(Prefix::new(compaction.as_ref().map(|c| c.id), messages));
-        }
-        let prefix = prefix
-            .as_ref()
-            .ok_or_else(|| Error::Task("no message prefix for this compaction".into()))?;
         fault::check(&self.inner.cfg.fault_hook, FaultPoint::BeforeModelCall)?;
 
-        let (messages, tail, sha) = prefix.assemble(parts.current);
-        let estimate = || {
-            let mut bytes = Vec::with_capacity(prefix.open_bytes.len() + tail.len());
-            bytes.extend_from_slice(&prefix.open_bytes);
-            bytes.extend_from_slice(&tail);
-            // serde_json writes UTF-8; the check is a fast validation, not a copy.
-            let text = std::str::from_utf8(&bytes).unwrap_or_default();
-            self.inner.cfg.compaction.token_counter.count(text) as i64
-        };
-        let request = ModelRequest {
-            model: session.model.clone(),
-            messages,
-            tools: self.inner.tools.specs(),
-            max_output_tokens: None,
-        };
+        let sha = ctx.sha256();
+        let request = ctx.request(&session.model, self.inner.tools.specs());
         let response = self.call_model(request, step_id).await?;
         if response.is_empty() {
             return Err(Error::EmptyResponse { step_id });
@@ -666,7 +602,11 @@ impl Runner {
 
         let (context_tokens, estimated) = match response.usage.input_tokens {
             Some(n) => (n as i64, false),
-            None => (estimate(), true),
+            None => {
+                let text = format!("{}]", ctx.text());
+                let n = self.inner.cfg.compaction.token_counter.count(&text);
+                (n as i64, true)
+            }
         };
         let r = Responded {
             step_id,
@@ -678,7 +618,7 @@ impl Runner {
             context_tokens,
             estimated,
         };
-        Ok((response, r))
+        Ok((response, r, ctx))
     }
 
     async fn call_model(&self, request: ModelRequest, step_id: i64) -> Result<ModelResponse> {
@@ -807,10 +747,14 @@ impl Runner {
         let final_output = (n == 0).then_some(plan.final_text.as_str());
         let finished = store::complete_step(&tx, lease, plan.step_id, plan.step_idx, final_output)?;
         tx.commit()?;
+        let ctx = plan.ctx.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(turn) = finished {
+            if let Some(ctx) = ctx {
+                self.inner.contexts.put(ctx); // for the session's next turn
+            }
             return Ok(Advanced::Finished(turn, plan.final_text.clone()));
         }
-        let next = self.prepare(c, &plan.session, &plan.turn, lease, plan.cached)?;
+        let next = self.prepare(c, &plan.session, &plan.turn, lease, ctx)?;
         Ok(Advanced::Next(next))
     }
 
@@ -866,8 +810,8 @@ struct StepPlan {
     lease: Lease,
     step_id: i64,
     step_idx: i64,
-    /// The compaction the runner's message prefix is for.
-    cached: Option<Option<i64>>,
+    /// The session's message context, handed to the next step's `prepare`.
+    ctx: std::sync::Mutex<Option<Context>>,
 }
 
 impl StepPlan {

@@ -85,3 +85,89 @@ fn in_place_blocking_runs_turns_on_both_runtime_flavors() {
         assert!(assert_all_steps_rebuild(&store) > 8);
     }
 }
+
+/// A runner like `demo_runner`'s, keeping `cache_bytes` of contexts between turns.
+fn runner_with_cache(
+    store: &abridge::Store,
+    seed: u64,
+    owner: &str,
+    cache_bytes: usize,
+) -> abridge::Runner {
+    let mut cfg = test_config(Threshold::Tokens(900), None, owner);
+    cfg.context_cache_bytes = cache_bytes;
+    abridge::Runner::builder(store.clone(), std::sync::Arc::new(demo_model(seed, &[])))
+        .tools(abridge::demo::demo_tools(
+            Some(store.path().to_path_buf()),
+            std::time::Duration::ZERO,
+        ))
+        .config(cfg)
+        .build()
+        .unwrap()
+}
+
+/// Every executed step's (turn idx, step idx, recorded hash), in order.
+fn step_hashes(store: &abridge::Store) -> Vec<(i64, i64, String)> {
+    store
+        .with_conn(|c| {
+            let mut st = c.prepare(
+                "SELECT t.idx, s.idx, s.messages_sha256 FROM steps s JOIN turns t \
+                 ON t.id = s.turn_id WHERE s.messages_sha256 IS NOT NULL ORDER BY t.idx, s.idx",
+            )?;
+            let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .unwrap()
+}
+
+/// Scenario: two runners (two hosts) take turns on one session, each keeping
+/// the session's message context between its turns; each runner's kept
+/// context is behind by the turns the other ran, and compactions complete in
+/// between. Every step's messages, extended from a kept context, hash the same
+/// as in a control run by one runner that keeps no context (each turn's first
+/// step built in full), and every step rebuilds from the store to its hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_contexts_extend_over_turns_other_runners_ran() {
+    const SEED: u64 = 5;
+    const TURNS: i64 = 18;
+    let (_c, control_path) = temp_db();
+    let control = open(&control_path);
+    let single = runner_with_cache(&control, SEED, "host", 0);
+    let sid = demo_session(&single, SEED, 0).await;
+    for t in 0..TURNS {
+        let input = abridge::demo::user_turn(SEED, 0, t as u64);
+        single.run_turn_at(sid, t, &input).await.unwrap();
+    }
+
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let a = runner_with_cache(&store, SEED, "host", 64 << 20);
+    let b = runner_with_cache(&store, SEED, "host", 64 << 20);
+    let sid = demo_session(&a, SEED, 0).await;
+    for t in 0..TURNS {
+        // a, a, b, a, b, b, a, ...: both runners fall behind by one or two turns.
+        let runner = if [0, 1, 3, 6, 7, 9, 12, 15].contains(&t) {
+            &a
+        } else {
+            &b
+        };
+        let input = abridge::demo::user_turn(SEED, 0, t as u64);
+        runner.run_turn_at(sid, t, &input).await.unwrap();
+    }
+    let compactions: i64 = store
+        .with_conn(|c| {
+            Ok(c.query_row(
+                "SELECT count(*) FROM compactions WHERE status = 'completed'",
+                [],
+                |r| r.get(0),
+            )?)
+        })
+        .unwrap();
+    assert!(
+        compactions >= 2,
+        "{compactions} compactions: the run must cross several"
+    );
+    assert_eq!(step_hashes(&store), step_hashes(&control));
+    assert_eq!(transcript(&store, SEED, 0), transcript(&control, SEED, 0));
+    assert_all_steps_rebuild(&store);
+    assert_verified(&store);
+}

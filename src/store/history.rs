@@ -40,13 +40,34 @@ pub(crate) fn load_history(
     upto_idx: i64,
     before_step_idx: i64,
 ) -> Result<Vec<HistoryTurn>> {
+    load_range(
+        conn,
+        session_id,
+        (after_idx + 1, 0),
+        (upto_idx, before_step_idx),
+    )
+}
+
+/// Loads the rows between two positions `(turn idx, step idx)` of a session:
+/// turns `from.0 ..= to.0` with their completed steps, in turn `from.0` only
+/// the steps from `from.1` on, in turn `to.0` only those before `to.1`. The
+/// first turn's input is loaded too; a caller continuing a message array
+/// inside that turn skips it.
+pub(crate) fn load_range(
+    conn: &Connection,
+    session_id: i64,
+    from: (i64, i64),
+    to: (i64, i64),
+) -> Result<Vec<HistoryTurn>> {
+    let (from_idx, from_step) = from;
+    let (upto_idx, before_step_idx) = to;
     let mut turns: Vec<(i64, HistoryTurn)> = Vec::new();
     {
         let mut st = conn.prepare_cached(
-            "SELECT id, idx, input FROM turns WHERE session_id = ?1 AND idx > ?2 AND idx <= ?3 \
+            "SELECT id, idx, input FROM turns WHERE session_id = ?1 AND idx >= ?2 AND idx <= ?3 \
              ORDER BY idx",
         )?;
-        let mut rows = st.query(params![session_id, after_idx, upto_idx])?;
+        let mut rows = st.query(params![session_id, from_idx, upto_idx])?;
         while let Some(r) = rows.next()? {
             turns.push((
                 r.get(0)?,
@@ -78,10 +99,16 @@ pub(crate) fn load_history(
         let mut st = conn.prepare_cached(
             "SELECT s.id, s.turn_id, s.idx, s.response FROM turns t \
              JOIN steps s ON s.turn_id = t.id \
-             WHERE t.session_id = ?1 AND t.idx > ?2 AND t.idx <= ?3 AND s.status = 'completed' \
-             AND (t.idx < ?3 OR s.idx < ?4) ORDER BY t.idx, s.idx",
+             WHERE t.session_id = ?1 AND t.idx >= ?2 AND t.idx <= ?3 AND s.status = 'completed' \
+             AND (t.idx < ?3 OR s.idx < ?4) AND (t.idx > ?2 OR s.idx >= ?5) ORDER BY t.idx, s.idx",
         )?;
-        let mut rows = st.query(params![session_id, after_idx, upto_idx, before_step_idx])?;
+        let mut rows = st.query(params![
+            session_id,
+            from_idx,
+            upto_idx,
+            before_step_idx,
+            from_step
+        ])?;
         while let Some(r) = rows.next()? {
             let turn_id: i64 = r.get(1)?;
             if let Some(p) = pos_of(turn_id, &turns) {
@@ -98,11 +125,17 @@ pub(crate) fn load_history(
         let mut st = conn.prepare_cached(
             "SELECT i.step_id, i.tool_call_id, i.status, i.result FROM turns t \
              JOIN steps s ON s.turn_id = t.id JOIN tool_invocations i ON i.step_id = s.id \
-             WHERE t.session_id = ?1 AND t.idx > ?2 AND t.idx <= ?3 AND s.status = 'completed' \
-             AND (t.idx < ?3 OR s.idx < ?4) AND i.status <> 'started' \
-             ORDER BY t.idx, s.idx, i.position",
+             WHERE t.session_id = ?1 AND t.idx >= ?2 AND t.idx <= ?3 AND s.status = 'completed' \
+             AND (t.idx < ?3 OR s.idx < ?4) AND (t.idx > ?2 OR s.idx >= ?5) \
+             AND i.status <> 'started' ORDER BY t.idx, s.idx, i.position",
         )?;
-        let mut rows = st.query(params![session_id, after_idx, upto_idx, before_step_idx])?;
+        let mut rows = st.query(params![
+            session_id,
+            from_idx,
+            upto_idx,
+            before_step_idx,
+            from_step
+        ])?;
         // Steps come in the same order as `step_ids`; walk both together.
         let mut cursor = 0usize;
         while let Some(r) = rows.next()? {

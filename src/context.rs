@@ -1,0 +1,237 @@
+//! The message context a runner keeps per session, extended step by step.
+//!
+//! A step's messages are the system prompt, the summary it reads, and every
+//! completed step since: rows that never change once written (G3). So the
+//! array a step sends is the previous step's array plus what completed in
+//! between, and its bytes are the previous bytes plus those messages. A
+//! [`Context`] keeps the array, its serialised bytes (without the closing `]`)
+//! and the SHA-256 state of those bytes; each step appends only the rows
+//! written since the last one, read with the same queries and rendered by the
+//! same functions as a full build. The result is byte for byte what
+//! `replay::build_for` gives (which is what `rebuild_step` uses), without
+//! re-reading, re-rendering and re-hashing the whole context at every step.
+//!
+//! A context is keyed by the compaction it starts from: a new compaction
+//! means a new array, built in full. [`ContextCache`] keeps contexts between
+//! turns, least recently used first out, within a byte budget.
+
+use crate::builder::{render_steps, render_turn};
+use crate::error::Result;
+use crate::message::{Message, ModelRequest};
+use crate::replay::build_for;
+use crate::store::{self, CompactionRow, SessionRow};
+use rusqlite::Connection;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// A session's message array up to a position, serialised and hashed.
+pub(crate) struct Context {
+    session_id: i64,
+    compaction_id: Option<i64>,
+    /// `(turn idx, step idx)`: the array holds everything before step `at.1`
+    /// of turn `at.0`, that turn's input included.
+    at: (i64, i64),
+    messages: Vec<Message>,
+    /// `[` and the serialised messages joined by `,`: the bytes a step hashes,
+    /// less the closing `]`.
+    open_bytes: Vec<u8>,
+    hasher: Sha256,
+}
+
+impl Context {
+    /// Builds the array of step `at.1` of turn `at.0` reading `compaction`, in
+    /// full.
+    pub(crate) fn build(
+        conn: &Connection,
+        session: &SessionRow,
+        compaction: Option<&CompactionRow>,
+        at: (i64, i64),
+    ) -> Result<Context> {
+        let messages = build_for(conn, session, at.0, at.1, compaction)?;
+        let mut ctx = Context {
+            session_id: session.id,
+            compaction_id: compaction.map(|c| c.id),
+            at,
+            messages: Vec::with_capacity(messages.len()),
+            open_bytes: vec![b'['],
+            hasher: Sha256::new(),
+        };
+        ctx.hasher.update(b"[");
+        ctx.push(messages);
+        Ok(ctx)
+    }
+
+    /// Whether this context can be extended to step `at` of `session` reading
+    /// compaction `compaction_id`.
+    pub(crate) fn continues_to(
+        &self,
+        session_id: i64,
+        compaction_id: Option<i64>,
+        at: (i64, i64),
+    ) -> bool {
+        self.session_id == session_id && self.compaction_id == compaction_id && self.at <= at
+    }
+
+    /// The array of step `at`: this one, extended with the rows written since,
+    /// or built in full when this one cannot be extended there.
+    pub(crate) fn advance(
+        this: Option<Context>,
+        conn: &Connection,
+        session: &SessionRow,
+        compaction: Option<&CompactionRow>,
+        at: (i64, i64),
+    ) -> Result<Context> {
+        match this {
+            Some(mut ctx) if ctx.continues_to(session.id, compaction.map(|c| c.id), at) => {
+                ctx.extend(conn, at)?;
+                Ok(ctx)
+            }
+            _ => Context::build(conn, session, compaction, at),
+        }
+    }
+
+    fn extend(&mut self, conn: &Connection, to: (i64, i64)) -> Result<()> {
+        if to == self.at {
+            return Ok(());
+        }
+        let turns = store::load_range(conn, self.session_id, self.at, to)?;
+        let mut more = Vec::new();
+        for turn in &turns {
+            if turn.idx == self.at.0 {
+                render_steps(&turn.steps, &mut more)?; // its input is in already
+            } else {
+                render_turn(turn, &mut more)?;
+            }
+        }
+        self.push(more);
+        self.at = to;
+        Ok(())
+    }
+
+    fn push(&mut self, messages: Vec<Message>) {
+        for m in messages {
+            let start = self.open_bytes.len();
+            if !self.messages.is_empty() {
+                self.open_bytes.push(b',');
+            }
+            serde_json::to_writer(&mut self.open_bytes, &m).expect("messages serialise");
+            self.hasher.update(&self.open_bytes[start..]);
+            self.messages.push(m);
+        }
+    }
+
+    /// SHA-256 (hex) of the array's bytes: what `to_bytes` of the messages gives.
+    pub(crate) fn sha256(&self) -> String {
+        let mut h = self.hasher.clone();
+        h.update(b"]");
+        crate::message::hex(&h.finalize())
+    }
+
+    /// The array's bytes as text, less the closing `]` (for a token estimate).
+    pub(crate) fn text(&self) -> &str {
+        // serde_json writes UTF-8; the check is a validation, not a copy.
+        std::str::from_utf8(&self.open_bytes).unwrap_or_default()
+    }
+
+    /// The request for the model: a copy of the array.
+    pub(crate) fn request(
+        &self,
+        model: &str,
+        tools: Vec<crate::message::ToolSpec>,
+    ) -> ModelRequest {
+        ModelRequest {
+            model: model.to_string(),
+            messages: self.messages.clone(),
+            tools,
+            max_output_tokens: None,
+        }
+    }
+
+    /// Roughly what the context holds in memory.
+    fn weight(&self) -> usize {
+        2 * self.open_bytes.len()
+    }
+}
+
+/// Contexts kept between turns, one per session, within a byte budget.
+pub(crate) struct ContextCache {
+    budget: usize,
+    inner: Mutex<CacheInner>,
+}
+
+#[derive(Default)]
+struct CacheInner {
+    entries: HashMap<i64, (u64, Context)>,
+    clock: u64,
+    weight: usize,
+}
+
+impl ContextCache {
+    /// A cache holding at most about `budget` bytes; 0 keeps nothing.
+    pub(crate) fn new(budget: usize) -> ContextCache {
+        ContextCache {
+            budget,
+            inner: Mutex::new(CacheInner::default()),
+        }
+    }
+
+    /// Takes the session's context out (a turn owns it while it runs).
+    pub(crate) fn take(&self, session_id: i64) -> Option<Context> {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let (_, ctx) = inner.entries.remove(&session_id)?;
+        inner.weight -= ctx.weight();
+        Some(ctx)
+    }
+
+    /// Puts a context back after its turn, evicting the least recently used
+    /// ones beyond the budget. A context larger than the whole budget is dropped.
+    pub(crate) fn put(&self, ctx: Context) {
+        let w = ctx.weight();
+        if w > self.budget {
+            return;
+        }
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.clock += 1;
+        let tick = inner.clock;
+        if let Some((_, old)) = inner.entries.insert(ctx.session_id, (tick, ctx)) {
+            inner.weight -= old.weight();
+        }
+        inner.weight += w;
+        while inner.weight > self.budget {
+            let Some((&oldest, _)) = inner.entries.iter().min_by_key(|(_, (t, _))| *t) else {
+                break;
+            };
+            if let Some((_, c)) = inner.entries.remove(&oldest) {
+                inner.weight -= c.weight();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_keeps_the_budget_and_evicts_the_least_recently_used() {
+        let ctx = |session_id: i64, n: usize| Context {
+            session_id,
+            compaction_id: None,
+            at: (0, 0),
+            messages: Vec::new(),
+            open_bytes: vec![b'x'; n],
+            hasher: Sha256::new(),
+        };
+        let cache = ContextCache::new(100);
+        cache.put(ctx(1, 20)); // weight 40
+        cache.put(ctx(2, 20)); // 80
+        cache.put(ctx(3, 20)); // 120 > 100: session 1 goes
+        assert!(cache.take(1).is_none());
+        assert!(cache.take(2).is_some());
+        assert!(cache.take(3).is_some());
+        cache.put(ctx(4, 60)); // larger than the budget: not kept
+        assert!(cache.take(4).is_none());
+        assert_eq!(cache.inner.lock().unwrap().weight, 0);
+    }
+}
