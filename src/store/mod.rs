@@ -241,6 +241,9 @@ impl Store {
             .max_size(opts.max_connections)
             // Longer than busy_timeout, so a connection wait never fires first.
             .connection_timeout(busy + Duration::from_secs(5))
+            // A connection to a local file does not go stale; the check would
+            // cost a statement on every checkout.
+            .test_on_check_out(false)
             .build(manager)?;
         Ok(Store {
             pool,

@@ -156,11 +156,9 @@ pub(crate) fn begin_turn(
 ) -> Result<(TurnRow, Option<Lease>)> {
     let tx = write_tx(conn)?;
     get_session(&tx, session_id)?;
-    let next: i64 = tx.query_row(
-        "SELECT coalesce(max(idx) + 1, 0) FROM turns WHERE session_id = ?1",
-        [session_id],
-        |r| r.get(0),
-    )?;
+    let next: i64 = tx
+        .prepare_cached("SELECT coalesce(max(idx) + 1, 0) FROM turns WHERE session_id = ?1")?
+        .query_row([session_id], |r| r.get(0))?;
     let idx = idx.unwrap_or(next);
     if idx < next {
         let existing: TurnRow = tx.query_row(
@@ -195,11 +193,8 @@ pub(crate) fn begin_turn(
         });
     }
     if let Some(running) = tx
-        .query_row(
-            "SELECT idx FROM turns WHERE session_id = ?1 AND status = 'running'",
-            [session_id],
-            |r| r.get::<_, i64>(0),
-        )
+        .prepare_cached("SELECT idx FROM turns WHERE session_id = ?1 AND status = 'running'")?
+        .query_row([session_id], |r| r.get::<_, i64>(0))
         .optional()?
     {
         return Err(Error::TurnRunning {
@@ -208,11 +203,11 @@ pub(crate) fn begin_turn(
         });
     }
     let now = now_ms();
-    tx.execute(
+    tx.prepare_cached(
         "INSERT INTO turns (session_id, idx, input, status, lease_owner, lease_epoch, \
          lease_expires_at, created_at) VALUES (?1, ?2, ?3, 'running', ?4, 1, ?5, ?6)",
-        params![session_id, idx, input, owner, now + ttl_ms, now],
-    )?;
+    )?
+    .execute(params![session_id, idx, input, owner, now + ttl_ms, now])?;
     let id = tx.last_insert_rowid();
     // Step 0 is claimed with its turn: the first step needs no write of its own.
     insert_step(&tx, id, 0, now)?;
