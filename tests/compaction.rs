@@ -640,3 +640,46 @@ async fn manual_compaction_records_focus_and_prompt_hash_and_emits_events() {
         matches!(got[1], Event::Compacted { boundary: 3, tokens_before, tokens_after, .. } if tokens_after < tokens_before)
     );
 }
+
+/// Scenario: ensure() reads on the calling thread only when a pooled
+/// connection is idle; with the only connection busy elsewhere it waits for it
+/// through the blocking pool and decides as it would have, instead of failing
+/// or blocking the runtime's thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ensure_waits_for_a_connection_when_none_is_idle() {
+    let (_d, path) = temp_db();
+    let seeded = open(&path);
+    let s = history(&seeded, 4).await;
+    let on = runner_with(&seeded, "on", extractive(), |_| {});
+    let row = on.compactor().ensure(&s, 4, 0).await.unwrap();
+    drop((on, seeded));
+
+    let store = abridge::Store::open_with(
+        &path,
+        abridge::StoreOptions {
+            max_connections: 1,
+            ..abridge::StoreOptions::default()
+        },
+    )
+    .unwrap();
+    let runner = runner_with(&store, "one-connection", extractive(), |_| {});
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let holder = {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            store
+                .with_conn(|_| {
+                    held_tx.send(()).unwrap();
+                    std::thread::sleep(Duration::from_millis(200));
+                    Ok(())
+                })
+                .unwrap()
+        })
+    };
+    held_rx.recv().unwrap();
+    let started = std::time::Instant::now();
+    let got = runner.compactor().ensure(&s, 4, 0).await.unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(100), "it waited");
+    assert_eq!(got, row);
+    holder.join().unwrap();
+}

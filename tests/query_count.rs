@@ -1,5 +1,6 @@
 //! One step issues a fixed, small number of SQL statements, independent of the
-//! history's length H (a count, not a time: stable on any machine).
+//! history's length H (a count, not a time: stable on any machine); ensure()
+//! below the threshold only reads, in at most three statements.
 //!
 //! This file holds a single test so the process-wide statement counter (fed by
 //! SQLite's trace hook) sees only its statements.
@@ -90,10 +91,25 @@ async fn statements_for_turn_at(h: i64, compact_at: Threshold) -> (u64, u64) {
     );
     let out = runner.run_turn(s.id, "the measured turn").await.unwrap();
     assert_eq!(out.steps, 2);
-    (
+    let counts = (
         STATEMENTS.load(Ordering::SeqCst) - before,
         WRITE_TXS.load(Ordering::SeqCst) - before_tx,
-    )
+    );
+
+    // ensure() below the threshold (or with compaction off): reads only.
+    let (before, before_tx) = (
+        STATEMENTS.load(Ordering::SeqCst),
+        WRITE_TXS.load(Ordering::SeqCst),
+    );
+    let read = runner.compactor().ensure(&s, h + 1, 0).await.unwrap();
+    assert!(read.is_none());
+    let ensure_statements = STATEMENTS.load(Ordering::SeqCst) - before;
+    assert_eq!(WRITE_TXS.load(Ordering::SeqCst) - before_tx, 0);
+    assert!(
+        (1..=3).contains(&ensure_statements),
+        "{compact_at:?}: ensure() took {ensure_statements} statements"
+    );
+    counts
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

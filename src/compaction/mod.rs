@@ -150,7 +150,7 @@ impl Compactor {
         let (this, s) = (self.clone(), session.clone());
         let decision = self
             .store
-            .call(move |c| this.decide(c, &s, turn_idx, step_idx))
+            .read(move |c| this.decide(c, &s, turn_idx, step_idx))
             .await?;
         self.act(session.id, turn_idx, decision).await
     }

@@ -111,6 +111,7 @@ pub struct Store {
     pool: r2d2::Pool<SqliteConnectionManager>,
     path: PathBuf,
     blocking: Blocking,
+    busy_timeout: Duration,
 }
 
 impl std::fmt::Debug for Store {
@@ -249,6 +250,7 @@ impl Store {
             pool,
             path,
             blocking: opts.blocking,
+            busy_timeout: busy,
         })
     }
 
@@ -280,6 +282,33 @@ impl Store {
         tokio::task::spawn_blocking(move || store.with_conn(f))
             .await
             .map_err(|e| Error::Task(e.to_string()))?
+    }
+}
+
+impl Store {
+    /// Runs a short read `f` (a few indexed lookups) on the calling thread when
+    /// nothing in it can wait: a pooled connection is idle right now, and SQLite
+    /// answers without its busy handler (in WAL mode a reader does not wait for
+    /// writers; the rare exceptions, such as a WAL being recovered, answer
+    /// `SQLITE_BUSY` at once here instead of waiting). Otherwise, or on that
+    /// `SQLITE_BUSY`, `f` runs again through [`Store::call`]. Saves the thread
+    /// hand-off that would cost more than the reads themselves.
+    pub(crate) async fn read<R, F>(&self, f: F) -> Result<R>
+    where
+        F: Fn(&Connection) -> Result<R> + Send + Sync + 'static,
+        R: Send + 'static,
+    {
+        if let Some(conn) = self.pool.try_get() {
+            conn.busy_timeout(Duration::ZERO)?;
+            let r = f(&conn);
+            conn.busy_timeout(self.busy_timeout)?;
+            match r {
+                Err(Error::Sqlite(e))
+                    if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => {}
+                other => return other,
+            }
+        }
+        self.call(move |c| f(c)).await
     }
 }
 
