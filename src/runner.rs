@@ -545,20 +545,26 @@ impl Runner {
                 },
             ));
         }
-        let decision = match self.inner.compactor.decide(c, session, turn.idx, step.idx) {
-            Ok(d) => d,
-            Err(e) if e.is_resumable() => return Err(e),
-            Err(e) => return Ok(Prepared::Fail(step, e)),
-        };
-        let work = match decision {
-            Decision::Read(row) => {
-                let at = (turn.idx, step.idx);
-                let ctx = Context::advance(ctx, c, session, row.as_ref(), at)?;
-                Work::Ready(row, ctx)
-            }
-            other => Work::Compact(other, ctx),
-        };
-        Ok(Prepared::Run(step, Box::new(work)))
+        let (at, compactor) = ((turn.idx, step.idx), &self.inner.compactor);
+        // One read transaction: one snapshot, and the file locks taken once.
+        let found = store::in_read_tx(c, |c| {
+            let decision = match compactor.decide(c, session, turn.idx, step.idx) {
+                Ok(d) => d,
+                Err(e) if e.is_resumable() => return Err(e),
+                Err(e) => return Ok(Err(e)),
+            };
+            Ok(Ok(match decision {
+                Decision::Read(row) => {
+                    let ctx = Context::advance(ctx, c, session, row.as_ref(), at)?;
+                    Work::Ready(row, ctx)
+                }
+                other => Work::Compact(other, ctx),
+            }))
+        })?;
+        match found {
+            Ok(work) => Ok(Prepared::Run(step, Box::new(work))),
+            Err(e) => Ok(Prepared::Fail(step, e)),
+        }
     }
 
     /// Runs a claimed step up to its model response: compaction if one is due,
