@@ -13,8 +13,8 @@
 use abridge::demo::{DemoTxTool, ScriptedModel};
 use abridge::store::bench::{seed_history, truncate_from, SeedShape};
 use abridge::{
-    CompactionConfig, ExtractiveSummariser, Runner, RunnerConfig, Store, StoreOptions, Synchronous,
-    Threshold, ToolSpec, Tools,
+    Blocking, CompactionConfig, ExtractiveSummariser, Runner, RunnerConfig, Store, StoreOptions,
+    Synchronous, Threshold, ToolSpec, Tools,
 };
 use criterion::{BenchmarkId, Criterion};
 use std::collections::BTreeMap;
@@ -62,12 +62,19 @@ fn input(idx: i64) -> String {
     )
 }
 
-fn fixture(rt: &tokio::runtime::Runtime, h: i64, compaction: bool, sync: Synchronous) -> Fixture {
+fn fixture(
+    rt: &tokio::runtime::Runtime,
+    h: i64,
+    compaction: bool,
+    sync: Synchronous,
+    blocking: Blocking,
+) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open_with(
         dir.path().join("bench.db"),
         StoreOptions {
             synchronous: sync,
+            blocking,
             ..StoreOptions::default()
         },
     )
@@ -129,51 +136,63 @@ fn bench_step(c: &mut Criterion, rt: &tokio::runtime::Runtime, sync: Synchronous
     g.sample_size(10)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    for &h in hs {
-        for compaction in [true, false] {
-            let f = fixture(rt, h, compaction, sync);
-            let key = format!(
-                "step/{}/{}/H={h}",
-                sync_name(sync),
-                if compaction { "on" } else { "off" }
-            );
-            let next = std::cell::Cell::new(f.h);
-            g.bench_function(
-                BenchmarkId::new(
-                    if compaction {
-                        "compaction_on"
-                    } else {
-                        "compaction_off"
-                    },
-                    h,
-                ),
-                |b| {
-                    b.iter_custom(|iters| {
-                        let mut timed = Duration::ZERO;
-                        for _ in 0..iters {
-                            let idx = next.get();
-                            let t0 = Instant::now();
-                            let out = rt
-                                .block_on(f.runner.run_turn(f.session.id, &input(idx)))
-                                .unwrap();
-                            let d = t0.elapsed();
-                            assert_eq!(out.steps, 2);
-                            // Per step: the turn is two steps.
-                            timed += d / 2;
-                            if compaction {
-                                next.set(idx + 1); // flat by design: history may grow
-                            } else {
-                                // Keep H fixed: drop the measured turn (untimed).
-                                let sid = f.session.id;
-                                f.store.with_conn(|c| truncate_from(c, sid, f.h)).unwrap();
-                            }
-                        }
-                        record(&key, timed, iters);
-                        timed
-                    })
+    // (H, compaction, where store calls run): every H both ways with the
+    // default blocking pool, and compaction on at H = 1,000 in place as well.
+    let mut variants: Vec<(i64, bool, Blocking)> = hs
+        .iter()
+        .flat_map(|&h| [(h, true, Blocking::Pool), (h, false, Blocking::Pool)])
+        .collect();
+    if hs.contains(&1_000) {
+        variants.push((1_000, true, Blocking::InPlace));
+    }
+    for (h, compaction, blocking) in variants {
+        let f = fixture(rt, h, compaction, sync, blocking);
+        let in_place = if blocking == Blocking::InPlace {
+            "/inplace"
+        } else {
+            ""
+        };
+        let key = format!(
+            "step/{}/{}/H={h}{in_place}",
+            sync_name(sync),
+            if compaction { "on" } else { "off" }
+        );
+        let next = std::cell::Cell::new(f.h);
+        g.bench_function(
+            BenchmarkId::new(
+                match (compaction, blocking) {
+                    (true, Blocking::InPlace) => "compaction_on_in_place",
+                    (true, _) => "compaction_on",
+                    (false, _) => "compaction_off",
                 },
-            );
-        }
+                h,
+            ),
+            |b| {
+                b.iter_custom(|iters| {
+                    let mut timed = Duration::ZERO;
+                    for _ in 0..iters {
+                        let idx = next.get();
+                        let t0 = Instant::now();
+                        let out = rt
+                            .block_on(f.runner.run_turn(f.session.id, &input(idx)))
+                            .unwrap();
+                        let d = t0.elapsed();
+                        assert_eq!(out.steps, 2);
+                        // Per step: the turn is two steps.
+                        timed += d / 2;
+                        if compaction {
+                            next.set(idx + 1); // flat by design: history may grow
+                        } else {
+                            // Keep H fixed: drop the measured turn (untimed).
+                            let sid = f.session.id;
+                            f.store.with_conn(|c| truncate_from(c, sid, f.h)).unwrap();
+                        }
+                    }
+                    record(&key, timed, iters);
+                    timed
+                })
+            },
+        );
     }
     g.finish();
 }
@@ -221,7 +240,7 @@ fn bench_floor(c: &mut Criterion, sync: Synchronous) {
 }
 
 fn bench_ensure_noop(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
-    let f = fixture(rt, 1_000, true, Synchronous::Normal);
+    let f = fixture(rt, 1_000, true, Synchronous::Normal, Blocking::Pool);
     // Below the threshold: a fresh runner with a threshold nothing reaches.
     let cfg = RunnerConfig {
         owner: "noop".into(),
@@ -252,7 +271,7 @@ fn bench_ensure_noop(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
 }
 
 fn bench_claim_race(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
-    let f = fixture(rt, 200, false, Synchronous::Normal);
+    let f = fixture(rt, 200, false, Synchronous::Normal, Blocking::Pool);
     let calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
     struct Counting(Arc<std::sync::atomic::AtomicU64>);
     #[async_trait::async_trait]
@@ -326,7 +345,7 @@ fn bench_build(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
     g.sample_size(10).measurement_time(Duration::from_secs(2));
     for h in [100i64, 1_000, 10_000] {
         for compaction in [true, false] {
-            let f = fixture(rt, h, compaction, Synchronous::Normal);
+            let f = fixture(rt, h, compaction, Synchronous::Normal, Blocking::Pool);
             let key = format!("build/{}/H={h}", if compaction { "on" } else { "off" });
             g.bench_function(
                 BenchmarkId::new(
@@ -399,8 +418,16 @@ fn main() {
         ratio("step/normal/off/H=1000", "floor/normal")
     );
     println!(
+        "step/floor (NORMAL), compaction on, H=1000, Blocking::InPlace: {}",
+        ratio("step/normal/on/H=1000/inplace", "floor/normal")
+    );
+    println!(
         "step/floor (FULL), compaction on, H=1000:    {}",
         ratio("step/full/on/H=1000", "floor/full")
+    );
+    println!(
+        "step/floor (FULL), compaction on, H=1000, Blocking::InPlace: {}",
+        ratio("step/full/on/H=1000/inplace", "floor/full")
     );
     println!(
         "step on, H={top} / H=100:                   {}",
