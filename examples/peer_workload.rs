@@ -153,6 +153,11 @@ fn main() {
         } else {
             Threshold::Off
         }),
+        // The measured turn is removed after each iteration when compaction is
+        // off (H stays fixed), so a context kept between turns would never
+        // continue: each turn's first step rebuilds the whole history, which is
+        // what is measured.
+        context_cache_bytes: if compaction { 64 << 20 } else { 0 },
         ..RunnerConfig::default()
     };
     let spec = ToolSpec {

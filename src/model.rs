@@ -26,6 +26,10 @@ pub enum ModelError {
 /// - It should report usage where the provider does; without input tokens
 ///   abridge estimates the context size with the configured token counter.
 /// - It must not panic; a panic is caught and treated as a transient error.
+/// - It is polled in the step's own task, not spawned: a call that outlives
+///   `RunnerConfig::model_timeout` is dropped (cancelled), not left running.
+/// - It must not block its thread (await I/O instead): a blocking client holds
+///   up a runtime worker for as long as it blocks.
 #[async_trait]
 pub trait ModelClient: Send + Sync {
     /// Sends one request and returns the response.

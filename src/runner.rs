@@ -41,7 +41,8 @@ pub struct RunnerConfig {
     pub model_attempts: u32,
     /// Backoff before the second model attempt; doubles. Default 500 ms.
     pub model_backoff: Duration,
-    /// Timeout of one model call. Default 300 s.
+    /// Timeout of one model call; the call is dropped (cancelled) when it
+    /// passes. Default 300 s.
     pub model_timeout: Duration,
     /// Take over a lease at once when its owner is a dead process on this machine.
     /// Default true.
