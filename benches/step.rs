@@ -306,35 +306,42 @@ fn bench_claim_race(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
     let mut g = c.benchmark_group("claim_race");
     g.sample_size(10).measurement_time(Duration::from_secs(3));
     let races = std::cell::Cell::new(0u64);
-    g.bench_function("16_tasks_one_boundary", |b| {
-        b.iter_custom(|iters| {
-            let mut timed = Duration::ZERO;
-            for _ in 0..iters {
-                let t0 = Instant::now();
-                rt.block_on(async {
-                    let mut set = tokio::task::JoinSet::new();
-                    for r in &runners {
-                        let (r, s) = (r.clone(), f.session.clone());
-                        set.spawn(async move { r.compactor().ensure(&s, 200, 0).await });
-                    }
-                    while let Some(x) = set.join_next().await {
-                        assert!(x.unwrap().unwrap().is_some());
-                    }
-                });
-                timed += t0.elapsed();
-                races.set(races.get() + 1);
-                // Remove the row (untimed) so the next race claims afresh.
-                f.store
-                    .with_conn(|c| {
-                        c.execute("DELETE FROM compactions", [])?;
-                        Ok(())
-                    })
-                    .unwrap();
-            }
-            record("claim_race", timed, iters);
-            timed
-        })
-    });
+    // The same compaction by one task alone, then raced by sixteen: the
+    // difference is what the fifteen waiters cost.
+    for (tasks, name, key) in [
+        (1, "1_task_alone", "claim_alone"),
+        (16, "16_tasks_one_boundary", "claim_race"),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut timed = Duration::ZERO;
+                for _ in 0..iters {
+                    let t0 = Instant::now();
+                    rt.block_on(async {
+                        let mut set = tokio::task::JoinSet::new();
+                        for r in &runners[..tasks] {
+                            let (r, s) = (r.clone(), f.session.clone());
+                            set.spawn(async move { r.compactor().ensure(&s, 200, 0).await });
+                        }
+                        while let Some(x) = set.join_next().await {
+                            assert!(x.unwrap().unwrap().is_some());
+                        }
+                    });
+                    timed += t0.elapsed();
+                    races.set(races.get() + 1);
+                    // Remove the row (untimed) so the next race claims afresh.
+                    f.store
+                        .with_conn(|c| {
+                            c.execute("DELETE FROM compactions", [])?;
+                            Ok(())
+                        })
+                        .unwrap();
+                }
+                record(key, timed, iters);
+                timed
+            })
+        });
+    }
     g.finish();
     let n = calls.load(std::sync::atomic::Ordering::SeqCst);
     println!(
@@ -457,6 +464,10 @@ fn main() {
     println!(
         "claim_race (16 tasks) / floor (NORMAL):    {}",
         ratio("claim_race", "floor/normal")
+    );
+    println!(
+        "claim_race (16 tasks) / one task alone:    {}",
+        ratio("claim_race", "claim_alone")
     );
 }
 

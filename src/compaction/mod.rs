@@ -315,6 +315,43 @@ impl Compactor {
             .await
     }
 
+    /// Claims the row at the boundary in a write transaction (see
+    /// [`store::claim_compaction`] for the outcomes).
+    async fn claim(
+        &self,
+        session_id: i64,
+        boundary: i64,
+        trigger: Trigger,
+        focus: &Option<String>,
+        measure: Option<i64>,
+    ) -> Result<ClaimOutcome> {
+        let owner = self.owner.clone();
+        let ttl = self.config.lease_ttl.as_millis() as i64;
+        let focus_c = focus.clone();
+        let dead = self.owner_is_dead;
+        self.store
+            .call(move |c| {
+                store::claim_compaction(
+                    c,
+                    &store::Claim {
+                        session_id,
+                        boundary,
+                        owner: &owner,
+                        ttl_ms: ttl,
+                        trigger: if trigger == Trigger::Auto {
+                            "auto"
+                        } else {
+                            "manual"
+                        },
+                        focus: focus_c.as_deref(),
+                        trigger_tokens: measure,
+                    },
+                    &dead,
+                )
+            })
+            .await
+    }
+
     /// Claims the boundary and drives the row to completed (or failed).
     async fn claim_and_finish(
         &self,
@@ -327,32 +364,43 @@ impl Compactor {
         let deadline = tokio::time::Instant::now() + self.config.wait_timeout;
         let mut poll = Duration::from_millis(2);
         loop {
-            let owner = self.owner.clone();
-            let ttl = self.config.lease_ttl.as_millis() as i64;
-            let focus_c = focus.clone();
-            let dead = self.owner_is_dead;
-            let outcome = self
+            // A look first: a completed, failed or live-held row needs no write
+            // (after a wait, the common case); only a missing or abandoned row
+            // is claimed, in a write transaction.
+            let (me, dead) = (self.owner.clone(), self.owner_is_dead);
+            let peeked = self
                 .store
-                .call(move |c| {
-                    store::claim_compaction(
-                        c,
-                        &store::Claim {
-                            session_id,
-                            boundary,
-                            owner: &owner,
-                            ttl_ms: ttl,
-                            trigger: if trigger == Trigger::Auto {
-                                "auto"
-                            } else {
-                                "manual"
-                            },
-                            focus: focus_c.as_deref(),
-                            trigger_tokens: measure,
-                        },
-                        &dead,
+                .read(move |c| {
+                    Ok(
+                        store::compaction_at(c, session_id, boundary)?.and_then(|row| {
+                            match row.status {
+                                CompactionStatus::Completed => {
+                                    Some(ClaimOutcome::AlreadyCompleted(row))
+                                }
+                                CompactionStatus::Failed => Some(ClaimOutcome::Failed(row)),
+                                CompactionStatus::Pending
+                                    if store::held_by_live_other(
+                                        &row,
+                                        &me,
+                                        store::now_ms(),
+                                        &dead,
+                                    ) =>
+                                {
+                                    Some(ClaimOutcome::HeldByLiveOther(row))
+                                }
+                                CompactionStatus::Pending => None,
+                            }
+                        }),
                     )
                 })
                 .await?;
+            let outcome = match peeked {
+                Some(outcome) => outcome,
+                None => {
+                    self.claim(session_id, boundary, trigger, &focus, measure)
+                        .await?
+                }
+            };
             info!(
                 session_id,
                 boundary,
@@ -385,7 +433,33 @@ impl Compactor {
                             owner: row.lease_owner.unwrap_or_default(),
                         });
                     }
-                    tokio::time::sleep(poll).await;
+                    // Woken at once by a holder in this process; a holder in
+                    // another process is polled for, with a doubling delay.
+                    let looked = {
+                        let settled = self.store.compaction_settled(session_id, boundary);
+                        let woken = settled.notified();
+                        tokio::pin!(woken);
+                        // Registered first, then the row looked at again: a settlement
+                        // between the claim and here is not missed.
+                        woken.as_mut().enable();
+                        let id = row.id;
+                        let still_pending = self
+                            .store
+                            .read(move |c| {
+                                Ok(store::get_compaction(c, id)?.status
+                                    == CompactionStatus::Pending)
+                            })
+                            .await;
+                        if let Ok(true) = still_pending {
+                            tokio::select! {
+                                _ = &mut woken => {}
+                                _ = tokio::time::sleep(poll) => {}
+                            }
+                        }
+                        still_pending
+                    };
+                    self.store.forget_settled(session_id, boundary);
+                    looked?;
                     poll = (poll * 2).min(Duration::from_millis(200));
                 }
             }
@@ -472,6 +546,7 @@ impl Compactor {
                         .call(move |c| store::complete_compaction(c, id, &summary, &stats))
                         .await?
                 };
+                self.store.compaction_has_settled(sid, b);
                 if done.status != CompactionStatus::Completed {
                     // Failed by another holder after a takeover; report it as failed.
                     return Err(Error::CompactionFailed {
@@ -513,6 +588,7 @@ impl Compactor {
                     .store
                     .call(move |c| store::fail_compaction(c, id, &owner, &m))
                     .await?;
+                self.store.compaction_has_settled(sid, b);
                 warn!(session_id = sid, boundary = b, error = %msg, "compaction failed");
                 self.events.emit(Event::CompactionFailed {
                     session_id: sid,

@@ -121,6 +121,20 @@ pub(crate) struct Claim<'a> {
 /// (session_id, up_to_turn_index) index, inside `BEGIN IMMEDIATE`: at most one
 /// row per boundary, ever (G1). A pending row whose lease expired, or whose
 /// holder `owner_is_dead` says is dead, is taken over (attempts + 1).
+/// Whether a pending row is held by someone else whose lease is live: its
+/// lease has not expired and its owner is not a dead process on this machine.
+/// Such a row is waited for; any other pending row may be taken over.
+pub(crate) fn held_by_live_other(
+    row: &CompactionRow,
+    owner: &str,
+    now: i64,
+    owner_is_dead: &dyn Fn(&str) -> bool,
+) -> bool {
+    let expired = row.lease_expires_at.is_none_or(|e| e < now);
+    let holder = row.lease_owner.as_deref().unwrap_or_default();
+    !(expired || holder == owner || owner_is_dead(holder))
+}
+
 pub(crate) fn claim_compaction(
     conn: &mut Connection,
     c: &Claim<'_>,
@@ -162,9 +176,7 @@ pub(crate) fn claim_compaction(
             CompactionStatus::Completed => ClaimOutcome::AlreadyCompleted(row),
             CompactionStatus::Failed => ClaimOutcome::Failed(row),
             CompactionStatus::Pending => {
-                let expired = row.lease_expires_at.is_none_or(|e| e < now);
-                let holder = row.lease_owner.clone().unwrap_or_default();
-                if expired || holder == c.owner || owner_is_dead(&holder) {
+                if !held_by_live_other(&row, c.owner, now, owner_is_dead) {
                     tx.prepare_cached(
                         "UPDATE compactions SET lease_owner = ?1, lease_expires_at = ?2, \
                          attempts = attempts + 1 WHERE id = ?3 AND status = 'pending'",

@@ -32,7 +32,9 @@ pub(crate) use turns::*;
 use crate::error::{Error, Result};
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The schema, applied on first open.
@@ -112,7 +114,15 @@ pub struct Store {
     path: PathBuf,
     blocking: Blocking,
     busy_timeout: Duration,
+    settled: Arc<Settled>,
 }
+
+/// Wakes the tasks of this process that wait on a compaction another task of
+/// it is writing, when that row is completed or failed. Other processes'
+/// waiters poll; this only spares waiters in the same process their polling
+/// delay.
+#[derive(Default)]
+struct Settled(std::sync::Mutex<HashMap<(i64, i64), Arc<tokio::sync::Notify>>>);
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -251,6 +261,7 @@ impl Store {
             path,
             blocking: opts.blocking,
             busy_timeout: busy,
+            settled: Arc::default(),
         })
     }
 
@@ -286,6 +297,41 @@ impl Store {
 }
 
 impl Store {
+    /// What a waiter on the compaction of (session, boundary) awaits: notified
+    /// when a task of this process completes or fails that row. Take it before
+    /// looking at the row, so a settlement in between is not missed.
+    pub(crate) fn compaction_settled(
+        &self,
+        session_id: i64,
+        boundary: i64,
+    ) -> Arc<tokio::sync::Notify> {
+        let mut map = self.settled.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry((session_id, boundary)).or_default().clone()
+    }
+
+    /// Wakes this process's waiters on the compaction of (session, boundary).
+    pub(crate) fn compaction_has_settled(&self, session_id: i64, boundary: i64) {
+        let waiting = {
+            let mut map = self.settled.0.lock().unwrap_or_else(|e| e.into_inner());
+            map.remove(&(session_id, boundary))
+        };
+        if let Some(n) = waiting {
+            n.notify_waiters();
+        }
+    }
+
+    /// Drops the entry of (session, boundary) when no task of this process
+    /// waits on it any more (a waiter calls it when it stops waiting).
+    pub(crate) fn forget_settled(&self, session_id: i64, boundary: i64) {
+        let mut map = self.settled.0.lock().unwrap_or_else(|e| e.into_inner());
+        if map
+            .get(&(session_id, boundary))
+            .is_some_and(|n| Arc::strong_count(n) == 1)
+        {
+            map.remove(&(session_id, boundary));
+        }
+    }
+
     /// Runs a short read `f` (a few indexed lookups) on the calling thread when
     /// nothing in it can wait: a pooled connection is idle right now, and SQLite
     /// answers without its busy handler (in WAL mode a reader does not wait for
