@@ -8,7 +8,10 @@
 //! failing with `SQLITE_BUSY` on lock upgrade.
 //!
 //! The async entry points run their SQLite work on tokio's blocking pool
-//! ([`Store::call`]); nothing here blocks a runtime worker thread.
+//! ([`Store::call`], or in place when [`Blocking::InPlace`] is chosen). The one
+//! exception is a short read that cannot wait (`ensure()`'s decision): it runs
+//! on the calling thread when a connection is idle, with SQLite's busy handler
+//! off, and through the pool otherwise.
 
 #[doc(hidden)]
 pub mod bench;
@@ -88,10 +91,11 @@ pub enum Blocking {
     #[default]
     Pool,
     /// On the calling worker thread, which first hands its other tasks to the
-    /// rest of the runtime (`block_in_place`). Saves a thread hand-off per store
-    /// call (about 45% of a compaction-on step in `examples/peer_workload`), at
-    /// the price of one fewer worker while the call runs. Falls back to `Pool` on
-    /// a current-thread runtime, where `block_in_place` is not allowed.
+    /// rest of the runtime (`block_in_place`). Saves the thread hand-off of each
+    /// store call (a step makes one; about a third of a compaction-on step in
+    /// the peers benchmark), at the price of one fewer worker while the call
+    /// runs. Falls back to `Pool` on a current-thread runtime, where
+    /// `block_in_place` is not allowed.
     InPlace,
 }
 
@@ -345,9 +349,18 @@ impl Store {
         R: Send + 'static,
     {
         if let Some(conn) = self.pool.try_get() {
+            /// Puts the busy handler back however `f` ends (a panic included),
+            /// before the connection returns to the pool.
+            struct Restore<'c>(&'c Connection, Duration);
+            impl Drop for Restore<'_> {
+                fn drop(&mut self) {
+                    let _ = self.0.busy_timeout(self.1);
+                }
+            }
             conn.busy_timeout(Duration::ZERO)?;
+            let restore = Restore(&conn, self.busy_timeout);
             let r = f(&conn);
-            conn.busy_timeout(self.busy_timeout)?;
+            drop(restore);
             match r {
                 Err(Error::Sqlite(e))
                     if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => {}
