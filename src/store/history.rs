@@ -93,6 +93,8 @@ pub(crate) fn load_range(
         }
         turns.binary_search_by_key(&turn_id, |t| t.0).ok()
     };
+    // The same range bounds for the steps and their invocations.
+    let bounds = params![session_id, from_idx, upto_idx, before_step_idx, from_step];
     // (step id, turn position, step position in its turn), in query order.
     let mut step_ids: Vec<(i64, usize, usize)> = Vec::new();
     {
@@ -102,13 +104,7 @@ pub(crate) fn load_range(
              WHERE t.session_id = ?1 AND t.idx >= ?2 AND t.idx <= ?3 AND s.status = 'completed' \
              AND (t.idx < ?3 OR s.idx < ?4) AND (t.idx > ?2 OR s.idx >= ?5) ORDER BY t.idx, s.idx",
         )?;
-        let mut rows = st.query(params![
-            session_id,
-            from_idx,
-            upto_idx,
-            before_step_idx,
-            from_step
-        ])?;
+        let mut rows = st.query(bounds)?;
         while let Some(r) = rows.next()? {
             let turn_id: i64 = r.get(1)?;
             if let Some(p) = pos_of(turn_id, &turns) {
@@ -129,13 +125,7 @@ pub(crate) fn load_range(
              AND (t.idx < ?3 OR s.idx < ?4) AND (t.idx > ?2 OR s.idx >= ?5) \
              AND i.status <> 'started' ORDER BY t.idx, s.idx, i.position",
         )?;
-        let mut rows = st.query(params![
-            session_id,
-            from_idx,
-            upto_idx,
-            before_step_idx,
-            from_step
-        ])?;
+        let mut rows = st.query(bounds)?;
         // Steps come in the same order as `step_ids`; walk both together.
         let mut cursor = 0usize;
         while let Some(r) = rows.next()? {
