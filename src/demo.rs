@@ -183,8 +183,9 @@ pub struct ScriptedModel {
     pub latency: Duration,
     /// Whether usage is reported (otherwise abridge estimates).
     pub report_usage: bool,
-    /// Extra tools the model calls in every turn's second step, by name and
-    /// effect (for the chaos workload: an idempotent and an at-most-once tool).
+    /// Extra tools the model may call in a turn's first step, after its
+    /// transactional calls, by name (for the chaos workload: an idempotent and
+    /// an at-most-once tool).
     pub extra_tools: Vec<String>,
 }
 
@@ -229,9 +230,11 @@ impl ScriptedModel {
                     )
                 })
                 .collect();
-            if !extra.is_empty() {
-                steps.push(extra);
-            }
+            // After the first step's transactional calls, in the same step: the
+            // step then commits its response and those calls before the outside
+            // calls happen, and a crash during them resumes a step whose first
+            // calls are already completed (never to be run again).
+            steps[0].extend(extra);
         }
         let input_tokens: u64 = msgs
             .iter()
