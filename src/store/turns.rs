@@ -18,28 +18,40 @@ pub struct Lease {
     pub ttl_ms: i64,
 }
 
-/// Checks the lease and renews it, inside the caller's write transaction.
+/// Checks the lease inside the caller's write transaction, and renews it when
+/// less than half its time is left.
 ///
 /// Transaction behaviour: must run inside an IMMEDIATE transaction, so the check
 /// and the writes that follow are atomic; a taken-over lease matches no row and
-/// the whole transaction is refused with [`Error::LeaseLost`].
+/// the whole transaction is refused with [`Error::LeaseLost`]. A lease with
+/// more than half its time left is only read: the heartbeat and the writes
+/// that find it past half renew it, so it never runs out while its holder
+/// works, and most steps leave the turn's row (and its page) untouched.
 pub(crate) fn fence(tx: &Transaction<'_>, lease: &Lease) -> Result<()> {
-    let n = tx
+    check_lease(tx, lease, lease.ttl_ms / 2)
+}
+
+/// Checks the lease; renews it when less than `renew_below` ms are left.
+fn check_lease(tx: &Transaction<'_>, lease: &Lease, renew_below: i64) -> Result<()> {
+    let expires: Option<Option<i64>> = tx
         .prepare_cached(
-            "UPDATE turns SET lease_expires_at = ?1 \
-             WHERE id = ?2 AND lease_owner = ?3 AND lease_epoch = ?4 AND status = 'running'",
+            "SELECT lease_expires_at FROM turns \
+             WHERE id = ?1 AND lease_owner = ?2 AND lease_epoch = ?3 AND status = 'running'",
         )?
-        .execute(params![
-            now_ms() + lease.ttl_ms,
-            lease.turn_id,
-            lease.owner,
-            lease.epoch
-        ])?;
-    if n == 0 {
+        .query_row(params![lease.turn_id, lease.owner, lease.epoch], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    let Some(expires) = expires else {
         return Err(Error::LeaseLost {
             turn_id: lease.turn_id,
             epoch: lease.epoch,
         });
+    };
+    let now = now_ms();
+    if expires.is_none_or(|e| e - now < renew_below) {
+        tx.prepare_cached("UPDATE turns SET lease_expires_at = ?1 WHERE id = ?2")?
+            .execute(params![now + lease.ttl_ms, lease.turn_id])?;
     }
     Ok(())
 }
@@ -279,10 +291,10 @@ pub(crate) fn acquire_lease(
     Ok((turn, lease))
 }
 
-/// Renews the lease (heartbeat). Returns false when it was lost.
+/// Renews the lease to its full time (heartbeat). Returns false when it was lost.
 pub(crate) fn renew_lease(conn: &mut Connection, lease: &Lease) -> Result<bool> {
     let tx = write_tx(conn)?;
-    let ok = match fence(&tx, lease) {
+    let ok = match check_lease(&tx, lease, i64::MAX) {
         Ok(()) => true,
         Err(Error::LeaseLost { .. }) => false,
         Err(e) => return Err(e),
