@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 K=${1:-3}
-STEPS=${2:-40}
+STEPS=${2:-160}
 BUDGET=${3:-300}
 SYNC=${SYNC:-normal}
 HS=${HS:-"100 1000 10000"}
