@@ -20,8 +20,10 @@ pub enum ModelError {
 /// # Contract
 /// - It **may be called again for the same step** after a crash: a process
 ///   killed after the request was sent but before the response was persisted
-///   repeats the call on resume. Once a response is persisted it is never
-///   requested again. Like every durable-execution system, the call itself is
+///   repeats the call on resume. A response is persisted in its step's
+///   transaction, with the step's transactional tool calls, and always before
+///   any outside tool call it makes. Once persisted it is never requested
+///   again. Like every durable-execution system, the call itself is
 ///   at-least-once; what is exactly-once is the recorded outcome.
 /// - It should report usage where the provider does; without input tokens
 ///   abridge estimates the context size with the configured token counter.
