@@ -181,8 +181,8 @@ impl Summariser for FaultySummariser {
     }
 }
 
-/// Lease, timeout and threshold settings of the chaos workload.
-fn chaos_config(owner: String, hook: Option<FaultHook>, compact_at: u64) -> RunnerConfig {
+/// The chaos workload's compaction settings.
+fn chaos_compaction(compact_at: u64) -> CompactionConfig {
     let mut compaction = CompactionConfig::default()
         .with_compact_at(Threshold::Tokens(compact_at))
         .with_context_window(DEMO_MODEL, 32_000);
@@ -192,6 +192,12 @@ fn chaos_config(owner: String, hook: Option<FaultHook>, compact_at: u64) -> Runn
     // turn is taken over, so the taker must wait for it (a boundary race).
     compaction.lease_ttl = Duration::from_millis(1_500);
     compaction.wait_timeout = Duration::from_secs(30);
+    compaction
+}
+
+/// Lease, timeout and threshold settings of the chaos workload.
+fn chaos_config(owner: String, hook: Option<FaultHook>, compact_at: u64) -> RunnerConfig {
+    let compaction = chaos_compaction(compact_at);
     RunnerConfig {
         owner,
         lease_ttl: Duration::from_millis(500),
@@ -812,14 +818,14 @@ async fn compare_with_control(
 /// measure crosses the threshold. One decided in turn c or later may have been
 /// measured on a context holding the "outcome unknown" text, so it may differ
 /// from the control's by design, and is left out of the comparison.
-fn same_before_cut(t1: &str, t2: &str, line_start: usize) -> bool {
+fn same_before_cut(t1: &str, t2: &str, line_start: usize, keep_last_turns: u32) -> bool {
     let record = |line: &str| serde_json::from_str::<serde_json::Value>(line).unwrap_or_default();
     let cut_turn = t1[line_start..]
         .lines()
         .next()
         .and_then(|l| record(l)["turn"].as_i64())
         .unwrap_or(i64::MAX);
-    let keep = CompactionConfig::default().keep_last_turns as i64;
+    let keep = i64::from(keep_last_turns);
     let decided_before_cut = |line: &&str| {
         let r = record(line);
         r["kind"] != "compaction" || r["up_to_turn"].as_i64().unwrap_or(0) + 1 + keep < cut_turn
@@ -860,7 +866,8 @@ fn compare(
             // record must still match.
             report.at_most_once_unknown_sessions += 1;
             let line_start = t1[..cut].rfind('\n').map_or(0, |i| i + 1);
-            if !same_before_cut(t1, t2, line_start) {
+            let keep = chaos_compaction(w.compact_at).keep_last_turns;
+            if !same_before_cut(t1, t2, line_start, keep) {
                 report.violations.push(format!(
                     "session {ext}: transcript differs from the control run before the at-most-once cut"
                 ));
@@ -1009,16 +1016,16 @@ mod cut_tests {
         ]
         .join("\n");
         let t2 = [user(4, "a"), user(5, "b"), compaction(5, "control")].join("\n");
-        assert!(same_before_cut(&t1, &t2, cut_of(&t1)));
+        assert!(same_before_cut(&t1, &t2, cut_of(&t1), 0));
     }
 
     #[test]
     fn a_difference_before_the_cut_is_still_found() {
         let t1 = [user(3, "a"), compaction(2, "x"), user(5, "b"), unknown(5)].join("\n");
         let other_input = [user(3, "A"), compaction(2, "x"), user(5, "b")].join("\n");
-        assert!(!same_before_cut(&t1, &other_input, cut_of(&t1)));
+        assert!(!same_before_cut(&t1, &other_input, cut_of(&t1), 0));
         // A compaction decided before the cut's turn must match too.
         let other_summary = [user(3, "a"), compaction(2, "y"), user(5, "b")].join("\n");
-        assert!(!same_before_cut(&t1, &other_summary, cut_of(&t1)));
+        assert!(!same_before_cut(&t1, &other_summary, cut_of(&t1), 0));
     }
 }

@@ -121,18 +121,22 @@ pub(crate) struct Claim<'a> {
 /// (session_id, up_to_turn_index) index, inside `BEGIN IMMEDIATE`: at most one
 /// row per boundary, ever (G1). A pending row whose lease expired, or whose
 /// holder `owner_is_dead` says is dead, is taken over (attempts + 1).
-/// Whether a pending row is held by someone else whose lease is live: its
-/// lease has not expired and its owner is not a dead process on this machine.
-/// Such a row is waited for; any other pending row may be taken over.
+/// Whether a pending row is held by someone else whose lease is live (see
+/// [`super::lease_held_by_live_other`]): such a row is waited for, any other
+/// pending row may be taken over.
 pub(crate) fn held_by_live_other(
     row: &CompactionRow,
     owner: &str,
     now: i64,
     owner_is_dead: &dyn Fn(&str) -> bool,
 ) -> bool {
-    let expired = row.lease_expires_at.is_none_or(|e| e < now);
-    let holder = row.lease_owner.as_deref().unwrap_or_default();
-    !(expired || holder == owner || owner_is_dead(holder))
+    super::lease_held_by_live_other(
+        row.lease_owner.as_deref(),
+        row.lease_expires_at,
+        owner,
+        now,
+        owner_is_dead,
+    )
 }
 
 pub(crate) fn claim_compaction(

@@ -397,6 +397,23 @@ pub fn open_read_only(path: impl AsRef<Path>) -> Result<Connection> {
     Ok(conn)
 }
 
+/// The one rule for turn and compaction leases: a lease is held by a live
+/// other when it has a holder and an expiry, the expiry has not passed, the
+/// holder is not `owner` (a restarted host with the same identity takes its
+/// own leases back), and the holder is not a dead process on this machine.
+pub(crate) fn lease_held_by_live_other(
+    holder: Option<&str>,
+    expires_at: Option<i64>,
+    owner: &str,
+    now: i64,
+    owner_is_dead: &dyn Fn(&str) -> bool,
+) -> bool {
+    match (holder, expires_at) {
+        (Some(holder), Some(exp)) => exp >= now && holder != owner && !owner_is_dead(holder),
+        _ => false,
+    }
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()

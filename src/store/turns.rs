@@ -242,15 +242,13 @@ fn take_lease(
     owner_is_dead: &dyn Fn(&str) -> bool,
 ) -> Result<Lease> {
     let now = now_ms();
-    if let (Some(holder), Some(exp)) = (&turn.lease_owner, turn.lease_expires_at) {
-        let live = exp >= now && holder != owner && !owner_is_dead(holder);
-        if live {
-            return Err(Error::LeaseHeld {
-                turn_id: turn.id,
-                owner: holder.clone(),
-                expires_at: exp,
-            });
-        }
+    let (holder, expires_at) = (turn.lease_owner.as_deref(), turn.lease_expires_at);
+    if super::lease_held_by_live_other(holder, expires_at, owner, now, owner_is_dead) {
+        return Err(Error::LeaseHeld {
+            turn_id: turn.id,
+            owner: holder.unwrap_or_default().to_string(),
+            expires_at: expires_at.unwrap_or_default(),
+        });
     }
     let epoch = turn.lease_epoch + 1;
     tx.execute(
