@@ -15,6 +15,7 @@ use crate::events::{Event, EventSink};
 use crate::fault::{self, FaultHook, FaultPoint};
 use crate::message::{ModelRequest, ModelResponse};
 use crate::model::{ModelClient, ModelError};
+use crate::owner::{AbortOnDrop, ClaimGuard};
 use crate::replay::{rebuild_step, Rebuilt};
 use crate::store::{
     self, CompactionRow, Effect, InvocationStatus, Lease, NewInvocation, Responded, SessionRow,
@@ -202,10 +203,10 @@ impl RunnerBuilder {
             return Err(Error::Config("owner must not be empty".into()));
         }
         let events = EventSink::default();
-        let dead: crate::compaction::DeadCheck = if cfg.take_over_dead_local_owners {
-            crate::owner::is_dead_local_owner
+        let dead: crate::compaction::GoneCheck = if cfg.take_over_dead_local_owners {
+            |h, o| crate::owner::holder_is_gone(h, o, true)
         } else {
-            |_| false
+            |h, o| crate::owner::holder_is_gone(h, o, false)
         };
         let summariser = self
             .summariser
@@ -222,14 +223,6 @@ impl RunnerBuilder {
                 events,
             }),
         })
-    }
-}
-
-/// Aborts a background task when dropped (a crash or an error ends the heartbeat).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
@@ -265,8 +258,11 @@ impl Runner {
         self.inner.events.subscribe()
     }
 
-    fn dead_check(&self) -> crate::compaction::DeadCheck {
-        self.inner.compactor.owner_is_dead
+    /// Whether a lease holder is provably gone, as this runner's owner sees it.
+    fn gone_check(&self) -> impl Fn(&str) -> bool + Send + Sync + 'static {
+        let gone = self.inner.compactor.holder_is_gone;
+        let owner = self.inner.cfg.owner.clone();
+        move |holder: &str| gone(holder, &owner)
     }
 
     /// Creates a session, or returns the one with this external id.
@@ -288,6 +284,15 @@ impl Runner {
     }
 
     /// Runs a new turn with the user's `input` to its final answer.
+    ///
+    /// # Cancel safety
+    /// Dropping the future at any await point (a task abort, a `timeout`
+    /// around it) leaves the store consistent: what committed stays, nothing
+    /// half-written is visible, and every lease renewal it started stops. The
+    /// turn stays `running`: [`Runner::resume_turn`] or [`Runner::run_turn_at`]
+    /// continues it, at once from this process and after the lease's expiry
+    /// (`RunnerConfig::lease_ttl`) from any other. A compaction it was writing
+    /// is likewise free at once here and after its lease elsewhere.
     pub async fn run_turn(&self, session_id: i64, input: &str) -> Result<TurnOutcome> {
         self.run_turn_inner(session_id, None, input).await
     }
@@ -295,7 +300,10 @@ impl Runner {
     /// Runs turn `idx` of the session: starts it if it is the next one, resumes
     /// it if it exists with the same input and is still running, and returns it
     /// as it ended if it already finished. For hosts that replay a script after a
-    /// crash: calling it again is always safe.
+    /// crash: calling it again is always safe. Another task of this process
+    /// running the same turn gets [`Error::LeaseHeld`]: one runner per turn.
+    ///
+    /// Cancel safety: as [`Runner::run_turn`].
     pub async fn run_turn_at(&self, session_id: i64, idx: i64, input: &str) -> Result<TurnOutcome> {
         self.run_turn_inner(session_id, Some(idx), input).await
     }
@@ -306,37 +314,43 @@ impl Runner {
         idx: Option<i64>,
         input: &str,
     ) -> Result<TurnOutcome> {
-        let owner = self.inner.cfg.owner.clone();
+        // The claim lives as long as this future: dropped at any await point,
+        // its lease is free for this process at once and renewed no more.
+        let claim = ClaimGuard::new(&self.inner.cfg.owner);
+        let holder = claim.holder().to_string();
         let ttl = self.inner.cfg.lease_ttl.as_millis() as i64;
         let input = input.to_string();
-        let dead = self.dead_check();
+        let gone = self.gone_check();
         let this = self.clone();
         let begun = self
             .inner
             .store
             .call(move |c| {
-                match store::begin_turn(c, session_id, idx, &input, &owner, ttl, &dead)? {
+                match store::begin_turn(c, session_id, idx, &input, &holder, ttl, &gone)? {
                     (turn, Some(lease)) => this.start(c, turn, lease),
                     (turn, None) => Ok(Begun::Finished(turn)),
                 }
             })
             .await?;
-        self.begun(begun).await
+        self.begun(begun, claim).await
     }
 
     /// Resumes a running turn (from any process) at its first incomplete step.
     /// A persisted model response is reused, never requested again; completed tool
     /// invocations are never called again.
+    ///
+    /// Cancel safety: as [`Runner::run_turn`].
     pub async fn resume_turn(&self, turn_id: i64) -> Result<TurnOutcome> {
-        let owner = self.inner.cfg.owner.clone();
+        let claim = ClaimGuard::new(&self.inner.cfg.owner);
+        let holder = claim.holder().to_string();
         let ttl = self.inner.cfg.lease_ttl.as_millis() as i64;
-        let dead = self.dead_check();
+        let gone = self.gone_check();
         let this = self.clone();
         let begun = self
             .inner
             .store
             .call(
-                move |c| match store::acquire_lease(c, turn_id, &owner, ttl, &dead) {
+                move |c| match store::acquire_lease(c, turn_id, &holder, ttl, &gone) {
                     Ok((turn, lease)) => this.start(c, turn, lease),
                     Err(Error::TurnFinished { .. }) => {
                         Ok(Begun::Finished(store::get_turn(c, turn_id)?))
@@ -345,7 +359,7 @@ impl Runner {
                 },
             )
             .await?;
-        self.begun(begun).await
+        self.begun(begun, claim).await
     }
 
     /// After taking a turn's lease, in the same blocking call: the session and
@@ -357,11 +371,13 @@ impl Runner {
         Ok(Begun::Drive(Box::new((turn, lease, session, first))))
     }
 
-    async fn begun(&self, begun: Begun) -> Result<TurnOutcome> {
+    async fn begun(&self, begun: Begun, claim: ClaimGuard) -> Result<TurnOutcome> {
         match begun {
             Begun::Drive(b) => {
                 let (turn, lease, session, first) = *b;
-                self.drive(turn, lease, session, first).await
+                let out = self.drive(turn, lease, session, first).await;
+                drop(claim);
+                out
             }
             Begun::Finished(turn) => self.finished_outcome(turn).await,
         }
@@ -370,14 +386,19 @@ impl Runner {
     /// Turns left running whose lease has expired (or whose owner is a dead
     /// process on this machine): what a host resumes at start-up.
     pub async fn recoverable_turns(&self) -> Result<Vec<TurnRow>> {
-        let dead = self.dead_check();
+        let gone = self.gone_check();
         let rows = self.inner.store.call(store::running_turns).await?;
         let now = store::now_ms();
         Ok(rows
             .into_iter()
             .filter(|t| {
-                t.lease_expires_at.is_none_or(|e| e < now)
-                    || t.lease_owner.as_deref().is_some_and(dead)
+                !store::lease_held_by_live_other(
+                    t.lease_owner.as_deref(),
+                    t.lease_expires_at,
+                    "",
+                    now,
+                    &gone,
+                )
             })
             .collect())
     }

@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::events::{Event, EventSink};
 use crate::fault::{self, FaultHook, FaultPoint};
 use crate::message::sha256_hex;
+use crate::owner::{AbortOnDrop, ClaimGuard};
 use crate::store::{
     self, ClaimOutcome, CompactionRow, CompactionStats, CompactionStatus, SessionRow, Store,
 };
@@ -34,8 +35,9 @@ use tracing::{info, instrument, warn};
 /// A manual compaction's focus is cut to this many chars (it rides in the rules).
 pub const MAX_FOCUS_CHARS: usize = 1_000;
 
-/// Decides whether a liveness-checkable owner is dead (see [`crate::owner`]).
-pub(crate) type DeadCheck = fn(&str) -> bool;
+/// Whether a lease holder is provably gone, as seen by an owner name:
+/// `(holder, owner) -> gone` (see [`crate::owner::holder_is_gone`]).
+pub(crate) type GoneCheck = fn(&str, &str) -> bool;
 
 /// Runs the compaction protocol for one store.
 #[derive(Clone)]
@@ -46,7 +48,7 @@ pub struct Compactor {
     pub(crate) owner: String,
     pub(crate) events: EventSink,
     pub(crate) fault: Option<FaultHook>,
-    pub(crate) owner_is_dead: DeadCheck,
+    pub(crate) holder_is_gone: GoneCheck,
     heartbeat: bool,
     warned: Arc<Mutex<HashSet<String>>>,
 }
@@ -86,7 +88,7 @@ impl Compactor {
         summariser: Arc<dyn Summariser>,
         runner: &crate::runner::RunnerConfig,
         events: EventSink,
-        owner_is_dead: DeadCheck,
+        holder_is_gone: GoneCheck,
     ) -> Result<Compactor> {
         runner.compaction.validate()?;
         Ok(Compactor {
@@ -96,10 +98,17 @@ impl Compactor {
             owner: runner.owner.clone(),
             events,
             fault: runner.fault_hook.clone(),
-            owner_is_dead,
+            holder_is_gone,
             heartbeat: runner.heartbeat,
             warned: Arc::default(),
         })
+    }
+
+    /// Whether a lease holder is provably gone, as this compactor's owner sees it.
+    fn gone_check(&self) -> impl Fn(&str) -> bool + Send + Sync + 'static {
+        let gone = self.holder_is_gone;
+        let owner = self.owner.clone();
+        move |holder: &str| gone(holder, &owner)
     }
 
     /// The configuration.
@@ -324,11 +333,12 @@ impl Compactor {
         trigger: Trigger,
         focus: &Option<String>,
         measure: Option<i64>,
+        holder: &str,
     ) -> Result<ClaimOutcome> {
-        let owner = self.owner.clone();
+        let owner = holder.to_string();
         let ttl = self.config.lease_ttl.as_millis() as i64;
         let focus_c = focus.clone();
-        let dead = self.owner_is_dead;
+        let dead = self.gone_check();
         self.store
             .call(move |c| {
                 store::claim_compaction(
@@ -363,11 +373,14 @@ impl Compactor {
     ) -> Result<CompactionRow> {
         let deadline = tokio::time::Instant::now() + self.config.wait_timeout;
         let mut poll = Duration::from_millis(2);
+        // The claim lives as long as this future: a task of this process that
+        // drops it frees the row for its siblings at once (see crate::owner).
+        let claim = ClaimGuard::new(&self.owner);
         loop {
             // A look first: a completed, failed or live-held row needs no write
             // (after a wait, the common case); only a missing or abandoned row
             // is claimed, in a write transaction.
-            let (me, dead) = (self.owner.clone(), self.owner_is_dead);
+            let (me, dead) = (claim.holder().to_string(), self.gone_check());
             let peeked = self
                 .store
                 .read(move |c| {
@@ -397,8 +410,15 @@ impl Compactor {
             let outcome = match peeked {
                 Some(outcome) => outcome,
                 None => {
-                    self.claim(session_id, boundary, trigger, &focus, measure)
-                        .await?
+                    self.claim(
+                        session_id,
+                        boundary,
+                        trigger,
+                        &focus,
+                        measure,
+                        claim.holder(),
+                    )
+                    .await?
                 }
             };
             info!(
@@ -411,7 +431,7 @@ impl Compactor {
             match outcome {
                 ClaimOutcome::Claimed(row) | ClaimOutcome::TakenOver(row) => {
                     fault::check(&self.fault, FaultPoint::AfterClaim)?;
-                    return self.summarise_and_complete(row).await;
+                    return self.summarise_and_complete(row, &claim).await;
                 }
                 ClaimOutcome::AlreadyCompleted(row) => return Ok(row),
                 ClaimOutcome::Failed(row) => {
@@ -430,7 +450,10 @@ impl Compactor {
                     if tokio::time::Instant::now() >= deadline {
                         return Err(Error::CompactionWaitTimeout {
                             compaction_id: row.id,
-                            owner: row.lease_owner.unwrap_or_default(),
+                            owner: crate::owner::owner_name(
+                                row.lease_owner.as_deref().unwrap_or_default(),
+                            )
+                            .to_string(),
                         });
                     }
                     // Woken at once by a holder in this process; a holder in
@@ -468,7 +491,11 @@ impl Compactor {
 
     /// Summarises the row's span (folding the previous summary), checks G7, and
     /// completes the row; the first completion wins (G2).
-    async fn summarise_and_complete(&self, row: CompactionRow) -> Result<CompactionRow> {
+    async fn summarise_and_complete(
+        &self,
+        row: CompactionRow,
+        claim: &ClaimGuard,
+    ) -> Result<CompactionRow> {
         let sid = row.session_id;
         let b = row.up_to_turn_index;
         let prev_id = row.previous_id;
@@ -505,13 +532,14 @@ impl Compactor {
         }
         let prompt_sha256 = sha256_hex(rules.as_bytes());
 
-        // Heartbeat: keep the row's lease while this process is alive and working.
+        // Heartbeat: keep the row's lease while this claim is alive and working.
+        // Aborted when dropped, so a dropped future renews nothing.
         let hb = self.heartbeat.then(|| {
             let store = self.store.clone();
-            let owner = self.owner.clone();
+            let owner = claim.holder().to_string();
             let ttl = self.config.lease_ttl;
             let id = row.id;
-            tokio::spawn(async move {
+            AbortOnDrop(tokio::spawn(async move {
                 let mut tick = tokio::time::interval(ttl / 3);
                 tick.tick().await;
                 loop {
@@ -526,14 +554,12 @@ impl Compactor {
                         _ => break,
                     }
                 }
-            })
+            }))
         });
         let result = self
             .attempts(&row, &rules, previous, &span, tokens_before)
             .await;
-        if let Some(hb) = hb {
-            hb.abort();
-        }
+        drop(hb);
 
         match result {
             Ok((summary, mut stats)) => {
@@ -582,7 +608,7 @@ impl Compactor {
             Err(e) => {
                 let msg = e.to_string();
                 let id = row.id;
-                let owner = self.owner.clone();
+                let owner = claim.holder().to_string();
                 let m = msg.clone();
                 let failed = self
                     .store

@@ -399,17 +399,17 @@ pub fn open_read_only(path: impl AsRef<Path>) -> Result<Connection> {
 
 /// The one rule for turn and compaction leases: a lease is held by a live
 /// other when it has a holder and an expiry, the expiry has not passed, the
-/// holder is not `owner` (a restarted host with the same identity takes its
-/// own leases back), and the holder is not a dead process on this machine.
+/// holder is not this very claim (`me`, a holder string), and `holder_is_gone`
+/// (see [`crate::owner::holder_is_gone`]) cannot prove the holder gone.
 pub(crate) fn lease_held_by_live_other(
     holder: Option<&str>,
     expires_at: Option<i64>,
-    owner: &str,
+    me: &str,
     now: i64,
-    owner_is_dead: &dyn Fn(&str) -> bool,
+    holder_is_gone: &dyn Fn(&str) -> bool,
 ) -> bool {
     match (holder, expires_at) {
-        (Some(holder), Some(exp)) => exp >= now && holder != owner && !owner_is_dead(holder),
+        (Some(holder), Some(exp)) => exp >= now && holder != me && !holder_is_gone(holder),
         _ => false,
     }
 }

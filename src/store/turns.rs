@@ -246,7 +246,7 @@ fn take_lease(
     if super::lease_held_by_live_other(holder, expires_at, owner, now, owner_is_dead) {
         return Err(Error::LeaseHeld {
             turn_id: turn.id,
-            owner: holder.unwrap_or_default().to_string(),
+            owner: crate::owner::owner_name(holder.unwrap_or_default()).to_string(),
             expires_at: expires_at.unwrap_or_default(),
         });
     }

@@ -1,0 +1,243 @@
+//! G3 across versions: stores written by earlier builds rebuild byte for byte.
+//!
+//! `tests/fixtures/golden-v*.db` are small stores written by the build whose
+//! schema version the name carries (several sessions, compactions, tools in all
+//! three effect modes, Unicode, floats that serde_json's default parser does not
+//! round-trip, a failed turn). Every later build opens a copy (migrating it to
+//! the current schema), rebuilds every executed step to the hash it recorded
+//! when it ran, and passes `verify`. A change to the byte format therefore
+//! needs a schema version and a renderer that still rebuilds the old steps.
+//!
+//! To write the fixture of the current schema version (only when the version
+//! changes): `ABRIDGE_GOLDEN_OUT=tests/fixtures/golden-vN.db cargo test --test
+//! golden -- --ignored write_golden_store`.
+
+use abridge::{
+    CompactionConfig, ModelClient, ModelError, ModelRequest, ModelResponse, ResponseBlock, Runner,
+    RunnerConfig, Store, Threshold, Tool, ToolCall, ToolError, ToolSpec, Tools, TransactionalTool,
+    Usage,
+};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+const MODEL: &str = "golden-model";
+
+/// Replies from the turn's input: step 0 calls one tool of each effect mode
+/// (with floats and Unicode in the arguments), step 1 answers. An input with
+/// "FAIL" gets a permanent model error (a failed turn).
+struct GoldenModel;
+
+#[async_trait::async_trait]
+impl ModelClient for GoldenModel {
+    async fn complete(&self, req: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        let last = req.messages.last().expect("a message");
+        let text: String = serde_json::to_string(&last.content).unwrap();
+        if text.contains("FAIL") {
+            return Err(ModelError::Permanent("the model refused: FAIL".into()));
+        }
+        let is_tool_result = text.contains("tool_result");
+        let n = req.messages.len() as f64;
+        if !is_tool_result {
+            let blocks = vec![
+                ResponseBlock::Text {
+                    text: "Je regarde ça — 一下 🚚 नमस्ते".into(),
+                },
+                ResponseBlock::ToolUse {
+                    id: "c1".into(),
+                    name: "note".into(),
+                    input: json!({"text": "naïve café ﷽ 👩‍👩‍👧", "weight": 1.0715660391465826e-75, "w2": -1.81996730402717e-179}),
+                },
+                ResponseBlock::ToolUse {
+                    id: "c2".into(),
+                    name: "lookup".into(),
+                    input: json!({"amount": 0.1 + 0.2, "n": n, "big": 1.7976931348623157e308}),
+                },
+                ResponseBlock::ToolUse {
+                    id: "c3".into(),
+                    name: "send".into(),
+                    input: json!({"to": "ana@example.org", "ratio": 2.0f64.sqrt() / 3.0}),
+                },
+            ];
+            return Ok(ModelResponse {
+                blocks,
+                usage: Usage {
+                    input_tokens: None,
+                    output_tokens: Some(40),
+                },
+            });
+        }
+        Ok(ModelResponse {
+            blocks: vec![ResponseBlock::Text {
+                text: format!(
+                    "Done: {} messages. Ελληνικά, עברית, 🇫🇷.",
+                    req.messages.len()
+                ),
+            }],
+            usage: Usage::default(),
+        })
+    }
+}
+
+struct Note;
+impl TransactionalTool for Note {
+    fn call(&self, tx: &rusqlite::Transaction<'_>, call: &ToolCall) -> Result<Value, ToolError> {
+        tx.execute(
+            "INSERT INTO golden_notes (key, body) VALUES (?1, ?2)",
+            (&call.idempotency_key, call.input.to_string()),
+        )
+        .map_err(|e| ToolError::new(e.to_string()))?;
+        Ok(json!({"saved": true, "x": -1.603964615428183e+143}))
+    }
+}
+
+struct Lookup;
+#[async_trait::async_trait]
+impl Tool for Lookup {
+    async fn call(&self, call: &ToolCall) -> Result<Value, ToolError> {
+        Ok(json!({"echo": call.input, "status": "✓ shipped"}))
+    }
+}
+
+struct Send;
+#[async_trait::async_trait]
+impl Tool for Send {
+    async fn call(&self, _: &ToolCall) -> Result<Value, ToolError> {
+        Ok(Value::String("sent 📨".into()))
+    }
+}
+
+fn spec(name: &str) -> ToolSpec {
+    ToolSpec {
+        name: name.into(),
+        description: format!("the {name} tool"),
+        input_schema: json!({"type": "object"}),
+    }
+}
+
+#[test]
+#[ignore = "writes a fixture; run by hand when the schema version changes"]
+fn write_golden_store() {
+    let out = PathBuf::from(std::env::var("ABRIDGE_GOLDEN_OUT").expect("ABRIDGE_GOLDEN_OUT"));
+    assert!(!out.exists(), "{} exists", out.display());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = Store::open(&out).unwrap();
+        store
+            .with_conn(|c| {
+                c.execute_batch("CREATE TABLE golden_notes (key TEXT PRIMARY KEY, body TEXT)")?;
+                Ok(())
+            })
+            .unwrap();
+        let tools = Tools::new()
+            .transactional(spec("note"), Note)
+            .idempotent(spec("lookup"), Lookup)
+            .at_most_once(spec("send"), Send);
+        let mut cfg = RunnerConfig {
+            owner: "golden".into(),
+            ..RunnerConfig::default()
+        };
+        cfg.compaction = CompactionConfig::default()
+            .with_compact_at(Threshold::Tokens(900))
+            .with_keep_last_turns(1);
+        let runner = Runner::builder(store.clone(), Arc::new(GoldenModel))
+            .tools(tools)
+            .config(cfg)
+            .build()
+            .unwrap();
+        for s in 0..3 {
+            let prompt = format!("System {s}: réponds en français — 日本語も OK.");
+            let session = runner
+                .create_session(&format!("golden-{s} ✓"), MODEL, &prompt)
+                .await
+                .unwrap();
+            for t in 0..8 {
+                let input = if s == 1 && t == 5 {
+                    "please FAIL this turn".to_string()
+                } else {
+                    format!("Turn {t}: where is order ORD-{}{t}? Ünïcödé ☃ 𝄞", 1000 + s)
+                };
+                let r = runner.run_turn(session.id, &input).await;
+                assert_eq!(r.is_err(), input.contains("FAIL"), "{r:?}");
+            }
+        }
+        store
+            .with_conn(|c| {
+                c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")?;
+                Ok(())
+            })
+            .unwrap();
+    });
+}
+
+fn fixtures() -> Vec<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("golden-v") && n.ends_with(".db"))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn every_step_of_every_golden_store_rebuilds_to_its_recorded_hash() {
+    let found = fixtures();
+    assert!(
+        found
+            .iter()
+            .any(|p| p.ends_with(format!("golden-v{}.db", abridge::store::SCHEMA_VERSION))),
+        "no golden store of the current schema version in {found:?}"
+    );
+    for fixture in found {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("golden.db");
+        std::fs::copy(&fixture, &path).unwrap();
+        let store = Store::open(&path).unwrap();
+        let (steps, kinds) = store
+            .with_conn(|c| {
+                let ids = abridge::inspect::executed_step_ids(c)?;
+                for id in &ids {
+                    let r = abridge::replay::rebuild_step(c, *id)?;
+                    assert!(
+                        r.matches(),
+                        "{}: step {id} rebuilt {} but recorded {}",
+                        fixture.display(),
+                        r.sha256,
+                        r.recorded
+                    );
+                }
+                let kinds: (i64, i64, i64, i64) = c.query_row(
+                    "SELECT (SELECT count(DISTINCT effect) FROM tool_invocations \
+                             WHERE effect IN ('transactional','idempotent','at_most_once')), \
+                            (SELECT count(*) FROM compactions WHERE status = 'completed'), \
+                            (SELECT count(*) FROM turns WHERE status = 'failed'), \
+                            (SELECT count(*) FROM sessions)",
+                    [],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                )?;
+                Ok((ids.len(), kinds))
+            })
+            .unwrap();
+        let (modes, compactions, failed, sessions) = kinds;
+        assert!(steps >= 40, "{}: {steps} steps", fixture.display());
+        assert_eq!(
+            (modes, failed, sessions),
+            (3, 1, 3),
+            "{}",
+            fixture.display()
+        );
+        assert!(
+            compactions >= 3,
+            "{}: {compactions} compactions",
+            fixture.display()
+        );
+        let report = store.with_conn(|c| abridge::verify::verify(c)).unwrap();
+        assert!(report.ok, "{}: {report:#?}", fixture.display());
+    }
+}

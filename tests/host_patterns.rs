@@ -1,0 +1,236 @@
+//! The guarantees under a host's own patterns, not only the chaos harness's.
+//!
+//! Scenario: one process, many tasks. A host shares one `Runner` between its
+//! tasks (or builds several with the default owner, or opens the store more
+//! than once), and wraps turns in timeouts that drop the future at any await
+//! point. A lease is held by a claim, not by a process name: siblings never
+//! take over each other's live claims (one summariser call per boundary, one
+//! runner per turn, no spurious "outcome unknown"), and a dropped future stops
+//! every renewal it started, so the work is finished by the next owner at once
+//! in this process and after the lease's expiry elsewhere.
+
+mod common;
+use abridge::compaction::{SummaryRequest, SummaryResponse};
+use abridge::demo::{demo_tools, user_turn};
+use abridge::{
+    Error, ModelClient, ModelError, ModelRequest, ModelResponse, ResponseBlock, Runner,
+    RunnerConfig, Store, Summariser, Threshold, Tool, ToolCall, ToolError, ToolSpec, Tools,
+};
+use common::*;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const SEED: u64 = 33;
+
+/// A summariser with a fixed answer and latency.
+struct Slow(Duration);
+
+#[async_trait::async_trait]
+impl Summariser for Slow {
+    async fn summarise(&self, _: &SummaryRequest) -> Result<SummaryResponse, ModelError> {
+        tokio::time::sleep(self.0).await;
+        Ok(SummaryResponse {
+            text: "orders ORD-1 and ORD-2; nothing open".into(),
+            usage: Default::default(),
+        })
+    }
+}
+
+/// The default owner (one per process), as a host that sets none gets it.
+fn default_owner_runner(store: &Store, summariser: Arc<dyn Summariser>) -> Runner {
+    let mut cfg = RunnerConfig::default();
+    cfg.compaction = test_config(Threshold::Tokens(1), None, "x").compaction;
+    Runner::builder(store.clone(), Arc::new(demo_model(SEED, &[])))
+        .tools(demo_tools(None, Duration::ZERO))
+        .summariser_arc(summariser)
+        .config(cfg)
+        .build()
+        .unwrap()
+}
+
+/// A session with `turns` completed turns and no compaction.
+async fn history(store: &Store, turns: u64) -> abridge::store::SessionRow {
+    let mut cfg = test_config(Threshold::Off, None, "setup");
+    cfg.compaction.compact_at = Threshold::Off;
+    let r = Runner::builder(store.clone(), Arc::new(demo_model(SEED, &[])))
+        .tools(demo_tools(None, Duration::ZERO))
+        .config(cfg)
+        .build()
+        .unwrap();
+    let sid = demo_session(&r, SEED, 0).await;
+    for t in 0..turns {
+        r.run_turn_at(sid, t as i64, &user_turn(SEED, 0, t))
+            .await
+            .unwrap();
+    }
+    store
+        .with_conn(move |c| Ok(abridge::inspect::sessions(c)?.remove(0).session))
+        .unwrap()
+}
+
+fn compaction_rows(store: &Store) -> Vec<(String, i64)> {
+    store
+        .with_conn(|c| {
+            let mut st = c.prepare("SELECT status, attempts FROM compactions")?;
+            let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+        .unwrap()
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Sharing {
+    OneRunner,
+    RunnersOnOneStore,
+    SeparateStores,
+}
+
+async fn racing_ensure(tasks: usize, sharing: Sharing) {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let s = history(&store, 6).await;
+    let summ = Counting::new(Slow(Duration::from_millis(150)));
+    let shared = default_owner_runner(&store, summ.clone());
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..tasks {
+        let r = match sharing {
+            Sharing::OneRunner => shared.clone(),
+            Sharing::RunnersOnOneStore => default_owner_runner(&store, summ.clone()),
+            Sharing::SeparateStores => {
+                default_owner_runner(&Store::open(&path).unwrap(), summ.clone())
+            }
+        };
+        let s = s.clone();
+        set.spawn(async move { r.compactor().ensure(&s, 6, 0).await });
+    }
+    let mut ids = std::collections::BTreeSet::new();
+    while let Some(r) = set.join_next().await {
+        ids.insert(r.unwrap().unwrap().unwrap().id);
+    }
+    assert_eq!(ids.len(), 1, "{sharing:?}");
+    assert_eq!(summ.count(), 1, "{sharing:?}: summariser calls");
+    assert_eq!(
+        compaction_rows(&store),
+        vec![("completed".to_string(), 1)],
+        "{sharing:?}: one row, claimed once"
+    );
+    assert_verified(&store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_tasks_on_one_runner_make_one_summariser_call() {
+    racing_ensure(16, Sharing::OneRunner).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_tasks_on_one_runner_make_one_summariser_call() {
+    racing_ensure(64, Sharing::OneRunner).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_runners_with_the_default_owner_on_one_store_make_one_summariser_call() {
+    racing_ensure(16, Sharing::RunnersOnOneStore).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_tasks_on_separate_stores_make_one_summariser_call() {
+    racing_ensure(64, Sharing::SeparateStores).await;
+}
+
+/// Step 0 calls the at-most-once `charge`, step 1 answers.
+struct ChargeModel;
+
+#[async_trait::async_trait]
+impl ModelClient for ChargeModel {
+    async fn complete(&self, req: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        let last = serde_json::to_string(&req.messages.last().unwrap().content).unwrap();
+        let blocks = if last.contains("tool_result") {
+            vec![ResponseBlock::Text {
+                text: "charged".into(),
+            }]
+        } else {
+            vec![ResponseBlock::ToolUse {
+                id: "c1".into(),
+                name: "charge".into(),
+                input: json!({"amount": 12}),
+            }]
+        };
+        Ok(ModelResponse {
+            blocks,
+            usage: Default::default(),
+        })
+    }
+}
+
+struct Charge(Arc<AtomicUsize>);
+
+#[async_trait::async_trait]
+impl Tool for Charge {
+    async fn call(&self, _: &ToolCall) -> Result<Value, ToolError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        Ok(json!({"charged": true}))
+    }
+}
+
+fn charge_runner(store: &Store, calls: Arc<AtomicUsize>, cfg: RunnerConfig) -> Runner {
+    let spec = ToolSpec {
+        name: "charge".into(),
+        description: "charges a card".into(),
+        input_schema: json!({"type": "object"}),
+    };
+    Runner::builder(store.clone(), Arc::new(ChargeModel))
+        .tools(Tools::new().at_most_once(spec, Charge(calls)))
+        .config(cfg)
+        .build()
+        .unwrap()
+}
+
+fn invocation_results(store: &Store) -> Vec<String> {
+    store
+        .with_conn(|c| {
+            let mut st = c.prepare("SELECT coalesce(result, '') FROM tool_invocations")?;
+            let rows = st.query_map([], |r| r.get(0))?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_tasks_running_one_turn_make_one_runner_and_no_outcome_unknown() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let runner = charge_runner(&store, calls.clone(), RunnerConfig::default());
+    let sid = runner.create_session("host", "m", "sys").await.unwrap().id;
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..16 {
+        let r = runner.clone();
+        set.spawn(async move { r.run_turn_at(sid, 0, "charge me").await });
+    }
+    let (mut ran, mut refused) = (0, 0);
+    while let Some(r) = set.join_next().await {
+        match r.unwrap() {
+            Ok(o) => {
+                assert_eq!(o.output, "charged");
+                ran += 1;
+            }
+            Err(Error::LeaseHeld { .. }) => refused += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(ran + refused, 16);
+    assert!(ran >= 1);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the at-most-once call ran once"
+    );
+    assert_eq!(
+        invocation_results(&store),
+        vec![r#"{"charged":true}"#.to_string()]
+    );
+    assert_verified(&store);
+}
