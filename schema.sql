@@ -1,6 +1,8 @@
--- abridge schema, version 1.
+-- abridge schema, version 1: the tables.
 --
--- Applied in one IMMEDIATE transaction together with `PRAGMA user_version = 1`.
+-- A new store gets this and then every numbered migration under
+-- src/store/migrations/ (version 2: the append-only triggers and each step's
+-- render format), in one IMMEDIATE transaction with the version stamp.
 -- History is append-only: rows are inserted, moved forward through their status
 -- once, and never updated after they reach a final status (completed / failed).
 -- Times are milliseconds since the Unix epoch.

@@ -11,6 +11,61 @@ use crate::message::{ContentBlock, Message, ModelResponse, ResponseBlock, Role};
 use crate::store::{HistoryStep, HistoryTurn};
 use std::collections::HashMap;
 
+/// How stored rows are rendered into message bytes. Each executed step records
+/// the format its hash was computed with (`steps.render_format`), and a rebuild
+/// uses that one, so a change here never changes the bytes of an older step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RenderFormat {
+    /// Schema version 1: stored responses were parsed with serde_json's default
+    /// float parser, which can be one unit in the last place off
+    /// (`1.0715660391465826e-75` read as `...825e-75`).
+    V1,
+    /// Schema version 2 on: every JSON number is parsed exactly, so it renders
+    /// as the text that was stored.
+    V2,
+}
+
+impl RenderFormat {
+    /// The format this build renders new steps with.
+    pub const CURRENT: RenderFormat = RenderFormat::V2;
+
+    /// The value stored in `steps.render_format`.
+    pub fn as_i64(self) -> i64 {
+        match self {
+            RenderFormat::V1 => 1,
+            RenderFormat::V2 => 2,
+        }
+    }
+
+    /// The format stored as `v`. Errors on a format this build does not know
+    /// (a store written by a newer version that slipped past the schema check).
+    pub fn from_i64(v: i64) -> Result<RenderFormat> {
+        match v {
+            1 => Ok(RenderFormat::V1),
+            2 => Ok(RenderFormat::V2),
+            other => Err(crate::error::Error::Config(format!(
+                "unknown render format {other}"
+            ))),
+        }
+    }
+
+    fn parse_response(self, json: &str) -> Result<ModelResponse> {
+        let mut response: ModelResponse = serde_json::from_str(json)?;
+        if self == RenderFormat::V1 {
+            for block in &mut response.blocks {
+                match block {
+                    ResponseBlock::ToolUse { input: v, .. }
+                    | ResponseBlock::Data { value: v }
+                    | ResponseBlock::Other { value: v, .. } => crate::legacy::lossy_floats(v),
+                    ResponseBlock::Text { .. } => {}
+                }
+            }
+        }
+        Ok(response)
+    }
+}
+
 /// The compaction summary a step reads, as rendered.
 #[derive(Debug, Clone, Copy)]
 pub struct SummaryView<'a> {
@@ -40,6 +95,7 @@ pub fn build_messages(
     system_prompt: &str,
     summary: Option<SummaryView<'_>>,
     turns: &[HistoryTurn],
+    format: RenderFormat,
 ) -> Result<Vec<Message>> {
     let mut out = Vec::with_capacity(2 + turns.len() * 3);
     out.push(Message::text(Role::System, system_prompt));
@@ -47,7 +103,7 @@ pub fn build_messages(
         out.push(Message::text(Role::User, summary_text(view)));
     }
     for turn in turns {
-        render_turn(turn, &mut out)?;
+        render_turn(turn, &mut out, format)?;
     }
     Ok(out)
 }
@@ -55,15 +111,19 @@ pub fn build_messages(
 /// Appends one turn's messages: its input, then each completed step's assistant
 /// blocks and tool results. `build_messages` is the system prompt, the summary,
 /// and this for every turn, in order.
-pub fn render_turn(turn: &HistoryTurn, out: &mut Vec<Message>) -> Result<()> {
+pub fn render_turn(turn: &HistoryTurn, out: &mut Vec<Message>, format: RenderFormat) -> Result<()> {
     out.push(Message::text(Role::User, turn.input.clone()));
-    render_steps(&turn.steps, out)
+    render_steps(&turn.steps, out, format)
 }
 
 /// Appends completed steps' messages: what `render_turn` adds after the input.
-pub(crate) fn render_steps(steps: &[HistoryStep], out: &mut Vec<Message>) -> Result<()> {
+pub(crate) fn render_steps(
+    steps: &[HistoryStep],
+    out: &mut Vec<Message>,
+    format: RenderFormat,
+) -> Result<()> {
     for step in steps {
-        let response: ModelResponse = serde_json::from_str(&step.response)?;
+        let response = format.parse_response(&step.response)?;
         render_step(&response, &step.results, out);
     }
     Ok(())

@@ -15,7 +15,7 @@
 //! means a new array, built in full. [`ContextCache`] keeps contexts between
 //! turns, least recently used first out, within a byte budget.
 
-use crate::builder::{render_steps, render_turn};
+use crate::builder::{render_steps, render_turn, RenderFormat};
 use crate::error::Result;
 use crate::message::{Message, ModelRequest};
 use crate::replay::build_for;
@@ -48,7 +48,7 @@ impl Context {
         compaction: Option<&CompactionRow>,
         at: (i64, i64),
     ) -> Result<Context> {
-        let messages = build_for(conn, session, at.0, at.1, compaction)?;
+        let messages = build_for(conn, session, at.0, at.1, compaction, RenderFormat::CURRENT)?;
         let mut ctx = Context {
             session_id: session.id,
             compaction_id: compaction.map(|c| c.id),
@@ -99,9 +99,9 @@ impl Context {
         let mut more = Vec::new();
         for turn in &turns {
             if turn.idx == self.at.0 {
-                render_steps(&turn.steps, &mut more)?; // its input is in already
+                render_steps(&turn.steps, &mut more, RenderFormat::CURRENT)?; // its input is in already
             } else {
-                render_turn(turn, &mut more)?;
+                render_turn(turn, &mut more, RenderFormat::CURRENT)?;
             }
         }
         self.push(more);

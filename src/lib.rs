@@ -60,6 +60,7 @@ pub mod error;
 pub mod events;
 pub mod fault;
 pub mod inspect;
+mod legacy;
 pub mod message;
 pub mod model;
 pub mod owner;

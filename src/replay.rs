@@ -1,6 +1,6 @@
 //! Rebuilding an executed step's messages from the store (G3).
 
-use crate::builder::{build_messages, SummaryView};
+use crate::builder::{build_messages, RenderFormat, SummaryView};
 use crate::error::{Error, Result};
 use crate::message::{sha256_hex, to_bytes, Message};
 use crate::store::{self, CompactionRow, CompactionStatus, SessionRow};
@@ -35,6 +35,7 @@ pub(crate) fn build_for(
     turn_idx: i64,
     step_idx: i64,
     compaction: Option<&CompactionRow>,
+    format: RenderFormat,
 ) -> Result<Vec<Message>> {
     let after = compaction.map_or(-1, |c| c.up_to_turn_index);
     let history = store::load_history(conn, session.id, after, turn_idx, step_idx)?;
@@ -42,7 +43,7 @@ pub(crate) fn build_for(
         up_to_turn_index: c.up_to_turn_index,
         summary: c.summary.as_deref().unwrap_or(""),
     });
-    build_messages(&session.system_prompt, view, &history)
+    build_messages(&session.system_prompt, view, &history, format)
 }
 
 /// Rebuilds an executed step's messages, their bytes and hash, next to the hash
@@ -69,7 +70,15 @@ pub fn rebuild_step(conn: &Connection, step_id: i64) -> Result<Rebuilt> {
         }
         None => None,
     };
-    let messages = build_for(conn, &session, turn.idx, step.idx, compaction.as_ref())?;
+    let format = RenderFormat::from_i64(step.render_format)?;
+    let messages = build_for(
+        conn,
+        &session,
+        turn.idx,
+        step.idx,
+        compaction.as_ref(),
+        format,
+    )?;
     let bytes = to_bytes(&messages);
     let sha256 = sha256_hex(&bytes);
     Ok(Rebuilt {
@@ -92,5 +101,12 @@ pub fn build_at(
 ) -> Result<Vec<Message>> {
     let session = store::get_session(conn, session_id)?;
     let compaction = store::latest_completed(conn, session_id, turn_idx)?;
-    build_for(conn, &session, turn_idx, step_idx, compaction.as_ref())
+    build_for(
+        conn,
+        &session,
+        turn_idx,
+        step_idx,
+        compaction.as_ref(),
+        RenderFormat::CURRENT,
+    )
 }

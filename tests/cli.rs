@@ -56,6 +56,23 @@ fn demo_db(dir: &Path) -> PathBuf {
     db
 }
 
+/// Tampering as someone with write access to the file would: the schema's
+/// append-only triggers dropped first.
+fn tamper(db: &Path, statement: &str) {
+    let c = rusqlite::Connection::open(db).unwrap();
+    let names: Vec<String> = c
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    for n in names {
+        c.execute_batch(&format!("DROP TRIGGER {n}")).unwrap();
+    }
+    c.execute_batch(statement).unwrap();
+}
+
 fn sql(db: &Path, statement: &str) {
     rusqlite::Connection::open(db)
         .unwrap()
@@ -113,7 +130,7 @@ fn replay_raw_hashes_to_the_recorded_value_for_every_step() {
 fn verify_names_a_changed_summary() {
     let dir = tempfile::tempdir().unwrap();
     let db = demo_db(dir.path());
-    sql(&db, "UPDATE compactions SET summary = summary || ' (edited)' WHERE id = (SELECT min(id) FROM compactions)");
+    tamper(&db, "UPDATE compactions SET summary = summary || ' (edited)' WHERE id = (SELECT min(id) FROM compactions)");
     let out = abridge(&["verify", "--db", db.to_str().unwrap()]);
     assert!(!out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
@@ -152,7 +169,7 @@ fn verify_names_a_duplicated_effect() {
 fn verify_names_a_step_pointing_at_a_pending_compaction() {
     let dir = tempfile::tempdir().unwrap();
     let db = demo_db(dir.path());
-    sql(
+    tamper(
         &db,
         "INSERT INTO compactions (session_id, up_to_turn_index, up_to_turn_id, status, trigger, created_at) \
          VALUES (1, 900, 1, 'pending', 'auto', 0); \
@@ -322,7 +339,10 @@ fn bad_input_exits_non_zero_with_one_clear_line() {
     sql(&newer, "PRAGMA user_version = 7");
     fails(
         &["verify", "--db", newer.to_str().unwrap()],
-        "schema version 7 is newer than this build supports (1)",
+        &format!(
+            "schema version 7 is newer than this build supports ({})",
+            abridge::store::SCHEMA_VERSION
+        ),
     );
 }
 

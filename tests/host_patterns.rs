@@ -236,3 +236,89 @@ async fn sixteen_tasks_running_one_turn_make_one_runner_and_no_outcome_unknown()
     );
     assert_verified(&store);
 }
+
+/// Step 0 calls the idempotent `measure` with floats serde_json's default
+/// parser reads one unit in the last place off; step 1 answers.
+struct FloatModel;
+
+#[async_trait::async_trait]
+impl ModelClient for FloatModel {
+    async fn complete(&self, req: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        let last = serde_json::to_string(&req.messages.last().unwrap().content).unwrap();
+        let blocks = if last.contains("tool_result") {
+            vec![ResponseBlock::Text { text: "ok".into() }]
+        } else {
+            vec![ResponseBlock::ToolUse {
+                id: "m1".into(),
+                name: "measure".into(),
+                input: json!({"w": 1.0715660391465826e-75, "v": [-1.81996730402717e-179, -1.603964615428183e143]}),
+            }]
+        };
+        Ok(ModelResponse {
+            blocks,
+            usage: Default::default(),
+        })
+    }
+}
+
+struct Measure(Arc<std::sync::Mutex<Vec<(String, Vec<u64>)>>>);
+
+#[async_trait::async_trait]
+impl Tool for Measure {
+    async fn call(&self, call: &ToolCall) -> Result<Value, ToolError> {
+        let mut bits = vec![call.input["w"].as_f64().unwrap().to_bits()];
+        bits.extend(
+            call.input["v"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap().to_bits()),
+        );
+        self.0
+            .lock()
+            .unwrap()
+            .push((call.idempotency_key.clone(), bits));
+        Ok(json!("measured"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_idempotent_call_gets_its_float_arguments_bit_for_bit() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let build = |hook| {
+        let spec = ToolSpec {
+            name: "measure".into(),
+            description: "measures".into(),
+            input_schema: json!({"type": "object"}),
+        };
+        Runner::builder(store.clone(), Arc::new(FloatModel))
+            .tools(Tools::new().idempotent(spec, Measure(seen.clone())))
+            .config(test_config(Threshold::Off, hook, "host"))
+            .build()
+            .unwrap()
+    };
+    let crashing = build(Some(fail_at(abridge::FaultPoint::AfterToolEffect, 1)));
+    let sid = crashing
+        .create_session("floats", "m", "sys")
+        .await
+        .unwrap()
+        .id;
+    let err = crashing.run_turn_at(sid, 0, "measure").await.unwrap_err();
+    assert!(matches!(err, Error::Injected(_)), "{err}");
+    // The restarted host resumes the turn: the call runs again, same key.
+    build(None).run_turn_at(sid, 0, "measure").await.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "called, then called again on resume");
+    assert_eq!(seen[0], seen[1], "same key, same arguments, bit for bit");
+    assert_eq!(
+        seen[0].1,
+        vec![
+            1.0715660391465826e-75f64.to_bits(),
+            (-1.81996730402717e-179f64).to_bits(),
+            (-1.603964615428183e143f64).to_bits()
+        ]
+    );
+    assert_verified(&store);
+}

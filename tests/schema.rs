@@ -43,13 +43,13 @@ fn newer_schema_version_is_refused_naming_both_versions() {
             err,
             Error::SchemaTooNew {
                 found: 99,
-                supported: 1
+                supported: abridge::store::SCHEMA_VERSION
             }
         ),
         "{err}"
     );
     let msg = err.to_string();
-    assert!(msg.contains("99") && msg.contains('1'), "{msg}");
+    assert!(msg.contains("99") && msg.contains("(2)"), "{msg}");
     assert!(matches!(
         abridge::store::open_read_only(&p),
         Err(Error::SchemaTooNew { .. })
@@ -123,4 +123,104 @@ fn concurrent_first_opens_of_a_new_file_all_succeed() {
             assert!(r.is_ok(), "round {round}: {:?}", r.err());
         }
     }
+}
+
+#[test]
+fn a_version_stamp_without_abridge_tables_is_refused_and_left_untouched() {
+    let (_d, p) = tmp();
+    let c = rusqlite::Connection::open(&p).unwrap();
+    c.execute_batch("PRAGMA user_version = 1").unwrap();
+    drop(c);
+    let before = std::fs::read(&p).unwrap();
+    let err = Store::open(&p).unwrap_err();
+    assert!(matches!(err, Error::ForeignDatabase { .. }), "{err}");
+    assert_eq!(std::fs::read(&p).unwrap(), before);
+}
+
+/// Copies the version-1 golden store (written by the build of schema 1).
+fn version_one_store() -> (tempfile::TempDir, std::path::PathBuf) {
+    let (d, p) = tmp();
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden-v1.db");
+    std::fs::copy(fixture, &p).unwrap();
+    (d, p)
+}
+
+fn counts(c: &rusqlite::Connection) -> Vec<i64> {
+    [
+        "sessions",
+        "turns",
+        "steps",
+        "tool_invocations",
+        "compactions",
+    ]
+    .iter()
+    .map(|t| {
+        c.query_row(&format!("SELECT count(*) FROM {t}"), [], |r| r.get(0))
+            .unwrap()
+    })
+    .collect()
+}
+
+#[test]
+fn a_version_one_store_is_migrated_to_the_current_version_keeping_every_row() {
+    let (_d, p) = version_one_store();
+    let before = counts(&rusqlite::Connection::open(&p).unwrap());
+    let store = Store::open(&p).unwrap();
+    let (v, after, formats) = store
+        .with_conn(|c| {
+            let v: i64 = c.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+            let f: Vec<i64> = c
+                .prepare("SELECT DISTINCT render_format FROM steps")?
+                .query_map([], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            Ok((v, counts(c), f))
+        })
+        .unwrap();
+    assert_eq!(v, abridge::store::SCHEMA_VERSION);
+    assert_eq!(after, before);
+    // Steps executed before version 2 keep the renderer they were hashed with.
+    assert_eq!(formats, vec![1]);
+}
+
+/// G6 by the schema: history rows are never deleted, and rows in a final
+/// status never change, except the one documented transition (a failed
+/// compaction re-armed).
+#[test]
+fn g6_the_schema_refuses_deleting_history_and_changing_finished_rows() {
+    let (_d, p) = version_one_store();
+    drop(Store::open(&p).unwrap());
+    let c = rusqlite::Connection::open(&p).unwrap();
+    let refused = |sql: &str| {
+        let err = c.execute_batch(sql).expect_err(sql).to_string();
+        assert!(err.contains("abridge:"), "{sql}: {err}");
+    };
+    for t in [
+        "sessions",
+        "turns",
+        "steps",
+        "tool_invocations",
+        "compactions",
+    ] {
+        refused(&format!(
+            "DELETE FROM {t} WHERE id = (SELECT min(id) FROM {t})"
+        ));
+    }
+    refused("UPDATE turns SET output = 'changed' WHERE status = 'completed'");
+    refused("UPDATE turns SET status = 'running' WHERE status = 'failed'");
+    refused("UPDATE steps SET response = '{}' WHERE status = 'completed'");
+    refused("UPDATE tool_invocations SET result = 'x' WHERE status = 'completed'");
+    refused("UPDATE compactions SET summary = 'x' WHERE status = 'completed'");
+    refused("UPDATE sessions SET system_prompt = 'x'");
+    refused("UPDATE turns SET input = 'x' WHERE id = (SELECT min(id) FROM turns)");
+    // The documented transition: a failed compaction is re-armed.
+    c.execute_batch(
+        "INSERT INTO compactions (session_id, up_to_turn_index, up_to_turn_id, status, trigger, \
+         created_at) SELECT session_id, 7, id, 'failed', 'manual', 0 FROM turns \
+         WHERE idx = 7 AND session_id = 1; \
+         UPDATE compactions SET status = 'pending', lease_owner = NULL, lease_expires_at = 0 \
+         WHERE up_to_turn_index = 7 AND session_id = 1",
+    )
+    .unwrap();
+    assert_eq!(counts(&c)[4], 9);
 }

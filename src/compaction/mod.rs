@@ -520,7 +520,8 @@ impl Compactor {
         });
 
         let counter = &*self.config.token_counter;
-        let span_msgs = crate::builder::build_messages("", None, &span)?;
+        let span_msgs =
+            crate::builder::build_messages("", None, &span, crate::builder::RenderFormat::CURRENT)?;
         let span_json = crate::message::to_bytes(&span_msgs[1..]);
         let tokens_before = counter.count(&String::from_utf8_lossy(&span_json))
             + previous.as_deref().map_or(0, |p| counter.count(p));

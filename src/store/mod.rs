@@ -40,11 +40,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The schema, applied on first open.
+/// The schema of version 1, applied on first open; the numbered
+/// [`MIGRATIONS`] follow it.
 pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 
+/// Schema changes after version 1, in order: `(version, sql)`. A store at
+/// version `v` gets every migration above `v`, each with its version stamp,
+/// in one IMMEDIATE transaction; a new store gets `SCHEMA_SQL` and all of
+/// them. Never edit one that has shipped: add the next.
+pub const MIGRATIONS: &[(i64, &str)] = &[(2, include_str!("migrations/0002_append_only.sql"))];
+
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// How hard each commit is pushed to disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -149,12 +156,14 @@ fn map_open_err(path: &Path, e: rusqlite::Error) -> Error {
 /// another process migrating the same new file in between cannot make it look
 /// like a foreign database.
 fn check_file(conn: &Connection, path: &Path) -> Result<i64> {
-    let (version, tables): (i64, i64) = conn
+    let (version, tables, ours): (i64, i64, i64) = conn
         .query_row(
             "SELECT (SELECT user_version FROM pragma_user_version), \
-                    (SELECT count(*) FROM sqlite_master WHERE type = 'table')",
+                    (SELECT count(*) FROM sqlite_master WHERE type = 'table'), \
+                    (SELECT count(*) FROM sqlite_master WHERE type = 'table' \
+                     AND name IN ('sessions', 'turns', 'steps', 'tool_invocations', 'compactions'))",
             [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )
         .map_err(|e| map_open_err(path, e))?;
     if version > SCHEMA_VERSION {
@@ -163,7 +172,8 @@ fn check_file(conn: &Connection, path: &Path) -> Result<i64> {
             supported: SCHEMA_VERSION,
         });
     }
-    if version == 0 && tables > 0 {
+    // Tables without a stamp, or a stamp without abridge's tables: not ours.
+    if (version == 0 && tables > 0) || (version > 0 && ours < 5) {
         return Err(Error::ForeignDatabase {
             path: path.to_path_buf(),
         });
@@ -198,7 +208,13 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
     let version = check_file(&tx, path)?;
     if version == 0 {
         tx.execute_batch(SCHEMA_SQL)?;
-        tx.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))?;
+    }
+    for (v, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > version.max(1)) {
+        tx.execute_batch(sql)?;
+        tx.execute_batch(&format!("PRAGMA user_version = {v}"))?;
+    }
+    if version == 0 && MIGRATIONS.is_empty() {
+        tx.execute_batch("PRAGMA user_version = 1")?;
     }
     tx.commit()?;
     Ok(())

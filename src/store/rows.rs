@@ -208,11 +208,15 @@ pub struct StepRow {
     pub estimated: bool,
     /// Why the step failed.
     pub error: Option<String>,
+    /// The message renderer its hash was computed with (see
+    /// [`crate::builder::RenderFormat`]).
+    pub render_format: i64,
 }
 
 impl StepRow {
     pub(crate) const COLUMNS: &'static str = "id, turn_id, idx, status, compaction_id, \
-         messages_sha256, response, input_tokens, output_tokens, context_tokens, estimated, error";
+         messages_sha256, response, input_tokens, output_tokens, context_tokens, estimated, error, \
+         render_format";
     pub(crate) fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
         Ok(StepRow {
             id: r.get(0)?,
@@ -227,6 +231,7 @@ impl StepRow {
             context_tokens: r.get(9)?,
             estimated: r.get(10)?,
             error: r.get(11)?,
+            render_format: r.get(12)?,
         })
     }
 }

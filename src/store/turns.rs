@@ -398,7 +398,8 @@ pub(crate) fn write_response(tx: &Transaction<'_>, lease: &Lease, r: &Responded)
         .prepare_cached(
             "UPDATE steps SET status = 'responded', compaction_id = ?1, messages_sha256 = ?2, \
              response = ?3, input_tokens = ?4, output_tokens = ?5, context_tokens = ?6, \
-             estimated = ?7, responded_at = ?8 WHERE id = ?9 AND status = 'running'",
+             estimated = ?7, responded_at = ?8, render_format = ?10 \
+             WHERE id = ?9 AND status = 'running'",
         )?
         .execute(params![
             r.compaction_id,
@@ -409,7 +410,8 @@ pub(crate) fn write_response(tx: &Transaction<'_>, lease: &Lease, r: &Responded)
             r.context_tokens,
             r.estimated,
             now_ms(),
-            r.step_id
+            r.step_id,
+            crate::builder::RenderFormat::CURRENT.as_i64()
         ])?;
     if n == 0 {
         return Err(Error::LeaseLost {
