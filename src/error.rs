@@ -242,11 +242,29 @@ impl Error {
     /// True for errors after which the turn stays `running` and can be resumed
     /// (by this process or another): store contention, lost leases, injected
     /// faults. False for errors that finished the turn as failed, or bad input.
+    ///
+    /// An SQLite error is resumable when it is about the moment (busy, locked,
+    /// I/O, a full disk), not about the data: a constraint the schema refuses,
+    /// a value too big, or a row that does not decode will fail again on every
+    /// retry, so the turn fails with it instead of staying `running` for ever.
     pub fn is_resumable(&self) -> bool {
+        if let Error::Sqlite(e) = self {
+            return match e {
+                rusqlite::Error::SqliteFailure(f, _) => !matches!(
+                    f.code,
+                    rusqlite::ErrorCode::ConstraintViolation
+                        | rusqlite::ErrorCode::TooBig
+                        | rusqlite::ErrorCode::TypeMismatch
+                        | rusqlite::ErrorCode::DatabaseCorrupt
+                        | rusqlite::ErrorCode::NotADatabase
+                ),
+                // Decoding a stored value failed: the row will not change.
+                _ => false,
+            };
+        }
         matches!(
             self,
-            Error::Sqlite(_)
-                | Error::Pool(_)
+            Error::Pool(_)
                 | Error::LeaseHeld { .. }
                 | Error::LeaseLost { .. }
                 | Error::Injected(_)

@@ -184,6 +184,83 @@ impl ModelResponse {
     }
 }
 
+/// The deepest JSON value (arrays and objects inside each other) abridge keeps
+/// in a tool call's arguments, a data block or a tool's result. serde_json
+/// reads at most 128 levels back, and a stored value sits a few levels inside
+/// the response and message arrays: this bound keeps everything stored
+/// readable, and nothing deeper is ever walked recursively.
+pub const MAX_JSON_DEPTH: usize = 64;
+
+/// Nesting depth of `v` (a scalar is 0, `[]` is 1), found without recursion;
+/// stops counting past `limit`.
+pub fn json_depth(v: &serde_json::Value, limit: usize) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(v, 0usize)];
+    while let Some((v, d)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match v {
+            Value::Array(a) => Box::new(a.iter()),
+            Value::Object(m) => Box::new(m.values()),
+            _ => continue,
+        };
+        let d = d + 1;
+        deepest = deepest.max(d);
+        if deepest > limit {
+            return deepest;
+        }
+        stack.extend(children.map(|c| (c, d)));
+    }
+    deepest
+}
+
+/// Drops a JSON value of any depth without recursion (a derived drop of a
+/// value nested 100,000 levels overflows the stack).
+pub fn drop_deep(v: Value) {
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::Array(a) => stack.extend(a),
+            Value::Object(m) => stack.extend(m.into_iter().map(|(_, v)| v)),
+            _ => {}
+        }
+    }
+}
+
+/// Replaces a value nested deeper than [`MAX_JSON_DEPTH`] with a string saying
+/// so (dropping the deep value without recursion). Returns true when it did.
+pub(crate) fn cap_depth(v: &mut Value, what: &str) -> bool {
+    if json_depth(v, MAX_JSON_DEPTH) <= MAX_JSON_DEPTH {
+        return false;
+    }
+    let deep = std::mem::replace(
+        v,
+        Value::String(format!(
+            "{what} nested deeper than {MAX_JSON_DEPTH} levels were not kept"
+        )),
+    );
+    drop_deep(deep);
+    true
+}
+
+impl ModelResponse {
+    /// Makes the response storable and readable back: every JSON value in it
+    /// nested deeper than [`MAX_JSON_DEPTH`] becomes a string saying so, so a
+    /// tool call with such arguments gets an error result the model sees.
+    /// Returns how many values were replaced.
+    pub fn cap_depth(&mut self) -> usize {
+        let mut n = 0;
+        for block in &mut self.blocks {
+            let capped = match block {
+                ResponseBlock::ToolUse { input, .. } => cap_depth(input, "arguments"),
+                ResponseBlock::Data { value } => cap_depth(value, "data"),
+                ResponseBlock::Other { value, .. } => cap_depth(value, "a block"),
+                ResponseBlock::Text { .. } => false,
+            };
+            n += capped as usize;
+        }
+        n
+    }
+}
+
 /// Serialises a message array to the exact bytes a step hashes.
 pub fn to_bytes(messages: &[Message]) -> Vec<u8> {
     // Serialising these types cannot fail: every map key is a string.

@@ -462,8 +462,21 @@ impl Runner {
         })))
     }
 
-    /// Fails the turn (policy), then returns `err` to the caller.
-    async fn fail(&self, lease: &Lease, step_id: Option<i64>, err: Error) -> Result<TurnOutcome> {
+    /// Fails the turn (policy), then returns `err` to the caller (or the error
+    /// that kept it from being recorded).
+    async fn fail(&self, lease: &Lease, step_id: Option<i64>, err: Error) -> Error {
+        match self.fail_inner(lease, step_id, err).await {
+            Ok(never) => match never {},
+            Err(e) => e,
+        }
+    }
+
+    async fn fail_inner(
+        &self,
+        lease: &Lease,
+        step_id: Option<i64>,
+        err: Error,
+    ) -> Result<std::convert::Infallible> {
         let msg = err.to_string();
         let l = lease.clone();
         self.inner
@@ -483,20 +496,49 @@ impl Runner {
         first: Prepared,
     ) -> Result<TurnOutcome> {
         let _hb = self.heartbeat(&lease);
+        let mut at_step = None;
+        match self
+            .drive_steps(&turn, &lease, &session, first, &mut at_step)
+            .await
+        {
+            Ok(done) => Ok(done),
+            Err(Stop::Recorded(e)) => Err(e),
+            Err(Stop::Error(e)) if e.is_resumable() => Err(e),
+            // Anything that cannot succeed on a retry (a row that does not read
+            // back, a constraint refused) fails the turn: never left running.
+            Err(Stop::Error(e)) => Err(self.fail(&lease, at_step, e).await),
+        }
+    }
+
+    async fn drive_steps(
+        &self,
+        turn: &TurnRow,
+        lease: &Lease,
+        session: &SessionRow,
+        first: Prepared,
+        at_step: &mut Option<i64>,
+    ) -> std::result::Result<TurnOutcome, Stop> {
         let mut next = first;
         loop {
             let (step, response, persist, ctx) = match next {
                 Prepared::Resume(step, ctx) => {
+                    *at_step = Some(step.id);
                     let r: ModelResponse =
-                        serde_json::from_str(step.response.as_deref().unwrap_or("{}"))?;
+                        serde_json::from_str(step.response.as_deref().unwrap_or("{}"))
+                            .map_err(Error::from)?;
                     (step, r, None, ctx)
                 }
-                Prepared::Fail(step, e) => return self.fail(&lease, Some(step.id), e).await,
+                Prepared::Fail(step, e) => {
+                    return Err(Stop::Recorded(self.fail(lease, Some(step.id), e).await))
+                }
                 Prepared::Run(step, work) => {
-                    match self.execute(&session, &turn, &step, *work).await {
+                    *at_step = Some(step.id);
+                    match self.execute(session, turn, &step, *work).await {
                         Ok((r, persist, ctx)) => (step, r, Some(persist), Some(ctx)),
-                        Err(e) if e.is_resumable() => return Err(e),
-                        Err(e) => return self.fail(&lease, Some(step.id), e).await,
+                        Err(e) if e.is_resumable() => return Err(Stop::Recorded(e)),
+                        Err(e) => {
+                            return Err(Stop::Recorded(self.fail(lease, Some(step.id), e).await))
+                        }
                     }
                 }
             };
@@ -531,7 +573,8 @@ impl Runner {
                         inserted,
                     } => {
                         let result = self.run_async_tool(&plan, pos, tool, &row, inserted).await;
-                        fault::check(&self.inner.cfg.fault_hook, FaultPoint::AfterToolEffect)?;
+                        fault::check(&self.inner.cfg.fault_hook, FaultPoint::AfterToolEffect)
+                            .map_err(Error::from)?;
                         advanced = self
                             .advance(&plan, pos + 1, None, Some((row.id, result)))
                             .await?;
@@ -622,7 +665,11 @@ impl Runner {
 
         let sha = ctx.sha256();
         let request = ctx.request(&session.model, self.inner.tools.specs());
-        let response = self.call_model(request, step_id).await?;
+        let mut response = self.call_model(request, step_id).await?;
+        // What is committed must read back: nothing deeper than the parser takes.
+        if response.cap_depth() > 0 {
+            warn!(step_id, "a response value nested too deep was replaced");
+        }
         if response.is_empty() {
             return Err(Error::EmptyResponse { step_id });
         }
@@ -743,7 +790,7 @@ impl Runner {
                     let body = move |tx: &rusqlite::Transaction<'_>, _: &store::InvocationRow| {
                         let r = std::panic::catch_unwind(AssertUnwindSafe(|| tool.call(tx, &tc)));
                         let out = match r {
-                            Ok(Ok(v)) => Ok(render_result(&v)),
+                            Ok(Ok(v)) => render_result(v),
                             Ok(Err(e)) => Err(e.0),
                             Err(p) => Err(format!("tool panicked: {}", panic_message(&p))),
                         };
@@ -822,7 +869,10 @@ impl Runner {
             );
         }
         match CatchUnwind(tool.call(&call)).await {
-            Ok(Ok(v)) => (true, render_result(&v)),
+            Ok(Ok(v)) => match render_result(v) {
+                Ok(text) => (true, text),
+                Err(text) => (false, text),
+            },
             Ok(Err(e)) => (false, e.0),
             Err(p) => (false, format!("tool panicked: {}", panic_message(&p))),
         }
@@ -859,6 +909,21 @@ impl StepPlan {
                 id,
             ),
         }
+    }
+}
+
+/// Why a turn's steps stopped short of a final answer.
+enum Stop {
+    /// Handled already: the turn was failed (the error says why), or the error
+    /// leaves it running to be resumed.
+    Recorded(Error),
+    /// Not handled yet: fails the turn unless it is resumable.
+    Error(Error),
+}
+
+impl From<Error> for Stop {
+    fn from(e: Error) -> Stop {
+        Stop::Error(e)
     }
 }
 

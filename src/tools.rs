@@ -142,12 +142,19 @@ impl Tools {
     }
 }
 
-/// Renders a tool's JSON result as the text the model sees.
-pub(crate) fn render_result(value: &Value) -> String {
-    match value {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
+/// Renders a tool's JSON result as the text the model sees; a result nested
+/// deeper than [`crate::message::MAX_JSON_DEPTH`] is an error result instead.
+pub(crate) fn render_result(mut value: Value) -> Result<String, String> {
+    if crate::message::cap_depth(&mut value, "results") {
+        return Err(format!(
+            "the tool's result was nested deeper than {} levels and was not kept",
+            crate::message::MAX_JSON_DEPTH
+        ));
     }
+    Ok(match value {
+        Value::String(s) => s,
+        other => other.to_string(),
+    })
 }
 
 /// Derives the idempotency key of a call: stable across retries and processes,

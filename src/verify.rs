@@ -148,10 +148,97 @@ pub fn verify(conn: &Connection) -> Result<Report> {
     let g6: Vec<String> = integrity.into_iter().filter(|l| l != "ok").collect();
     checks.push(check("G6 integrity_check", 1, g6));
 
+    let (rows, gaps) = history_gaps(conn)?;
+    checks.push(check("G6 history has no gaps or orphans", rows, gaps));
+
+    let (running, stuck) = unreadable_running_turns(conn)?;
+    checks.push(check("G6 running turns can resume", running, stuck));
+
     checks.push(check("G7 compaction shrinks", completed, g7));
 
     Ok(Report {
         ok: checks.iter().all(|c| c.ok),
         checks,
     })
+}
+
+/// Rows missing from the history: a gap in a session's turn numbering or a
+/// turn's step numbering, and rows pointing at rows that are not there.
+fn history_gaps(conn: &Connection) -> Result<(i64, Vec<String>)> {
+    let rows: i64 = conn.query_row(
+        "SELECT (SELECT count(*) FROM turns) + (SELECT count(*) FROM steps) \
+              + (SELECT count(*) FROM tool_invocations) + (SELECT count(*) FROM compactions)",
+        [],
+        |r| r.get(0),
+    )?;
+    let queries = [
+        (
+            "SELECT 'session ' || s.external_id || ' has ' || count(t.id) || ' turns numbered up to ' \
+             || max(t.idx) FROM turns t JOIN sessions s ON s.id = t.session_id \
+             GROUP BY t.session_id HAVING count(t.id) <> max(t.idx) + 1",
+        ),
+        (
+            "SELECT 'turn ' || turn_id || ' has ' || count(*) || ' steps numbered up to ' || max(idx) \
+             FROM steps GROUP BY turn_id HAVING count(*) <> max(idx) + 1",
+        ),
+        (
+            "SELECT 'turn ' || id || ' belongs to missing session ' || session_id FROM turns \
+             WHERE session_id NOT IN (SELECT id FROM sessions)",
+        ),
+        (
+            "SELECT 'step ' || id || ' belongs to missing turn ' || turn_id FROM steps \
+             WHERE turn_id NOT IN (SELECT id FROM turns)",
+        ),
+        (
+            "SELECT 'step ' || id || ' read missing compaction ' || compaction_id FROM steps \
+             WHERE compaction_id IS NOT NULL AND compaction_id NOT IN (SELECT id FROM compactions)",
+        ),
+        (
+            "SELECT 'tool invocation ' || id || ' belongs to missing step ' || step_id \
+             FROM tool_invocations WHERE step_id NOT IN (SELECT id FROM steps)",
+        ),
+        (
+            "SELECT 'compaction ' || id || ' covers missing turn ' || up_to_turn_id FROM compactions \
+             WHERE up_to_turn_id NOT IN (SELECT id FROM turns)",
+        ),
+    ];
+    let mut found = Vec::new();
+    for (q,) in queries {
+        let mut st = conn.prepare(q)?;
+        let lines = st.query_map([], |r| r.get::<_, String>(0))?;
+        for l in lines {
+            found.push(l?);
+        }
+    }
+    Ok((rows, found))
+}
+
+/// Running turns whose rows do not read back (a stored response that does not
+/// decode, a context that cannot be built): no runner could resume them.
+fn unreadable_running_turns(conn: &Connection) -> Result<(i64, Vec<String>)> {
+    let mut st = conn.prepare("SELECT id FROM turns WHERE status = 'running' ORDER BY id")?;
+    let ids: Vec<i64> = st
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut stuck = Vec::new();
+    for id in &ids {
+        let readable = (|| -> Result<()> {
+            let turn = store::get_turn(conn, *id)?;
+            let mut next = 0;
+            for step in store::list_steps(conn, *id)? {
+                if let Some(r) = &step.response {
+                    serde_json::from_str::<crate::message::ModelResponse>(r)?;
+                }
+                next = step.idx + 1;
+            }
+            crate::replay::build_at(conn, turn.session_id, turn.idx, next)?;
+            Ok(())
+        })();
+        if let Err(e) = readable {
+            stuck.push(format!(
+                "turn {id} is running but its rows cannot be read back: {e}"
+            ));
+        }
+    }
+    Ok((ids.len() as i64, stuck))
 }

@@ -394,3 +394,191 @@ async fn a_panicking_model_client_fails_the_turn_with_its_message() {
     assert_eq!(turn_statuses(&store), vec!["failed"]);
     assert_verified(&store);
 }
+
+/// `[[[ … ]]]` nested `depth` levels, built without recursion.
+fn nested(depth: usize) -> Value {
+    let mut v = json!({});
+    for _ in 1..depth {
+        v = Value::Array(vec![v]);
+    }
+    v
+}
+
+/// Turn 1's first step calls `echo` with arguments nested `depth` levels
+/// (built afresh on every call, never cloned: a derived clone or drop of a
+/// value 100,000 levels deep overflows the stack), then answers.
+struct Deep(usize);
+
+#[async_trait::async_trait]
+impl ModelClient for Deep {
+    async fn complete(&self, req: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        let last = serde_json::to_string(&req.messages.last().unwrap().content).unwrap();
+        let blocks = if req.messages.len() == 4 && !last.contains("tool_result") {
+            vec![ResponseBlock::ToolUse {
+                id: "deep".into(),
+                name: "echo".into(),
+                // Not json!: it would copy the value recursively.
+                input: Value::Object(
+                    [("payload".to_string(), nested(self.0))]
+                        .into_iter()
+                        .collect(),
+                ),
+            }]
+        } else {
+            vec![text("done")]
+        };
+        Ok(ModelResponse {
+            blocks,
+            usage: Usage::default(),
+        })
+    }
+}
+
+async fn run_deep(depth: usize) -> (tempfile::TempDir, abridge::Store) {
+    let (d, path) = temp_db();
+    let store = open(&path);
+    let runner = Runner::builder(store.clone(), Arc::new(Deep(depth)))
+        .tools(tools())
+        .config(test_config(Threshold::Off, None, "t"))
+        .build()
+        .unwrap();
+    let s = runner.create_session("s", "m", "sys").await.unwrap();
+    runner.run_turn(s.id, "hello").await.unwrap();
+    let out = runner.run_turn(s.id, "go deep").await.unwrap();
+    assert_eq!(out.output, "done");
+    // Nothing is wedged: the next turn runs, and every step rebuilds.
+    runner.run_turn(s.id, "and after").await.unwrap();
+    assert_eq!(turn_statuses(&store), vec!["completed"; 3]);
+    assert_all_steps_rebuild(&store);
+    assert_verified(&store);
+    (d, store)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arguments_nested_125_levels_are_an_error_result_and_the_session_goes_on() {
+    let (_d, store) = run_deep(125).await;
+    let r = results(&store);
+    assert_eq!(r.len(), 1);
+    assert!(r[0].1, "an error result: {r:?}");
+    assert!(r[0].0.starts_with("malformed arguments for echo"), "{r:?}");
+    assert!(r[0].0.contains("nested deeper than 64 levels"), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arguments_nested_100000_levels_do_not_abort_the_process() {
+    let (_d, store) = run_deep(100_000).await;
+    assert!(results(&store)[0].1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arguments_at_the_depth_limit_are_kept_and_read_back() {
+    let (_d, store) = run_deep(60).await;
+    let r = results(&store);
+    assert!(!r[0].1, "{r:?}");
+}
+
+struct DeepResult;
+#[async_trait::async_trait]
+impl Tool for DeepResult {
+    async fn call(&self, _: &ToolCall) -> Result<Value, ToolError> {
+        Ok(nested(100_000))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_result_nested_100000_levels_is_an_error_result() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let runner = Runner::builder(
+        store.clone(),
+        Arc::new(SecondTurn(vec![vec![call("a", "deep", json!({}))]])),
+    )
+    .tools(tools().idempotent(spec("deep"), DeepResult))
+    .config(test_config(Threshold::Off, None, "t"))
+    .build()
+    .unwrap();
+    let s = runner.create_session("s", "m", "sys").await.unwrap();
+    runner.run_turn(s.id, "hello").await.unwrap();
+    runner.run_turn(s.id, "second").await.unwrap();
+    let r = results(&store);
+    assert_eq!(
+        r,
+        vec![(
+            "the tool's result was nested deeper than 64 levels and was not kept".to_string(),
+            true
+        )]
+    );
+    assert_verified(&store);
+}
+
+/// A running turn whose stored response no longer decodes (written by a bug
+/// or an edit) cannot make progress: `verify` names it, and resuming it fails
+/// it with a typed error instead of leaving it running for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_turn_whose_rows_do_not_read_back_is_named_by_verify_and_failed() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let mut cfg = test_config(
+        Threshold::Off,
+        Some(fail_at(abridge::FaultPoint::AfterToolEffect, 1)),
+        "t",
+    );
+    cfg.max_steps = 4;
+    let crashing = Runner::builder(
+        store.clone(),
+        Arc::new(SecondTurn(vec![vec![call("a", "echo", json!({"x": 1}))]])),
+    )
+    .tools(tools())
+    .config(cfg)
+    .build()
+    .unwrap();
+    let s = crashing.create_session("s", "m", "sys").await.unwrap();
+    crashing.run_turn(s.id, "hello").await.unwrap();
+    let err = crashing.run_turn(s.id, "second").await.unwrap_err();
+    assert!(matches!(err, Error::Injected(_)), "{err}");
+    // The responded step's response is damaged behind the schema's back.
+    store
+        .with_conn(|c| {
+            c.execute_batch(
+                "DROP TRIGGER steps_response_never_changes; \
+                 UPDATE steps SET response = '{\"blocks\": [' WHERE status = 'responded'",
+            )?;
+            Ok(())
+        })
+        .unwrap();
+    let report = store.with_conn(|c| abridge::verify::verify(c)).unwrap();
+    let stuck = report
+        .checks
+        .iter()
+        .find(|c| c.name == "G6 running turns can resume")
+        .unwrap();
+    assert_eq!(stuck.violations.len(), 1, "{report:#?}");
+    assert!(
+        stuck.violations[0].contains("cannot be read back"),
+        "{stuck:?}"
+    );
+
+    let runner = Runner::builder(store.clone(), Arc::new(SecondTurn(vec![])))
+        .tools(tools())
+        .config(test_config(Threshold::Off, None, "t"))
+        .build()
+        .unwrap();
+    let turn_id = store
+        .with_conn(|c| {
+            Ok(
+                c.query_row("SELECT id FROM turns WHERE status = 'running'", [], |r| {
+                    r.get(0)
+                })?,
+            )
+        })
+        .unwrap();
+    let err = runner.resume_turn(turn_id).await.unwrap_err();
+    assert!(matches!(err, Error::Json(_)), "{err}");
+    assert_eq!(turn_statuses(&store), vec!["completed", "failed"]);
+    // The session is not wedged: the next turn runs.
+    runner.run_turn(s.id, "third").await.unwrap();
+    assert_eq!(
+        turn_statuses(&store),
+        vec!["completed", "failed", "completed"]
+    );
+}

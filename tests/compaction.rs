@@ -683,3 +683,44 @@ async fn ensure_waits_for_a_connection_when_none_is_idle() {
     assert_eq!(got, row);
     holder.join().unwrap();
 }
+
+/// G7 on what a reader sees: a summary with nothing visible in it (NUL, a
+/// byte-order mark, zero-width characters, ideographic spaces) is an empty
+/// summary, a failed attempt; the policy decides and nothing stays pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_summary_of_invisible_characters_is_empty_and_nothing_stays_pending() {
+    for invisible in ["\0", "\u{feff}\u{200b}\u{3000}", "\0\u{200d}\n\u{2060}"] {
+        let (_d, path) = temp_db();
+        let store = open(&path);
+        let s = history(&store, 5).await;
+        let summ = Counting::new(Fixed(invisible.into(), Duration::ZERO));
+        let r = runner_with(&store, "t", summ.clone(), |_| {});
+        let read = r.compactor().ensure(&s, 5, 0).await.unwrap();
+        assert_eq!(read, None, "{invisible:?}: proceeds uncompacted");
+        let all = rows(&store);
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].2, "failed", "{invisible:?}");
+        assert_eq!(summ.count(), 3, "one call per attempt");
+        // The turn that needed it runs; nothing is wedged.
+        r.run_turn_at(s.id, 5, &user_turn(SEED, 0, 5))
+            .await
+            .unwrap();
+        assert_verified(&store);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_summary_starting_with_nul_is_stored_without_it() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let s = history(&store, 5).await;
+    let r = runner_with(
+        &store,
+        "t",
+        Arc::new(Fixed("\0orders ORD-1 and ORD-2".into(), Duration::ZERO)),
+        |_| {},
+    );
+    let row = r.compactor().ensure(&s, 5, 0).await.unwrap().unwrap();
+    assert_eq!(row.summary.as_deref(), Some("orders ORD-1 and ORD-2"));
+    assert_verified(&store);
+}

@@ -665,7 +665,7 @@ impl Compactor {
             }
             match self.one_attempt(rules, previous.clone(), &chunks).await {
                 Ok((text, input, output, calls)) => {
-                    let text = truncate_chars(text.trim(), cfg.max_summary_chars);
+                    let text = clean_summary(&text, cfg.max_summary_chars);
                     let after = counter.count(&text);
                     if text.is_empty() {
                         last_err = "summariser returned an empty summary".into();
@@ -756,6 +756,28 @@ impl Compactor {
             ));
         }
         Ok((running.unwrap_or_default(), input, output, calls))
+    }
+}
+
+/// A summary as stored: NUL characters removed (SQLite's `length()` stops at
+/// the first one), trimmed, cut to `max_chars`; empty when nothing visible is
+/// left (only whitespace, control characters, byte-order marks or zero-width
+/// characters), which is a failed attempt (G7).
+pub(crate) fn clean_summary(text: &str, max_chars: usize) -> String {
+    let text: String = text.chars().filter(|&c| c != '\0').collect();
+    let text = truncate_chars(text.trim(), max_chars);
+    let invisible = |c: char| {
+        c.is_whitespace()
+            || c.is_control()
+            || matches!(
+                c,
+                '\u{00AD}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{2060}'..='\u{2064}' | '\u{FEFF}'
+            )
+    };
+    if text.chars().all(invisible) {
+        String::new()
+    } else {
+        text
     }
 }
 
