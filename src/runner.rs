@@ -573,8 +573,7 @@ impl Runner {
                         inserted,
                     } => {
                         let result = self.run_async_tool(&plan, pos, tool, &row, inserted).await;
-                        fault::check(&self.inner.cfg.fault_hook, FaultPoint::AfterToolEffect)
-                            .map_err(Error::from)?;
+                        fault::check(&self.inner.cfg.fault_hook, FaultPoint::AfterToolEffect)?;
                         advanced = self
                             .advance(&plan, pos + 1, None, Some((row.id, result)))
                             .await?;
