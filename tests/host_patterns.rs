@@ -261,7 +261,10 @@ impl ModelClient for FloatModel {
     }
 }
 
-struct Measure(Arc<std::sync::Mutex<Vec<(String, Vec<u64>)>>>);
+/// (idempotency key, the bits of every float received), per call.
+type Seen = Arc<std::sync::Mutex<Vec<(String, Vec<u64>)>>>;
+
+struct Measure(Seen);
 
 #[async_trait::async_trait]
 impl Tool for Measure {
