@@ -84,6 +84,12 @@ pub fn summary_text(view: SummaryView<'_>) -> String {
     )
 }
 
+/// The message that stands for the compacted turns, as every step that reads
+/// the compaction sends it.
+pub fn summary_message(view: SummaryView<'_>) -> Message {
+    Message::text(Role::User, summary_text(view))
+}
+
 /// Builds the message array: the system prompt, the summary (if any), then each
 /// turn's input, its steps' assistant blocks and their tool results in the order
 /// the step produced them.
@@ -100,7 +106,7 @@ pub fn build_messages(
     let mut out = Vec::with_capacity(2 + turns.len() * 3);
     out.push(Message::text(Role::System, system_prompt));
     if let Some(view) = summary {
-        out.push(Message::text(Role::User, summary_text(view)));
+        out.push(summary_message(view));
     }
     for turn in turns {
         render_turn(turn, &mut out, format)?;

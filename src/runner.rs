@@ -675,7 +675,7 @@ impl Runner {
         validate_calls(&response, step_id)?;
 
         let (context_tokens, estimated) = match response.usage.input_tokens {
-            Some(n) => (n as i64, false),
+            Some(n) => (saturating_tokens(n, "input", step_id), false),
             None => {
                 let text = format!("{}]", ctx.text());
                 let n = self.inner.cfg.compaction.token_counter.count(&text);
@@ -687,8 +687,14 @@ impl Runner {
             compaction_id: compaction.as_ref().map(|c| c.id),
             messages_sha256: sha,
             response_json: serde_json::to_string(&response)?,
-            input_tokens: response.usage.input_tokens.map(|n| n as i64),
-            output_tokens: response.usage.output_tokens.map(|n| n as i64),
+            input_tokens: response
+                .usage
+                .input_tokens
+                .map(|n| saturating_tokens(n, "input", step_id)),
+            output_tokens: response
+                .usage
+                .output_tokens
+                .map(|n| saturating_tokens(n, "output", step_id)),
             context_tokens,
             estimated,
         };
@@ -995,6 +1001,20 @@ fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
     } else {
         "(non-string panic)".into()
     }
+}
+
+/// A reported token count as stored: counts above `i64::MAX` (SQLite's
+/// integer) are stored as `i64::MAX`, never wrapped negative (a negative
+/// measure would keep the threshold from ever firing), and said in a warning.
+fn saturating_tokens(n: u64, what: &str, step_id: i64) -> i64 {
+    i64::try_from(n).unwrap_or_else(|_| {
+        warn!(
+            step_id,
+            reported = n,
+            "{what} token count above i64::MAX stored as i64::MAX"
+        );
+        i64::MAX
+    })
 }
 
 /// Tool call ids must be non-empty and unique within the response: they key the

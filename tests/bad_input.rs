@@ -582,3 +582,45 @@ async fn a_running_turn_whose_rows_do_not_read_back_is_named_by_verify_and_faile
         vec!["completed", "failed", "completed"]
     );
 }
+
+/// Reports more input tokens than SQLite's integer holds.
+struct HugeUsage;
+
+#[async_trait::async_trait]
+impl ModelClient for HugeUsage {
+    async fn complete(&self, _: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        Ok(ModelResponse {
+            blocks: vec![text("done")],
+            usage: Usage {
+                input_tokens: Some(u64::MAX),
+                output_tokens: Some(u64::MAX - 1),
+            },
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_above_i64_max_is_stored_saturated_and_the_threshold_still_fires() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let runner = Runner::builder(store.clone(), Arc::new(HugeUsage))
+        .config(test_config(Threshold::Tokens(1_000), None, "t"))
+        .build()
+        .unwrap();
+    let s = runner.create_session("s", "m", "sys").await.unwrap();
+    for t in 0..3 {
+        runner.run_turn(s.id, &format!("turn {t}")).await.unwrap();
+    }
+    let (context, input, output, compactions): (i64, i64, i64, i64) = store
+        .with_conn(|c| {
+            Ok(c.query_row(
+                "SELECT min(context_tokens), min(input_tokens), min(output_tokens), \
+                 (SELECT count(*) FROM compactions WHERE status = 'completed') FROM steps",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )?)
+        })
+        .unwrap();
+    assert_eq!((context, input, output), (i64::MAX, i64::MAX, i64::MAX));
+    assert!(compactions >= 1, "the threshold fired");
+}

@@ -724,3 +724,25 @@ async fn a_summary_starting_with_nul_is_stored_without_it() {
     assert_eq!(row.summary.as_deref(), Some("orders ORD-1 and ORD-2"));
     assert_verified(&store);
 }
+
+/// G7 on one measure: the summary is counted as the message a step sends,
+/// with the counter that counted what it replaces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g7_counts_the_summary_as_the_message_steps_send() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let s = history(&store, 5).await;
+    let r = runner_with(&store, "t", extractive(), |_| {});
+    let row = r.compactor().ensure(&s, 5, 0).await.unwrap().unwrap();
+    let message = abridge::builder::summary_message(abridge::builder::SummaryView {
+        up_to_turn_index: row.up_to_turn_index,
+        summary: row.summary.as_deref().unwrap(),
+    });
+    let bytes = abridge::message::to_bytes(&[message]);
+    let counted = abridge::TokenCounter::count(
+        &abridge::compaction::CharsPerFour,
+        std::str::from_utf8(&bytes).unwrap(),
+    );
+    assert_eq!(row.tokens_after, Some(counted as i64));
+    assert!(row.tokens_after < row.tokens_before);
+}

@@ -56,13 +56,39 @@ impl Threshold {
     }
 
     /// The threshold in tokens for a model with `window`; None when off.
+    ///
+    /// A fraction is taken as the decimal it is written as (`0.57` is 57/100,
+    /// not the binary float just below it) and applied in integer arithmetic:
+    /// `Fraction(0.57)` of 100 tokens is 57.
     pub fn tokens(&self, window: Option<u64>) -> Option<u64> {
         match *self {
             Threshold::Off => None,
             Threshold::Tokens(n) => Some(n),
-            Threshold::Fraction(f) => window.map(|w| ((w as f64) * f).floor().max(1.0) as u64),
+            Threshold::Fraction(f) => window.map(|w| fraction_of(f, w).max(1)),
         }
     }
+}
+
+/// `floor(f * w)` with `f` read as the shortest decimal that prints it, in
+/// integer arithmetic (at most 18 decimal places are used).
+fn fraction_of(f: f64, w: u64) -> u64 {
+    // Display of an f64 is its shortest round-trip decimal, never exponential.
+    let text = format!("{f}");
+    let (int, frac) = text.split_once('.').unwrap_or((&text, ""));
+    let frac = &frac[..frac.len().min(18)];
+    let (Ok(int), Ok(num)) = (
+        int.parse::<u128>(),
+        if frac.is_empty() {
+            Ok(0)
+        } else {
+            frac.parse::<u128>()
+        },
+    ) else {
+        return ((w as f64) * f).floor() as u64;
+    };
+    let den = 10u128.pow(frac.len() as u32);
+    let tokens = (w as u128) * int + (w as u128) * num / den;
+    u64::try_from(tokens).unwrap_or(u64::MAX)
 }
 
 /// What a step does when its compaction fails after the last attempt.
@@ -281,5 +307,31 @@ impl CompactionConfig {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod fraction_tests {
+    use super::*;
+
+    #[test]
+    fn a_fraction_is_applied_as_the_decimal_it_is_written_as() {
+        assert_eq!(Threshold::Fraction(0.57).tokens(Some(100)), Some(57));
+        assert_eq!(Threshold::Fraction(0.29).tokens(Some(100)), Some(29));
+        assert_eq!(
+            Threshold::Fraction(0.8).tokens(Some(200_000)),
+            Some(160_000)
+        );
+        assert_eq!(
+            Threshold::Fraction(1.0).tokens(Some(u64::MAX)),
+            Some(u64::MAX)
+        );
+        assert_eq!(Threshold::Fraction(0.1).tokens(Some(3)), Some(1));
+        assert_eq!(
+            Threshold::Fraction(0.001).tokens(Some(10)),
+            Some(1),
+            "never 0"
+        );
+        assert_eq!(Threshold::Fraction(0.5).tokens(None), None);
     }
 }

@@ -19,6 +19,7 @@ pub use summarise::{
     Summariser, SummaryRequest, SummaryResponse, PROSE_RULES, STRUCTURED_RULES,
 };
 
+use crate::builder::SummaryView;
 use crate::error::{Error, Result};
 use crate::events::{Event, EventSink};
 use crate::fault::{self, FaultHook, FaultPoint};
@@ -499,7 +500,7 @@ impl Compactor {
         let sid = row.session_id;
         let b = row.up_to_turn_index;
         let prev_id = row.previous_id;
-        let (previous, span) = self
+        let (prev, span) = self
             .store
             .call(move |c| {
                 let prev = match prev_id {
@@ -508,9 +509,10 @@ impl Compactor {
                 };
                 let after = prev.as_ref().map_or(-1, |p| p.up_to_turn_index);
                 let span = store::load_history(c, sid, after, b, i64::MAX)?;
-                Ok((prev.and_then(|p| p.summary), span))
+                Ok((prev, span))
             })
             .await?;
+        let previous = prev.as_ref().and_then(|p| p.summary.clone());
         self.events.emit(Event::Compacting {
             session_id: sid,
             boundary: b,
@@ -522,9 +524,18 @@ impl Compactor {
         let counter = &*self.config.token_counter;
         let span_msgs =
             crate::builder::build_messages("", None, &span, crate::builder::RenderFormat::CURRENT)?;
-        let span_json = crate::message::to_bytes(&span_msgs[1..]);
-        let tokens_before = counter.count(&String::from_utf8_lossy(&span_json))
-            + previous.as_deref().map_or(0, |p| counter.count(p));
+        // G7 on one measure: what the summary replaces (the previous summary's
+        // message and the span's) and the summary's own message, rendered as
+        // a step sends them and counted by the same counter.
+        let mut replaced = Vec::with_capacity(span_msgs.len());
+        if let Some(p) = &prev {
+            replaced.push(crate::builder::summary_message(SummaryView {
+                up_to_turn_index: p.up_to_turn_index,
+                summary: p.summary.as_deref().unwrap_or(""),
+            }));
+        }
+        replaced.extend_from_slice(&span_msgs[1..]);
+        let tokens_before = message_tokens(counter, &replaced);
 
         let mut rules = rules_for(&self.config.style).to_string();
         if let Some(focus) = row.focus.as_deref().filter(|f| !f.trim().is_empty()) {
@@ -666,7 +677,13 @@ impl Compactor {
             match self.one_attempt(rules, previous.clone(), &chunks).await {
                 Ok((text, input, output, calls)) => {
                     let text = clean_summary(&text, cfg.max_summary_chars);
-                    let after = counter.count(&text);
+                    let after = message_tokens(
+                        counter,
+                        &[crate::builder::summary_message(SummaryView {
+                            up_to_turn_index: row.up_to_turn_index,
+                            summary: &text,
+                        })],
+                    );
                     if text.is_empty() {
                         last_err = "summariser returned an empty summary".into();
                     } else if after >= tokens_before {
@@ -744,11 +761,12 @@ impl Compactor {
                 }
             };
             calls += 1;
+            let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
             if let Some(n) = resp.usage.input_tokens {
-                input = Some(input.unwrap_or(0) + n as i64);
+                input = Some(input.unwrap_or(0).saturating_add(clamp(n)));
             }
             if let Some(n) = resp.usage.output_tokens {
-                output = Some(output.unwrap_or(0) + n as i64);
+                output = Some(output.unwrap_or(0).saturating_add(clamp(n)));
             }
             running = Some(truncate_chars(
                 resp.text.trim(),
@@ -757,6 +775,13 @@ impl Compactor {
         }
         Ok((running.unwrap_or_default(), input, output, calls))
     }
+}
+
+/// Tokens of messages as a step sends them (their JSON bytes).
+fn message_tokens(counter: &dyn TokenCounter, messages: &[crate::message::Message]) -> u64 {
+    counter.count(&String::from_utf8_lossy(&crate::message::to_bytes(
+        messages,
+    )))
 }
 
 /// A summary as stored: NUL characters removed (SQLite's `length()` stops at
