@@ -16,6 +16,15 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// The store's file was deleted or replaced while it was open: writes
+    /// would go into an unlinked file and be lost. Final for this `Store`:
+    /// nothing more is written; reopen the path (a new store) to go on.
+    #[error("the database file {path} was deleted or replaced while open; nothing more is written to it")]
+    StoreFileGone {
+        /// The path that was opened.
+        path: PathBuf,
+    },
+
     /// The path does not exist and the caller asked not to create it.
     /// Final: fix the path.
     #[error("no database at {path}")]

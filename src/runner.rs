@@ -326,6 +326,7 @@ impl Runner {
             .inner
             .store
             .call(move |c| {
+                this.inner.store.check_file()?;
                 match store::begin_turn(c, session_id, idx, &input, &holder, ttl, &gone)? {
                     (turn, Some(lease)) => this.start(c, turn, lease),
                     (turn, None) => Ok(Begun::Finished(turn)),
@@ -349,15 +350,16 @@ impl Runner {
         let begun = self
             .inner
             .store
-            .call(
-                move |c| match store::acquire_lease(c, turn_id, &holder, ttl, &gone) {
+            .call(move |c| {
+                this.inner.store.check_file()?;
+                match store::acquire_lease(c, turn_id, &holder, ttl, &gone) {
                     Ok((turn, lease)) => this.start(c, turn, lease),
                     Err(Error::TurnFinished { .. }) => {
                         Ok(Begun::Finished(store::get_turn(c, turn_id)?))
                     }
                     Err(e) => Err(e),
-                },
-            )
+                }
+            })
             .await?;
         self.begun(begun, claim).await
     }
@@ -453,6 +455,9 @@ impl Runner {
             loop {
                 tick.tick().await;
                 let l = lease.clone();
+                if store.check_file().is_err() {
+                    break; // every later store call fails with StoreFileGone
+                }
                 match store.call(move |c| store::renew_lease(c, &l)).await {
                     Ok(true) => {}
                     Ok(false) => break,

@@ -325,3 +325,52 @@ async fn a_resumed_idempotent_call_gets_its_float_arguments_bit_for_bit() {
     );
     assert_verified(&store);
 }
+
+/// A store whose file is deleted while open notices (at a turn's start, and
+/// on a lease renewal in the middle of one) and fails with a typed error,
+/// instead of writing on into an unlinked file whose work is lost at exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_whose_file_is_deleted_while_open_fails_with_a_typed_error() {
+    let remove = |path: &std::path::Path| {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = path.as_os_str().to_owned();
+            p.push(suffix);
+            let _ = std::fs::remove_file(p);
+        }
+    };
+    // Between turns.
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let r = default_owner_runner(&store, Arc::new(Slow(Duration::ZERO)));
+    let sid = demo_session(&r, SEED, 0).await;
+    r.run_turn_at(sid, 0, &user_turn(SEED, 0, 0)).await.unwrap();
+    remove(&path);
+    let err = r
+        .run_turn_at(sid, 1, &user_turn(SEED, 0, 1))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::StoreFileGone { .. }), "{err}");
+
+    // In the middle of a turn: the heartbeat notices during the model call.
+    let (_d2, path) = temp_db();
+    let store = open(&path);
+    let mut cfg = test_config(Threshold::Off, None, "host");
+    cfg.lease_ttl = Duration::from_millis(90);
+    let mut model = demo_model(SEED, &[]);
+    model.latency = Duration::from_millis(300);
+    let r = Runner::builder(store.clone(), Arc::new(model))
+        .tools(demo_tools(None, Duration::ZERO))
+        .config(cfg)
+        .build()
+        .unwrap();
+    let sid = demo_session(&r, SEED, 0).await;
+    let running = {
+        let r = r.clone();
+        tokio::spawn(async move { r.run_turn_at(sid, 0, &user_turn(SEED, 0, 0)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    remove(&path);
+    let err = running.await.unwrap().unwrap_err();
+    assert!(matches!(err, Error::StoreFileGone { .. }), "{err}");
+    assert!(!path.exists(), "nothing recreated the file");
+}

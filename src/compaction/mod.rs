@@ -558,6 +558,9 @@ impl Compactor {
                     tick.tick().await;
                     let o = owner.clone();
                     let ms = ttl.as_millis() as i64;
+                    if store.check_file().is_err() {
+                        break; // every later store call fails with StoreFileGone
+                    }
                     match store
                         .call(move |c| store::renew_compaction_lease(c, id, &o, ms))
                         .await

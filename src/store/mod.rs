@@ -126,6 +126,30 @@ pub struct Store {
     blocking: Blocking,
     busy_timeout: Duration,
     settled: Arc<Settled>,
+    file: Arc<FileIdentity>,
+}
+
+/// The database file as opened: a store whose file is deleted or replaced
+/// while open would go on writing into an unlinked inode, its work lost when
+/// the process exits. Checked at every turn's start and every lease renewal;
+/// once it fails, every store call fails with [`Error::StoreFileGone`].
+#[derive(Debug)]
+struct FileIdentity {
+    opened: Option<(u64, u64)>,
+    gone: std::sync::atomic::AtomicBool,
+}
+
+/// (device, inode) of the file at `path`; None when there is none.
+#[cfg(unix)]
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Elsewhere only the file's presence is checked.
+#[cfg(not(unix))]
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    std::fs::metadata(path).ok().map(|_| (0, 0))
 }
 
 /// Wakes the tasks of this process that wait on a compaction another task of
@@ -276,12 +300,17 @@ impl Store {
             // cost a statement on every checkout.
             .test_on_check_out(false)
             .build(manager)?;
+        let file = Arc::new(FileIdentity {
+            opened: file_identity(&path),
+            gone: Default::default(),
+        });
         Ok(Store {
             pool,
             path,
             blocking: opts.blocking,
             busy_timeout: busy,
             settled: Arc::default(),
+            file,
         })
     }
 
@@ -290,8 +319,34 @@ impl Store {
         &self.path
     }
 
+    /// Checks that the file this store opened is still at its path (not
+    /// deleted, not replaced). Once it is not, this and every later store call
+    /// fail with [`Error::StoreFileGone`].
+    pub fn check_file(&self) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        let gone = self.file.gone.load(Ordering::Relaxed)
+            || (self.file.opened.is_some() && file_identity(&self.path) != self.file.opened);
+        if gone {
+            self.file.gone.store(true, Ordering::Relaxed);
+            return Err(Error::StoreFileGone {
+                path: self.path.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    fn fail_if_gone(&self) -> Result<()> {
+        if self.file.gone.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::StoreFileGone {
+                path: self.path.clone(),
+            });
+        }
+        Ok(())
+    }
+
     /// Runs `f` on a pooled connection on the current thread (blocking).
     pub fn with_conn<R>(&self, f: impl FnOnce(&mut Connection) -> Result<R>) -> Result<R> {
+        self.fail_if_gone()?;
         let mut conn = self.pool.get()?;
         f(&mut conn)
     }
@@ -364,6 +419,7 @@ impl Store {
         F: Fn(&Connection) -> Result<R> + Send + Sync + 'static,
         R: Send + 'static,
     {
+        self.fail_if_gone()?;
         if let Some(conn) = self.pool.try_get() {
             /// Puts the busy handler back however `f` ends (a panic included),
             /// before the connection returns to the pool.
