@@ -247,8 +247,46 @@ fn chaos_runner(
 /// Opens (creating) a workload database with the demo tables.
 pub fn open_workload_db(path: &Path) -> Result<Store> {
     let store = Store::open(path)?;
-    store.with_conn(crate::store::demo::create_demo_tables)?;
+    store.with_conn(|c| {
+        crate::store::demo::create_demo_tables(c)?;
+        c.execute_batch(&format!(
+            "CREATE TABLE IF NOT EXISTS {CHAOS_MARK} (id INTEGER PRIMARY KEY)"
+        ))?;
+        Ok(())
+    })?;
     Ok(store)
+}
+
+/// The table that marks a store the chaos harness made (and may replace).
+const CHAOS_MARK: &str = "abridge_chaos_store";
+
+/// A run starts from an empty store, so it replaces the file at `--db`: only
+/// when there is none, or when it is a store an earlier chaos run made.
+fn check_replaceable(path: &Path) -> Result<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let ours = rusqlite::Connection::open_with_flags(
+        path,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .and_then(|c| {
+        c.query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+            [CHAOS_MARK],
+            |r| r.get::<_, i64>(0),
+        )
+    })
+    .is_ok_and(|n| n == 1);
+    if ours {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "refusing to replace {}: chaos only replaces a store an earlier chaos run made \
+             (choose a new path)",
+            path.display()
+        )))
+    }
 }
 
 /// What one pass over the workload left to do.
@@ -563,6 +601,7 @@ fn spawn_worker(
 /// control run and the comparison.
 pub async fn run_chaos(o: &ChaosOptions) -> Result<ChaosReport> {
     let started = Instant::now();
+    check_replaceable(&o.db)?;
     remove_db(&o.db);
     let exe = match &o.exe {
         Some(e) => e.clone(),

@@ -213,6 +213,14 @@ fn init_tracing(verbose: u8) {
 }
 
 fn main() -> ExitCode {
+    // `abridge export … | head -1`: a closed pipe ends the process quietly, as
+    // it does any Unix filter, instead of a panic from println!.
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to its default before any thread
+    // starts; no handler runs Rust code.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     init_tracing(cli.verbose);
     let rt = match tokio::runtime::Builder::new_multi_thread()

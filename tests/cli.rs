@@ -353,3 +353,49 @@ fn every_verb_has_help_with_an_example() {
         assert!(out.contains("Example"), "{verb}: {out}");
     }
 }
+
+#[test]
+fn chaos_refuses_to_replace_a_file_it_did_not_make() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "my notes").unwrap();
+    let demo = demo_db(dir.path());
+    let demo_bytes = std::fs::read(&demo).unwrap();
+    for path in [&text, &demo] {
+        fails(
+            &["chaos", "--db", path.to_str().unwrap(), "--kills", "1"],
+            "refusing to replace",
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&text).unwrap(), "my notes");
+    assert_eq!(std::fs::read(&demo).unwrap(), demo_bytes);
+}
+
+#[test]
+fn a_closed_pipe_ends_export_quietly() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(dir.path());
+    let mut child = Command::new(BIN)
+        .args([
+            "export",
+            "--db",
+            db.to_str().unwrap(),
+            "--session",
+            "demo-42-0",
+        ])
+        .args(["--format", "markdown"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    // The reader is gone (as `| head -1` leaves it).
+    let out = child.wait_with_output().unwrap();
+    assert!(!first.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.is_empty(), "{err}");
+}
