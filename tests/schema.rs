@@ -224,3 +224,52 @@ fn g6_the_schema_refuses_deleting_history_and_changing_finished_rows() {
     .unwrap();
     assert_eq!(counts(&c)[4], 9);
 }
+
+#[test]
+fn a_directory_or_a_fifo_is_refused_at_once_and_left_untouched() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("a-directory");
+    std::fs::create_dir(&dir).unwrap();
+    let err = Store::open(&dir).unwrap_err();
+    assert!(matches!(err, Error::NotADatabase { .. }), "{err}");
+    assert!(matches!(
+        abridge::store::open_read_only(&dir),
+        Err(Error::NotADatabase { .. })
+    ));
+    #[cfg(unix)]
+    {
+        let fifo = d.path().join("a-fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|s| s.success()) {
+            // Would block for ever if SQLite opened it.
+            let err = Store::open(&fifo).unwrap_err();
+            assert!(matches!(err, Error::NotADatabase { .. }), "{err}");
+        }
+    }
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+}
+
+#[tokio::test]
+async fn a_blank_session_id_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let store = Store::open(d.path().join("x.db")).unwrap();
+    let runner = abridge::Runner::builder(store, std::sync::Arc::new(NoModel))
+        .build()
+        .unwrap();
+    for blank in ["", "   ", "\t\n"] {
+        let err = runner.create_session(blank, "m", "s").await.unwrap_err();
+        assert!(matches!(err, Error::Config(_)), "{blank:?}: {err}");
+    }
+}
+
+struct NoModel;
+
+#[async_trait::async_trait]
+impl abridge::ModelClient for NoModel {
+    async fn complete(
+        &self,
+        _: &abridge::ModelRequest,
+    ) -> Result<abridge::ModelResponse, abridge::ModelError> {
+        Err(abridge::ModelError::Permanent("no model".into()))
+    }
+}

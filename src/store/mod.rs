@@ -174,6 +174,17 @@ fn map_open_err(path: &Path, e: rusqlite::Error) -> Error {
     }
 }
 
+/// Refuses, before SQLite touches it, a path that is not a regular file (a
+/// directory gives "disk I/O error", a FIFO blocks the open for ever).
+fn check_path(path: &Path) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => Err(Error::NotADatabase {
+            path: path.to_path_buf(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Reads `user_version` and refuses files abridge cannot use. Returns the version.
 ///
 /// The version and the table count are read in one statement, so one snapshot:
@@ -256,6 +267,7 @@ impl Store {
     /// [`Error::SchemaTooNew`]; in each case the file is left untouched.
     pub fn open_with(path: impl AsRef<Path>, opts: StoreOptions) -> Result<Store> {
         let path = path.as_ref().to_path_buf();
+        check_path(&path)?;
         {
             let mut conn = Connection::open(&path).map_err(|e| map_open_err(&path, e))?;
             conn.busy_timeout(opts.busy_timeout)?;
@@ -452,6 +464,7 @@ pub fn open_read_only(path: impl AsRef<Path>) -> Result<Connection> {
             path: path.to_path_buf(),
         });
     }
+    check_path(path)?;
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY

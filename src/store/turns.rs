@@ -96,6 +96,11 @@ pub(crate) fn create_session(
     system_prompt: &str,
     config: &str,
 ) -> Result<SessionRow> {
+    if external_id.trim().is_empty() {
+        return Err(Error::Config(
+            "a session's external id must not be blank".into(),
+        ));
+    }
     let tx = write_tx(conn)?;
     tx.execute(
         "INSERT INTO sessions (external_id, model, system_prompt, config, created_at) \
