@@ -243,13 +243,11 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
     let version = check_file(&tx, path)?;
     if version == 0 {
         tx.execute_batch(SCHEMA_SQL)?;
+        tx.execute_batch("PRAGMA user_version = 1")?;
     }
     for (v, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > version.max(1)) {
         tx.execute_batch(sql)?;
         tx.execute_batch(&format!("PRAGMA user_version = {v}"))?;
-    }
-    if version == 0 && MIGRATIONS.is_empty() {
-        tx.execute_batch("PRAGMA user_version = 1")?;
     }
     tx.commit()?;
     Ok(())
