@@ -173,7 +173,12 @@ fn write_golden_store() {
 fn fixtures() -> Vec<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (the golden stores are tracked in git)",
+                dir.display()
+            )
+        })
         .map(|e| e.unwrap().path())
         .filter(|p| {
             p.file_name()
