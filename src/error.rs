@@ -25,6 +25,28 @@ pub enum Error {
         path: PathBuf,
     },
 
+    /// The path names no file SQLite would open as a plain file: empty,
+    /// `:memory:` (each pooled connection would get its own empty database),
+    /// or a `file:` URI (its query could change how the file is opened).
+    /// Final: pass a file path (`./file:x.db` for a file whose name starts
+    /// with `file:`).
+    #[error("{path:?} is not a database file path: {reason}")]
+    NotAFilePath {
+        /// The path as given.
+        path: PathBuf,
+        /// Why it is refused.
+        reason: &'static str,
+    },
+
+    /// Another process wrote to the file while a read-only snapshot was being
+    /// read, and the store's directory does not allow the shared-memory file
+    /// a concurrent read needs. Resumable: read again.
+    #[error("{path} changed while it was being read; read again")]
+    ChangedWhileReading {
+        /// The path that was read.
+        path: PathBuf,
+    },
+
     /// The path does not exist and the caller asked not to create it.
     /// Final: fix the path.
     #[error("no database at {path}")]
@@ -111,7 +133,7 @@ pub enum Error {
     },
 
     /// A turn is already running in this session; finish or resume it first.
-    #[error("session {session_id} already has a running turn (index {running_idx})")]
+    #[error("a turn of this session is still running (turn {running_idx})")]
     TurnRunning {
         /// The session.
         session_id: i64,
@@ -121,7 +143,7 @@ pub enum Error {
 
     /// `begin_turn` named an index that exists with a different input, or that is
     /// not the next one. Final: the host's script and the store disagree.
-    #[error("turn {idx} of session {session_id}: {reason}")]
+    #[error("turn {idx}: {reason}")]
     TurnConflict {
         /// The session.
         session_id: i64,
@@ -227,10 +249,22 @@ pub enum Error {
     Summary(String),
 
     /// Nothing to compact: no completed turn past the newest compaction.
-    #[error("nothing to compact in session {session_id}")]
+    #[error(
+        "nothing to compact: every completed turn is summarised or among the kept recent turns"
+    )]
     NothingToCompact {
         /// The session.
         session_id: i64,
+    },
+
+    /// A session key a user typed is both an external id and another
+    /// session's numeric id. Final: write `ext:KEY` or `id:KEY`.
+    #[error("{key:?} is the external id of session {external_of} and also a session id: write ext:{key} or id:{key}")]
+    AmbiguousSession {
+        /// The key as typed.
+        key: String,
+        /// The numeric id of the session whose external id is `key`.
+        external_of: i64,
     },
 
     /// A configuration value out of range. Raised when the config is built.

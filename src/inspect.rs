@@ -18,13 +18,15 @@ pub struct SessionSummary {
     pub counts: SessionCounts,
 }
 
-/// A turn with its step count.
+/// A turn with its steps.
 #[derive(Debug, Clone, Serialize)]
 pub struct TurnSummary {
     /// The row.
     pub turn: TurnRow,
     /// Steps.
     pub steps: i64,
+    /// The steps' ids, in order (what `abridge replay --step` takes).
+    pub step_ids: Vec<i64>,
 }
 
 /// One session in detail.
@@ -38,14 +40,36 @@ pub struct SessionDetail {
     pub compactions: Vec<CompactionRow>,
 }
 
-/// Finds a session by numeric id or external id.
+/// Finds a session from what a user typed: `id:N` is the numeric id,
+/// `ext:TEXT` the external id, and anything else the external id or the
+/// numeric id. When a bare key is both (an external id "1" and session id 1)
+/// and they name different sessions, [`Error::AmbiguousSession`]: one never
+/// shadows the other.
 pub fn resolve_session(conn: &Connection, key: &str) -> Result<SessionRow> {
-    if let Some(row) = store::find_session(conn, key)? {
-        return Ok(row);
+    let unknown = || Error::UnknownSession(key.into());
+    let by_id = |text: &str| -> Result<Option<SessionRow>> {
+        match text.trim().parse::<i64>() {
+            Ok(id) => match store::get_session(conn, id) {
+                Ok(row) => Ok(Some(row)),
+                Err(Error::UnknownSession(_)) => Ok(None),
+                Err(e) => Err(e),
+            },
+            Err(_) => Ok(None),
+        }
+    };
+    if let Some(id) = key.strip_prefix("id:") {
+        return by_id(id)?.ok_or_else(unknown);
     }
-    match key.parse::<i64>() {
-        Ok(id) => store::get_session(conn, id).map_err(|_| Error::UnknownSession(key.into())),
-        Err(_) => Err(Error::UnknownSession(key.into())),
+    if let Some(ext) = key.strip_prefix("ext:") {
+        return store::find_session(conn, ext)?.ok_or_else(unknown);
+    }
+    match (store::find_session(conn, key)?, by_id(key)?) {
+        (Some(a), Some(b)) if a.id != b.id => Err(Error::AmbiguousSession {
+            key: key.into(),
+            external_of: a.id,
+        }),
+        (Some(row), _) | (None, Some(row)) => Ok(row),
+        (None, None) => Err(unknown()),
     }
 }
 
@@ -68,8 +92,13 @@ pub fn session_detail(conn: &Connection, key: &str) -> Result<SessionDetail> {
     let turns = store::list_turns(conn, s.id)?
         .into_iter()
         .map(|t| {
+            let step_ids: Vec<i64> = store::list_steps(conn, t.id)?
+                .iter()
+                .map(|s| s.id)
+                .collect();
             Ok(TurnSummary {
-                steps: store::list_steps(conn, t.id)?.len() as i64,
+                steps: step_ids.len() as i64,
+                step_ids,
                 turn: t,
             })
         })

@@ -37,26 +37,29 @@ enum Cmd {
         #[arg(long, default_value = "abridge-demo.db")]
         db: PathBuf,
         /// Sessions, run concurrently.
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, allow_negative_numbers = true, value_parser = at_least_one)]
         sessions: u64,
         /// Turns per session.
-        #[arg(long, default_value_t = 40)]
+        #[arg(long, default_value_t = 40, allow_negative_numbers = true, value_parser = at_least_one)]
         turns: u64,
         /// Threshold: a token count (4000), a fraction of the window (0.9), or off.
         #[arg(long, default_value = "4000")]
         compact_at: String,
         /// Seed of the script.
-        #[arg(long, default_value_t = 42)]
+        #[arg(long, default_value_t = 42, allow_negative_numbers = true, value_parser = whole)]
         seed: u64,
         /// Simulated model latency, ms.
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = whole)]
         model_latency: u64,
         /// Simulated summariser latency, ms.
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = whole)]
         summary_latency: u64,
         /// Print one JSON object instead of the table.
         #[arg(long)]
         json: bool,
+        /// Print a line per turn even when stdout is not a terminal.
+        #[arg(long)]
+        progress: bool,
     },
     /// List sessions, or show one session's turns and compactions.
     #[command(
@@ -81,7 +84,7 @@ enum Cmd {
         #[arg(long)]
         db: PathBuf,
         /// Step id.
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true, value_parser = row_id)]
         step: i64,
         /// Print exactly the hashed bytes, nothing else.
         #[arg(long)]
@@ -102,7 +105,7 @@ enum Cmd {
         #[arg(long)]
         focus: Option<String>,
         /// Most recent turns kept verbatim.
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = whole_u32)]
         keep_last_turns: u32,
     },
     /// Print a session's full, uncompacted transcript with compaction points marked.
@@ -130,31 +133,31 @@ enum Cmd {
         #[arg(long, default_value = "abridge-chaos.db")]
         db: PathBuf,
         /// Worker processes.
-        #[arg(long, default_value_t = 4)]
+        #[arg(long, default_value_t = 4, allow_negative_numbers = true, value_parser = at_least_one)]
         workers: u64,
         /// Kills to land before the run may end.
-        #[arg(long, default_value_t = 200)]
+        #[arg(long, default_value_t = 200, allow_negative_numbers = true, value_parser = whole)]
         kills: u64,
         /// Seed of the workload and the faults.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = whole)]
         seed: u64,
         /// Sessions per epoch.
-        #[arg(long, default_value_t = 12)]
+        #[arg(long, default_value_t = 12, allow_negative_numbers = true, value_parser = at_least_one)]
         sessions: u64,
         /// Turns per session.
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = at_least_one)]
         turns: u64,
         /// Self-kill probability per fault point reached.
-        #[arg(long, default_value_t = 0.01)]
+        #[arg(long, default_value_t = 0.01, allow_negative_numbers = true, value_parser = probability)]
         point_kill_p: f64,
         /// Compaction threshold, tokens (low, so most turns compact).
-        #[arg(long, default_value_t = 1200)]
+        #[arg(long, default_value_t = 1200, allow_negative_numbers = true, value_parser = at_least_one)]
         compact_at: u64,
         /// Kill at point 1, 2, 3, … of the workload in turn, until none is left.
         #[arg(long)]
         enumerate: bool,
         /// Give up after this many seconds.
-        #[arg(long, default_value_t = 1800)]
+        #[arg(long, default_value_t = 1800, allow_negative_numbers = true, value_parser = at_least_one)]
         max_seconds: u64,
         /// JSON output.
         #[arg(long)]
@@ -198,6 +201,44 @@ enum Cmd {
     },
 }
 
+/// A count that must be at least 1 (`--turns`, `--sessions`, `--workers`).
+fn at_least_one(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err("expected a whole number of at least 1".to_string()),
+    }
+}
+
+/// A count or duration that may be 0 but not negative.
+fn whole(s: &str) -> Result<u64, String> {
+    s.trim()
+        .parse::<u64>()
+        .map_err(|_| "expected a whole number (0 or more)".into())
+}
+
+/// [`whole`], as a `u32`.
+fn whole_u32(s: &str) -> Result<u32, String> {
+    whole(s)?
+        .try_into()
+        .map_err(|_| "expected a whole number below 2^32".into())
+}
+
+/// A row id (`--step`): at least 1.
+fn row_id(s: &str) -> Result<i64, String> {
+    match s.trim().parse::<i64>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err("expected a row id (a whole number of at least 1)".into()),
+    }
+}
+
+/// A probability in [0, 1].
+fn probability(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        _ => Err("expected a number from 0 to 1".into()),
+    }
+}
+
 fn init_tracing(verbose: u8) {
     let default = match verbose {
         0 => "error",
@@ -224,7 +265,20 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            // One line, like every other error; --help has the rest.
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            eprintln!(
+                "abridge: error: {} (see --help)",
+                first.trim_start_matches("error: ")
+            );
+            return ExitCode::from(2);
+        }
+    };
     init_tracing(cli.verbose);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -238,14 +292,149 @@ fn main() -> ExitCode {
     };
     match rt.block_on(run(cli.cmd)) {
         Ok(code) => code,
-        Err(e) => {
-            eprintln!("abridge: error: {e}");
+        Err(f) => {
+            eprintln!("abridge: error: {f}");
             ExitCode::FAILURE
         }
     }
 }
 
+/// An error of a verb, with the session as the user typed it when the verb
+/// was about one (errors never show a session by its row id alone).
+struct Failure {
+    session: Option<String>,
+    error: Error,
+}
+
+impl Failure {
+    fn session(typed: &str, error: Error) -> Failure {
+        Failure {
+            session: Some(typed.to_string()),
+            error,
+        }
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Failure {
+        Failure {
+            session: None,
+            error,
+        }
+    }
+}
+
+impl From<serde_json::Error> for Failure {
+    fn from(e: serde_json::Error) -> Failure {
+        Error::from(e).into()
+    }
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(e: std::io::Error) -> Failure {
+        Error::from(e).into()
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.session, &self.error) {
+            // These name the key as typed already.
+            (_, Error::UnknownSession(_) | Error::AmbiguousSession { .. }) | (None, _) => {
+                write!(f, "{}", self.error)
+            }
+            (Some(s), e) => write!(f, "session {s}: {e}"),
+        }
+    }
+}
+
+/// `s` padded with spaces to `width` columns of a terminal (wide characters
+/// take two columns, combining marks none).
+fn pad(s: &str, width: usize) -> String {
+    let w = unicode_width::UnicodeWidthStr::width(s);
+    format!("{s}{}", " ".repeat(width.saturating_sub(w)))
+}
+
+fn print_sessions(all: &[inspect::SessionSummary]) {
+    println!(
+        "{:>4}  {} {} {:>6} {:>6} {:>6} {:>11} {:>9}",
+        "id",
+        pad("external id", 20),
+        pad("model", 20),
+        "turns",
+        "steps",
+        "tools",
+        "compactions",
+        "context"
+    );
+    for s in all {
+        println!(
+            "{:>4}  {} {} {:>6} {:>6} {:>6} {:>11} {:>9}",
+            s.session.id,
+            pad(&s.session.external_id, 20),
+            pad(&s.session.model, 20),
+            s.counts.turns,
+            s.counts.steps,
+            s.counts.tool_calls,
+            s.counts.compactions_completed,
+            s.counts
+                .context_tokens
+                .map_or("-".into(), |t| t.to_string())
+        );
+    }
+}
+
+fn print_session(d: &inspect::SessionDetail) {
+    let s = &d.summary.session;
+    println!("session {} (id {}), model {}", s.external_id, s.id, s.model);
+    println!("\nturns:");
+    println!(
+        "  {:>4}  {} {:<13}  input",
+        "turn",
+        pad("status", 9),
+        "step ids"
+    );
+    for t in &d.turns {
+        let ids = match t.step_ids.as_slice() {
+            [] => "-".to_string(),
+            [one] => one.to_string(),
+            [first, .., last] if last - first + 1 == t.step_ids.len() as i64 => {
+                format!("{first}-{last}")
+            }
+            many => many
+                .iter()
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        };
+        println!(
+            "  {:>4}  {} {:<13}  {}",
+            t.turn.idx,
+            pad(&t.turn.status.to_string(), 9),
+            ids,
+            abridge::compaction::truncate_chars(&t.turn.input.replace('\n', " "), 60)
+        );
+    }
+    println!("\ncompactions:");
+    for c in &d.compactions {
+        println!(
+            "  up to turn {:>4}  {} attempts {} trigger {} tokens {} -> {}  {}",
+            c.up_to_turn_index,
+            pad(&c.status.to_string(), 9),
+            c.attempts,
+            pad(&c.trigger, 6),
+            c.tokens_before.map_or("-".into(), |t| t.to_string()),
+            c.tokens_after.map_or("-".into(), |t| t.to_string()),
+            abridge::compaction::truncate_chars(
+                &c.summary.clone().unwrap_or_default().replace('\n', " "),
+                60
+            )
+        );
+    }
+}
+
 fn must_exist(db: &Path) -> abridge::Result<()> {
+    abridge::store::check_path(db)?;
     if db.exists() {
         Ok(())
     } else {
@@ -257,7 +446,7 @@ fn print_json(v: &impl serde::Serialize) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
-async fn run(cmd: Cmd) -> abridge::Result<ExitCode> {
+async fn run(cmd: Cmd) -> Result<ExitCode, Failure> {
     match cmd {
         Cmd::Demo {
             db,
@@ -268,6 +457,7 @@ async fn run(cmd: Cmd) -> abridge::Result<ExitCode> {
             model_latency,
             summary_latency,
             json,
+            progress,
         } => {
             let opts = DemoOptions {
                 db,
@@ -279,7 +469,7 @@ async fn run(cmd: Cmd) -> abridge::Result<ExitCode> {
                 summary_latency: Duration::from_millis(summary_latency),
                 owner: None,
             };
-            let tty = std::io::stdout().is_terminal() && !json;
+            let tty = (progress || std::io::stdout().is_terminal()) && !json;
             let report = run_demo(&opts, move |p| {
                 if tty {
                     println!(
@@ -301,85 +491,29 @@ async fn run(cmd: Cmd) -> abridge::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Inspect { db, session, json } => {
-            let conn = abridge::store::open_read_only(&db)?;
             match session {
                 None => {
-                    let all = inspect::sessions(&conn)?;
+                    let all = abridge::store::read_only(&db, inspect::sessions)?;
                     if json {
                         print_json(&all);
                     } else {
-                        println!(
-                            "{:>4}  {:<20} {:<20} {:>6} {:>6} {:>6} {:>11} {:>9}",
-                            "id",
-                            "external id",
-                            "model",
-                            "turns",
-                            "steps",
-                            "tools",
-                            "compactions",
-                            "context"
-                        );
-                        for s in all {
-                            println!(
-                                "{:>4}  {:<20} {:<20} {:>6} {:>6} {:>6} {:>11} {:>9}",
-                                s.session.id,
-                                s.session.external_id,
-                                s.session.model,
-                                s.counts.turns,
-                                s.counts.steps,
-                                s.counts.tool_calls,
-                                s.counts.compactions_completed,
-                                s.counts
-                                    .context_tokens
-                                    .map_or("-".into(), |t| t.to_string())
-                            );
-                        }
+                        print_sessions(&all);
                     }
                 }
                 Some(key) => {
-                    let d = inspect::session_detail(&conn, &key)?;
+                    let d = abridge::store::read_only(&db, |c| inspect::session_detail(c, &key))
+                        .map_err(|e| Failure::session(&key, e))?;
                     if json {
                         print_json(&d);
                     } else {
-                        let s = &d.summary.session;
-                        println!("session {} ({}), model {}", s.external_id, s.id, s.model);
-                        println!("\nturns:");
-                        for t in &d.turns {
-                            println!(
-                                "  {:>4}  {:<9} steps {:>2}  {}",
-                                t.turn.idx,
-                                t.turn.status,
-                                t.steps,
-                                abridge::compaction::truncate_chars(
-                                    &t.turn.input.replace('\n', " "),
-                                    60
-                                )
-                            );
-                        }
-                        println!("\ncompactions:");
-                        for c in &d.compactions {
-                            println!(
-                                "  up to turn {:>4}  {:<9} attempts {} trigger {:<6} tokens {} -> {}  {}",
-                                c.up_to_turn_index,
-                                c.status,
-                                c.attempts,
-                                c.trigger,
-                                c.tokens_before.map_or("-".into(), |t| t.to_string()),
-                                c.tokens_after.map_or("-".into(), |t| t.to_string()),
-                                abridge::compaction::truncate_chars(
-                                    &c.summary.clone().unwrap_or_default().replace('\n', " "),
-                                    60
-                                )
-                            );
-                        }
+                        print_session(&d);
                     }
                 }
             }
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Replay { db, step, raw } => {
-            let conn = abridge::store::open_read_only(&db)?;
-            let r = abridge::replay::rebuild_step(&conn, step)?;
+            let r = abridge::store::read_only(&db, |c| abridge::replay::rebuild_step(c, step))?;
             if raw {
                 let mut out = std::io::stdout().lock();
                 out.write_all(&r.bytes)?;
@@ -408,6 +542,7 @@ async fn run(cmd: Cmd) -> abridge::Result<ExitCode> {
             let s = store
                 .call(move |c| inspect::resolve_session(c, &key))
                 .await?;
+            let typed = session.clone();
             let mut cfg = abridge::RunnerConfig {
                 owner: abridge::owner::process_owner("abridge-compact"),
                 ..Default::default()
@@ -416,7 +551,10 @@ async fn run(cmd: Cmd) -> abridge::Result<ExitCode> {
             let runner = abridge::Runner::builder(store, std::sync::Arc::new(NoModel))
                 .config(cfg)
                 .build()?;
-            let row = runner.compact_now(s.id, focus).await?;
+            let row = runner
+                .compact_now(s.id, focus)
+                .await
+                .map_err(|e| Failure::session(&typed, e))?;
             println!(
                 "compaction {} of session {} up to turn {}: {} (tokens {} -> {})",
                 row.id,
@@ -439,11 +577,13 @@ async fn run(cmd: Cmd) -> abridge::Result<ExitCode> {
                 other => {
                     return Err(Error::Config(format!(
                         "unknown format {other:?}: use markdown or jsonl"
-                    )))
+                    ))
+                    .into())
                 }
             };
-            let conn = abridge::store::open_read_only(&db)?;
-            print!("{}", inspect::export(&conn, &session, format)?);
+            let text = abridge::store::read_only(&db, |c| inspect::export(c, &session, format))
+                .map_err(|e| Failure::session(&session, e))?;
+            print!("{text}");
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Chaos {
@@ -459,11 +599,6 @@ async fn run(cmd: Cmd) -> abridge::Result<ExitCode> {
             max_seconds,
             json,
         } => {
-            if !(0.0..=1.0).contains(&point_kill_p) || workers == 0 || sessions == 0 || turns == 0 {
-                return Err(Error::Config(
-                    "workers, sessions and turns must be > 0 and point-kill-p in [0, 1]".into(),
-                ));
-            }
             let opts = abridge::chaos::ChaosOptions {
                 db,
                 workers,
@@ -519,8 +654,7 @@ async fn run(cmd: Cmd) -> abridge::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Verify { db, json } => {
-            let conn = abridge::store::open_read_only(&db)?;
-            let report = abridge::verify::verify(&conn)?;
+            let report = abridge::store::read_only(&db, abridge::verify::verify)?;
             if json {
                 println!("{}", serde_json::to_string(&report)?);
             } else {

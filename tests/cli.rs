@@ -399,3 +399,286 @@ fn a_closed_pipe_ends_export_quietly() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.is_empty(), "{err}");
 }
+
+/// The read verbs, each as the user runs it on the demo's store.
+fn read_verbs(d: &str) -> Vec<Vec<String>> {
+    [
+        vec!["inspect", "--db", d],
+        vec!["inspect", "--db", d, "demo-42-0"],
+        vec!["replay", "--db", d, "--step", "3"],
+        vec!["export", "--db", d, "--session", "demo-42-1"],
+        vec!["verify", "--db", d],
+    ]
+    .into_iter()
+    .map(|v| v.into_iter().map(String::from).collect())
+    .collect()
+}
+
+fn side_files(db: &Path) -> Vec<PathBuf> {
+    ["-wal", "-shm", "-journal"]
+        .iter()
+        .map(|s| PathBuf::from(format!("{}{s}", db.display())))
+        .filter(|p| p.exists())
+        .collect()
+}
+
+#[test]
+fn read_only_verbs_create_no_wal_or_shm_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(dir.path());
+    // The demo's process closed its store: normally no side file is left
+    // (the last connection to close removes them).
+    let before = side_files(&db);
+    for verb in read_verbs(db.to_str().unwrap()) {
+        let args: Vec<&str> = verb.iter().map(String::as_str).collect();
+        ok(&args);
+        assert_eq!(side_files(&db), before, "{args:?}");
+    }
+    // With a writer open whose -wal was checkpointed and truncated: the
+    // readers read the main file and add nothing.
+    let w = rusqlite::Connection::open(&db).unwrap();
+    w.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
+    let before = side_files(&db);
+    for verb in read_verbs(db.to_str().unwrap()) {
+        let args: Vec<&str> = verb.iter().map(String::as_str).collect();
+        ok(&args);
+        assert_eq!(side_files(&db), before, "{args:?}");
+    }
+    drop(w);
+}
+
+#[test]
+fn read_only_verbs_work_in_a_directory_the_user_cannot_write() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(dir.path());
+    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o555)).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    for verb in read_verbs(db.to_str().unwrap()) {
+        let mut cmd = Command::new(BIN);
+        cmd.args(&verb);
+        if root {
+            // Root writes anywhere: run as an unprivileged user instead.
+            cmd.uid(65534).gid(65534);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{verb:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.stdout.is_empty(), "{verb:?}");
+    }
+    assert_eq!(side_files(&db), Vec::<PathBuf>::new());
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+#[test]
+fn numbers_out_of_range_get_one_clear_line_and_create_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = dir.path().join("fresh.db");
+    let f = fresh.to_str().unwrap();
+    for (args, needle) in [
+        (vec!["demo", "--db", f, "--turns", "0"], "at least 1"),
+        (vec!["demo", "--db", f, "--turns", "-1"], "at least 1"),
+        (vec!["demo", "--db", f, "--sessions", "0"], "at least 1"),
+        (vec!["demo", "--db", f, "--seed", "-5"], "0 or more"),
+        (
+            vec!["demo", "--db", f, "--model-latency", "-5"],
+            "0 or more",
+        ),
+        (vec!["replay", "--db", f, "--step", "-1"], "row id"),
+        (vec!["replay", "--db", f, "--step", "0"], "row id"),
+        (
+            vec![
+                "compact",
+                "--db",
+                f,
+                "--session",
+                "x",
+                "--keep-last-turns",
+                "-2",
+            ],
+            "0 or more",
+        ),
+        (vec!["chaos", "--db", f, "--workers", "0"], "at least 1"),
+        (
+            vec!["chaos", "--db", f, "--point-kill-p", "2"],
+            "from 0 to 1",
+        ),
+        (vec!["chaos", "--db", f, "--turns", "-3"], "at least 1"),
+    ] {
+        let err = fails(&args, needle);
+        assert!(err.starts_with("abridge: error: "), "{err}");
+    }
+    assert!(!fresh.exists());
+}
+
+#[test]
+fn memory_and_uri_paths_are_refused_with_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(dir.path());
+    let before = std::fs::read(&db).unwrap();
+    // A URI naming the demo's store: opening it as a URI would write into it.
+    let uri = format!("file:{}?mode=rwc", db.display());
+    for path in [
+        ":memory:",
+        "file:x.db",
+        "file:x.db?mode=memory",
+        uri.as_str(),
+    ] {
+        for verb in [
+            vec!["demo", "--db", path, "--turns", "1"],
+            vec!["inspect", "--db", path],
+            vec!["verify", "--db", path],
+            vec!["compact", "--db", path, "--session", "demo-42-0"],
+            vec!["export", "--db", path, "--session", "demo-42-0"],
+        ] {
+            fails(&verb, "is not a database file path");
+        }
+    }
+    assert_eq!(std::fs::read(&db).unwrap(), before);
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec!["demo.db".to_string()]);
+}
+
+#[test]
+fn a_numeric_key_is_never_shadowed_by_an_external_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(dir.path());
+    let d = db.to_str().unwrap();
+    // Session 1's external id becomes "2", which is also session 2's id.
+    tamper(&db, "UPDATE sessions SET external_id = '2' WHERE id = 1");
+    fails(&["inspect", "--db", d, "2"], "write ext:2 or id:2");
+    fails(
+        &["export", "--db", d, "--session", "2"],
+        "write ext:2 or id:2",
+    );
+    let by_id: serde_json::Value =
+        serde_json::from_str(&ok(&["inspect", "--db", d, "id:2", "--json"])).unwrap();
+    assert_eq!(by_id["summary"]["session"]["external_id"], "demo-42-1");
+    let by_ext: serde_json::Value =
+        serde_json::from_str(&ok(&["inspect", "--db", d, "ext:2", "--json"])).unwrap();
+    assert_eq!(by_ext["summary"]["session"]["id"], 1);
+    // A key that is one session's external id and its own id is no conflict.
+    tamper(&db, "UPDATE sessions SET external_id = '1' WHERE id = 1");
+    let same: serde_json::Value =
+        serde_json::from_str(&ok(&["inspect", "--db", d, "1", "--json"])).unwrap();
+    assert_eq!(same["summary"]["session"]["id"], 1);
+}
+
+#[test]
+fn inspect_shows_step_ids_that_replay_takes() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(dir.path());
+    let d = db.to_str().unwrap();
+    let detail: serde_json::Value =
+        serde_json::from_str(&ok(&["inspect", "--db", d, "demo-42-1", "--json"])).unwrap();
+    let turns = detail["turns"].as_array().unwrap();
+    let text = ok(&["inspect", "--db", d, "demo-42-1"]);
+    for t in turns {
+        let ids: Vec<i64> = t["step_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap())
+            .collect();
+        assert_eq!(ids.len() as i64, t["steps"].as_i64().unwrap());
+        for id in &ids {
+            ok(&["replay", "--db", d, "--step", &id.to_string()]);
+        }
+        // The text view names them too (as a range or a list).
+        let first = ids[0].to_string();
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(&t["turn"]["idx"].to_string()))
+            .unwrap();
+        assert!(line.contains(&first), "{line}");
+    }
+}
+
+#[test]
+fn inspect_aligns_columns_by_display_width() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(dir.path());
+    let d = db.to_str().unwrap();
+    // Wide (CJK, emoji) and combining characters in an external id.
+    tamper(
+        &db,
+        "UPDATE sessions SET external_id = '顧客-東京🚚' WHERE id = 1",
+    );
+    tamper(
+        &db,
+        "UPDATE sessions SET external_id = 'cafe\u{301}-e\u{301}te\u{301}' WHERE id = 2",
+    );
+    let text = ok(&["inspect", "--db", d]);
+    let cols: Vec<usize> = text
+        .lines()
+        .map(|l| {
+            let at = l
+                .find("scripted-support-1")
+                .or_else(|| l.find("model"))
+                .unwrap();
+            unicode_width::UnicodeWidthStr::width(&l[..at])
+        })
+        .collect();
+    assert_eq!(cols.len(), 3, "{text}");
+    assert!(cols.iter().all(|c| *c == cols[0]), "{cols:?}\n{text}");
+}
+
+#[test]
+fn errors_name_the_session_as_the_user_typed_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(dir.path());
+    let d = db.to_str().unwrap();
+    // A turn left running (a host that died mid-turn).
+    tamper(
+        &db,
+        "UPDATE turns SET status = 'running', finished_at = NULL \
+         WHERE id = (SELECT max(id) FROM turns WHERE session_id = 1)",
+    );
+    let err = fails(
+        &["compact", "--db", d, "--session", "demo-42-0"],
+        "still running",
+    );
+    assert!(err.contains("session demo-42-0:"), "{err}");
+    assert!(!err.contains("session 1"), "{err}");
+}
+
+#[test]
+fn the_readme_sample_output_is_what_the_demo_prints() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let start = readme
+        .find("```\ndemo-42-")
+        .expect("the README shows the demo's output");
+    let block = &readme[start + 4..];
+    let block = &block[..block.find("```").unwrap()];
+    let dir = tempfile::tempdir().unwrap();
+    // The README's command, in a fresh directory (default --db).
+    let out = Command::new(BIN)
+        .args(["demo", "--progress"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let printed: std::collections::HashSet<&str> = printed.lines().collect();
+    let mut checked = 0;
+    for line in block.lines() {
+        // Timings vary; "..." stands for the rows left out; the per-turn lines
+        // of concurrent sessions interleave in any order (each is checked).
+        if line.trim().is_empty() || line.trim() == "..." || line.contains("wall time") {
+            continue;
+        }
+        assert!(printed.contains(line), "the demo no longer prints {line:?}");
+        checked += 1;
+    }
+    assert!(checked >= 12, "{checked}");
+}

@@ -273,3 +273,109 @@ impl abridge::ModelClient for NoModel {
         Err(abridge::ModelError::Permanent("no model".into()))
     }
 }
+
+/// A store made and closed. The pool's last connection closes on its worker
+/// thread a moment after the `Store` is dropped (and the last one to close
+/// removes the -wal file): wait for that, up to 10 s.
+fn closed_store() -> (tempfile::TempDir, std::path::PathBuf) {
+    let (d, p) = tmp();
+    drop(Store::open(&p).unwrap());
+    let wal = std::path::PathBuf::from(format!("{}-wal", p.display()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while wal.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(!wal.exists(), "the store's connections did not close");
+    (d, p)
+}
+
+fn session_count(c: &rusqlite::Connection) -> abridge::Result<i64> {
+    Ok(c.query_row("SELECT count(*) FROM sessions", [], |r| r.get(0))?)
+}
+
+fn add_session(c: &rusqlite::Connection, external_id: &str) {
+    c.execute(
+        "INSERT INTO sessions (external_id, model, system_prompt, created_at) \
+         VALUES (?1, 'm', 's', 0)",
+        [external_id],
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_read_only_snapshot_of_a_closed_store_leaves_no_side_file() {
+    let (_d, p) = closed_store();
+    let w = rusqlite::Connection::open(&p).unwrap();
+    add_session(&w, "a");
+    drop(w);
+    let wal = format!("{}-wal", p.display());
+    let shm = format!("{}-shm", p.display());
+    assert!(!std::path::Path::new(&wal).exists());
+    let n = abridge::store::read_only(&p, session_count).unwrap();
+    assert_eq!(n, 1);
+    assert!(!std::path::Path::new(&wal).exists());
+    assert!(!std::path::Path::new(&shm).exists());
+}
+
+/// Runs a snapshot read during which another connection commits and
+/// checkpoints into the main file. `keep_writer`: that writer stays open (its
+/// -wal keeps the frames: the -wal rule must catch it whatever the clock);
+/// otherwise it truncates the -wal and closes (the file's stamp must catch
+/// it: the modification time is set far back first, so the change shows
+/// whatever the clock's granularity).
+fn snapshot_with_a_writer_meanwhile(keep_writer: bool) {
+    let (_d, p) = closed_store();
+    if !keep_writer {
+        std::fs::File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1))
+            .unwrap();
+    }
+    let mut calls = 0;
+    let mut writer = None;
+    let n = abridge::store::read_only(&p, |c| {
+        calls += 1;
+        let n = session_count(c)?;
+        if calls == 1 {
+            // The snapshot holds no lock: the writer is not blocked.
+            let w = rusqlite::Connection::open(&p).unwrap();
+            add_session(&w, "late");
+            if keep_writer {
+                w.execute_batch("PRAGMA wal_checkpoint(PASSIVE)").unwrap();
+                writer = Some(w);
+            } else {
+                w.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
+            }
+        }
+        Ok(n)
+    })
+    .unwrap();
+    assert_eq!(calls, 2, "the changed file was not read again");
+    assert_eq!(n, 1, "the second read sees the committed row");
+    drop(writer);
+}
+
+#[test]
+fn a_read_only_snapshot_reads_again_when_a_writer_checkpoints_and_closes() {
+    snapshot_with_a_writer_meanwhile(false);
+}
+
+#[test]
+fn a_read_only_snapshot_reads_again_when_a_writer_is_still_open() {
+    snapshot_with_a_writer_meanwhile(true);
+}
+
+#[test]
+fn a_read_only_snapshot_reads_a_live_writers_wal() {
+    let (_d, p) = tmp();
+    drop(Store::open(&p).unwrap());
+    let w = rusqlite::Connection::open(&p).unwrap();
+    w.execute_batch("PRAGMA wal_autocheckpoint = 0").unwrap();
+    add_session(&w, "in-the-wal");
+    assert!(std::path::Path::new(&format!("{}-wal", p.display())).exists());
+    let n = abridge::store::read_only(&p, session_count).unwrap();
+    assert_eq!(n, 1);
+    drop(w);
+}
