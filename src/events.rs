@@ -57,6 +57,19 @@ pub enum Event {
         /// True after the last attempt.
         last: bool,
     },
+    /// The row is pending under another live claim (another task, runner or
+    /// process is summarising): this caller waits for it to settle, up to the
+    /// compaction's `wait_timeout`. Sent once per wait.
+    CompactionWaiting {
+        /// Session id.
+        session_id: i64,
+        /// Boundary.
+        boundary: i64,
+        /// The row.
+        compaction_id: i64,
+        /// The owner name of the claim being waited on.
+        holder: String,
+    },
     /// A warning a host should see once (e.g. an unknown context window).
     Warning {
         /// What.

@@ -27,6 +27,63 @@ impl Summariser for Fixed {
     }
 }
 
+/// A summariser that says when it has started and then waits for its gate:
+/// lets a test order two holders of one row without sleeping.
+struct Gated {
+    text: String,
+    started: Arc<tokio::sync::Notify>,
+    gate: Arc<tokio::sync::Semaphore>,
+    returned: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Gated {
+    fn new(text: &str) -> Arc<Gated> {
+        Arc::new(Gated {
+            text: text.into(),
+            started: Default::default(),
+            gate: Arc::new(tokio::sync::Semaphore::new(0)),
+            returned: Default::default(),
+        })
+    }
+    fn open(&self) {
+        self.gate.add_permits(1);
+    }
+    fn returned(&self) -> bool {
+        self.returned.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait::async_trait]
+impl Summariser for Gated {
+    async fn summarise(&self, _: &SummaryRequest) -> Result<SummaryResponse, ModelError> {
+        self.started.notify_one();
+        self.gate.acquire().await.unwrap().forget();
+        self.returned.store(true, Ordering::SeqCst);
+        Ok(SummaryResponse {
+            text: self.text.clone(),
+            usage: Default::default(),
+        })
+    }
+}
+
+/// Waits (up to 30 s, failing rather than hanging) for the first event `want`
+/// accepts.
+async fn wait_for_event(
+    rx: &mut tokio::sync::broadcast::Receiver<Event>,
+    want: impl Fn(&Event) -> bool,
+) -> Event {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let e = rx.recv().await.unwrap();
+            if want(&e) {
+                return e;
+            }
+        }
+    })
+    .await
+    .expect("the event never came")
+}
+
 fn runner_with(
     store: &abridge::Store,
     owner: &str,
@@ -230,11 +287,15 @@ async fn a_turn_is_never_compacted_twice_and_compaction_never_loops() {
     let sid = demo_session(&r, SEED, 0).await;
     let mut steps = 0;
     for t in 0..10 {
-        steps += r
-            .run_turn_at(sid, t, &user_turn(SEED, 0, t as u64))
-            .await
-            .unwrap()
-            .steps;
+        // A compaction loop would never end the turn: fail instead of hanging.
+        steps += tokio::time::timeout(
+            Duration::from_secs(60),
+            r.run_turn_at(sid, t, &user_turn(SEED, 0, t as u64)),
+        )
+        .await
+        .expect("the turn did not end: compaction loops")
+        .unwrap()
+        .steps;
     }
     let all = rows(&store);
     assert!(all.len() <= 9, "{all:?}");
@@ -318,7 +379,7 @@ fn racing_processes_on_one_boundary_make_one_row() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn crash_mid_summary_is_finished_by_the_next_runner_after_the_lease_expires() {
+async fn a_claim_dropped_mid_summary_is_taken_over_at_once_by_the_next_runner() {
     let (_d, path) = temp_db();
     let store = open(&path);
     let s = history(&store, 5).await;
@@ -359,35 +420,61 @@ async fn a_stale_completer_cannot_overwrite_the_winners_summary() {
     let (_d, path) = temp_db();
     let store = open(&path);
     let s = history(&store, 5).await;
-    let stale = runner_with(
-        &store,
-        "stale",
-        Arc::new(Fixed(
-            "STALE summary ORD-1".into(),
-            Duration::from_millis(800),
-        )),
-        |c| {
-            c.heartbeat = false; // frozen: its lease runs out mid-summary
-            c.compaction.lease_ttl = Duration::from_millis(100);
-        },
-    );
+    let stale_summariser = Gated::new("STALE summary ORD-1");
+    let stale = runner_with(&store, "stale", stale_summariser.clone(), |c| {
+        c.heartbeat = false; // frozen: its lease runs out mid-summary
+        c.compaction.lease_ttl = Duration::from_millis(100);
+    });
     let winner = runner_with(
         &store,
         "winner",
         Arc::new(Fixed("WINNER summary ORD-1".into(), Duration::ZERO)),
         |_| {},
     );
+    let mut stale_events = stale.subscribe();
+    let mut winner_events = winner.subscribe();
     let s2 = s.clone();
     let late = tokio::spawn(async move { stale.compactor().ensure(&s2, 5, 0).await });
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    // The stale holder has claimed the row and is inside its summariser.
+    stale_summariser.started.notified().await;
+    // The winner waits on the live claim, takes the row over once its lease
+    // has run out, and completes it.
     let won = winner.compactor().ensure(&s, 5, 0).await.unwrap().unwrap();
     assert_eq!(won.summary.as_deref(), Some("WINNER summary ORD-1"));
+    assert_eq!(won.attempts, 2, "the winner took the row over");
+    wait_for_event(
+        &mut winner_events,
+        |e| matches!(e, Event::CompactionWaiting { holder, .. } if holder == "stale"),
+    )
+    .await;
+    // Only now does the stale summariser answer: its completion is refused
+    // and it gets the winner's row.
+    assert!(!stale_summariser.returned());
+    stale_summariser.open();
     let seen_by_stale = late.await.unwrap().unwrap().unwrap();
+    assert!(stale_summariser.returned(), "the stale path did not run");
     assert_eq!(seen_by_stale, won);
     let stored: String = store
         .with_conn(|c| Ok(c.query_row("SELECT summary FROM compactions", [], |r| r.get(0))?))
         .unwrap();
     assert_eq!(stored, "WINNER summary ORD-1");
+    // The stale holder claimed (Compacting) but never reported a completion.
+    let mut stale_saw = Vec::new();
+    while let Ok(e) = stale_events.try_recv() {
+        stale_saw.push(e);
+    }
+    assert!(
+        stale_saw
+            .iter()
+            .any(|e| matches!(e, Event::Compacting { .. })),
+        "{stale_saw:?}"
+    );
+    assert!(
+        !stale_saw
+            .iter()
+            .any(|e| matches!(e, Event::Compacted { .. })),
+        "{stale_saw:?}"
+    );
     assert_verified(&store);
 }
 
@@ -577,27 +664,48 @@ async fn manual_compaction_racing_an_automatic_one_makes_one_row() {
     let (_d, path) = temp_db();
     let store = open(&path);
     let s = history(&store, 5).await;
-    let slow = || -> Arc<dyn Summariser> {
-        Arc::new(Fixed(
-            "manual or auto: ORD-1".into(),
-            Duration::from_millis(150),
-        ))
-    };
-    let manual = runner_with(&store, "manual", slow(), |_| {});
-    let auto = runner_with(&store, "auto", slow(), |_| {});
+    let manual_summariser = Gated::new("manual: ORD-1");
+    let auto_summariser = Counting::new(Fixed("auto: ORD-1".into(), Duration::ZERO));
+    let manual = runner_with(&store, "manual", manual_summariser.clone(), |_| {});
+    let auto = runner_with(&store, "auto", auto_summariser.clone(), |_| {});
+    let mut auto_events = auto.subscribe();
+    let sid = s.id;
+    let m =
+        tokio::spawn(async move { manual.compact_now(sid, Some("order numbers".into())).await });
+    // The manual compaction holds the row at boundary 4 and is summarising.
+    manual_summariser.started.notified().await;
     let input = user_turn(SEED, 0, 5);
-    let (m, a) = tokio::join!(
-        manual.compact_now(s.id, Some("order numbers".into())),
-        auto.run_turn_at(s.id, 5, &input)
+    let a = tokio::spawn(async move { auto.run_turn_at(sid, 5, &input).await });
+    // The automatic one has reached the same row and waits on it: a race.
+    let waited = wait_for_event(&mut auto_events, |e| {
+        matches!(e, Event::CompactionWaiting { .. })
+    })
+    .await;
+    assert!(
+        matches!(&waited, Event::CompactionWaiting { boundary: 4, holder, .. } if holder == "manual"),
+        "{waited:?}"
     );
-    a.unwrap();
-    match m {
-        Ok(row) => assert_eq!(row.up_to_turn_index, 4),
-        Err(Error::TurnRunning { .. }) => {}
-        Err(e) => panic!("{e}"),
-    }
+    manual_summariser.open();
+    let row = m.await.unwrap().unwrap();
+    assert_eq!(row.up_to_turn_index, 4);
+    a.await.unwrap().unwrap();
     let at4: Vec<_> = rows(&store).into_iter().filter(|r| r.1 == 4).collect();
-    assert_eq!(at4.len(), 1);
+    assert_eq!(at4, vec![(row.id, 4, "completed".to_string())]);
+    assert_eq!(
+        auto_summariser.count(),
+        0,
+        "the automatic side summarised too"
+    );
+    let summary: String = store
+        .with_conn(move |c| {
+            Ok(c.query_row(
+                "SELECT summary FROM compactions WHERE id = ?1",
+                [row.id],
+                |r| r.get(0),
+            )?)
+        })
+        .unwrap();
+    assert_eq!(summary, "manual: ORD-1");
     assert_verified(&store);
 }
 

@@ -1,22 +1,170 @@
 //! End-to-end runs of the engine on the demo workload.
 
 mod common;
-use abridge::Threshold;
+use abridge::{
+    ModelClient, ModelError, ModelRequest, ModelResponse, ResponseBlock, Runner, Threshold, Tool,
+    ToolCall, ToolError, ToolSpec, Tools, TransactionalTool, Usage,
+};
 use common::*;
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+
+/// Step 0 calls one tool of each effect mode; step 1 answers. Records the
+/// task it runs in (see `in_place_blocking_...`).
+struct ThreeModes(Arc<Mutex<Vec<Option<tokio::task::Id>>>>);
+
+#[async_trait::async_trait]
+impl ModelClient for ThreeModes {
+    async fn complete(&self, req: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        self.0.lock().unwrap().push(tokio::task::try_id());
+        let last = serde_json::to_string(&req.messages.last().unwrap().content).unwrap();
+        if last.contains("tool_result") {
+            return Ok(ModelResponse {
+                blocks: vec![ResponseBlock::Text {
+                    text: "done".into(),
+                }],
+                usage: Usage::default(),
+            });
+        }
+        let call = |id: &str, name: &str| ResponseBlock::ToolUse {
+            id: id.into(),
+            name: name.into(),
+            input: json!({"order": "ORD-7", "turn": req.messages.len()}),
+        };
+        Ok(ModelResponse {
+            blocks: vec![call("a", "note"), call("b", "lookup"), call("c", "send")],
+            usage: Usage::default(),
+        })
+    }
+}
+
+/// Transactional: writes an effect row in the invocation's transaction and
+/// records the task it ran in.
+struct Note(Arc<Mutex<Vec<Option<tokio::task::Id>>>>);
+impl TransactionalTool for Note {
+    fn call(&self, tx: &rusqlite::Transaction<'_>, call: &ToolCall) -> Result<Value, ToolError> {
+        self.0.lock().unwrap().push(tokio::task::try_id());
+        tx.execute(
+            "INSERT INTO notes (key) VALUES (?1)",
+            [&call.idempotency_key],
+        )
+        .map_err(|e| ToolError::new(e.to_string()))?;
+        Ok(json!({"noted": true}))
+    }
+}
+
+/// Idempotent and at-most-once: count calls and keep the keys they got.
+struct Outside(Arc<Mutex<Vec<String>>>);
+#[async_trait::async_trait]
+impl Tool for Outside {
+    async fn call(&self, call: &ToolCall) -> Result<Value, ToolError> {
+        self.0.lock().unwrap().push(call.idempotency_key.clone());
+        Ok(json!({"ok": call.name}))
+    }
+}
+
+fn spec(name: &str) -> ToolSpec {
+    ToolSpec {
+        name: name.into(),
+        description: name.into(),
+        input_schema: json!({"type": "object"}),
+    }
+}
+
+type Ids = Arc<Mutex<Vec<Option<tokio::task::Id>>>>;
+
+/// A runner whose model calls a tool of each mode, on a store with the
+/// `notes` table; returns the runner, the model's and the transactional
+/// tool's task ids, and the keys the idempotent and at-most-once tools got.
+fn three_mode_runner(
+    store: &abridge::Store,
+) -> (
+    Runner,
+    Ids,
+    Ids,
+    Arc<Mutex<Vec<String>>>,
+    Arc<Mutex<Vec<String>>>,
+) {
+    store
+        .with_conn(|c| {
+            c.execute_batch("CREATE TABLE IF NOT EXISTS notes (key TEXT PRIMARY KEY)")?;
+            Ok(())
+        })
+        .unwrap();
+    let (model_ids, tool_ids) = (Ids::default(), Ids::default());
+    let (idem, once) = (Arc::default(), Arc::default());
+    let tools = Tools::new()
+        .transactional(spec("note"), Note(tool_ids.clone()))
+        .idempotent(spec("lookup"), Outside(Arc::clone(&idem)))
+        .at_most_once(spec("send"), Outside(Arc::clone(&once)));
+    let runner = Runner::builder(store.clone(), Arc::new(ThreeModes(model_ids.clone())))
+        .tools(tools)
+        .config(test_config(Threshold::Off, None, "three"))
+        .build()
+        .unwrap();
+    (runner, model_ids, tool_ids, idem, once)
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multi_turn_run_with_tools_in_all_three_modes() {
     let (_d, path) = temp_db();
     let store = open(&path);
-    let runner = demo_runner(&store, 1, Threshold::Off, None);
-    let sid = demo_session(&runner, 1, 0).await;
+    let (runner, _, _, idem, once) = three_mode_runner(&store);
+    let sid = runner
+        .create_session("three", "m", "system")
+        .await
+        .unwrap()
+        .id;
     for i in 0..6 {
-        let input = abridge::demo::user_turn(1, 0, i);
-        let out = runner.run_turn_at(sid, i as i64, &input).await.unwrap();
-        assert!(!out.output.is_empty());
+        let out = runner
+            .run_turn_at(sid, i, &format!("turn {i}"))
+            .await
+            .unwrap();
+        assert_eq!((out.output.as_str(), out.steps), ("done", 2));
+    }
+    let rows: Vec<(String, String, String, i64)> = store
+        .with_conn(|c| {
+            let mut st = c.prepare(
+                "SELECT effect, status, idempotency_key, attempts FROM tool_invocations ORDER BY id",
+            )?;
+            let v = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+            Ok(v.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .unwrap();
+    assert_eq!(rows.len(), 18);
+    let of = |mode: &str| -> Vec<String> {
+        rows.iter()
+            .filter(|r| r.0 == mode)
+            .map(|r| {
+                assert_eq!((r.1.as_str(), r.3), ("completed", 1), "{r:?}");
+                r.2.clone()
+            })
+            .collect()
+    };
+    // Each mode ran six times, once per turn, with the keys recorded.
+    let notes: Vec<String> = store
+        .with_conn(|c| {
+            let mut st = c.prepare("SELECT key FROM notes ORDER BY rowid")?;
+            let v = st.query_map([], |r| r.get(0))?;
+            Ok(v.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .unwrap();
+    assert_eq!(
+        of("transactional"),
+        notes,
+        "one effect row per transactional call"
+    );
+    assert_eq!(of("idempotent"), *idem.lock().unwrap());
+    assert_eq!(of("at_most_once"), *once.lock().unwrap());
+    for mode in ["transactional", "idempotent", "at_most_once"] {
+        let keys = of(mode);
+        assert_eq!(keys.len(), 6, "{mode}");
+        let distinct: std::collections::BTreeSet<_> = keys.iter().collect();
+        assert_eq!(distinct.len(), 6, "{mode}: keys are per call");
     }
     let n = assert_all_steps_rebuild(&store);
-    assert!(n >= 12, "{n}");
+    assert_eq!(n, 12);
+    assert_verified(&store);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -42,11 +190,17 @@ async fn compaction_on_many_turns_verifies() {
 }
 
 /// `Blocking::InPlace` runs store calls on the calling worker (multi-thread
-/// runtime) and falls back to the blocking pool on a current-thread runtime; the
-/// guarantees hold either way.
+/// runtime) and falls back to the blocking pool on a current-thread runtime;
+/// the guarantees hold either way. Which path ran is seen from the task a
+/// transactional tool (run inside the store call) finds itself in: the turn's
+/// own task in place, a blocking-pool task otherwise.
 #[test]
 fn in_place_blocking_runs_turns_on_both_runtime_flavors() {
-    for multi in [true, false] {
+    for (multi, blocking, in_place) in [
+        (true, abridge::Blocking::InPlace, true),
+        (false, abridge::Blocking::InPlace, false),
+        (true, abridge::Blocking::Pool, false),
+    ] {
         let rt = if multi {
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -63,26 +217,41 @@ fn in_place_blocking_runs_turns_on_both_runtime_flavors() {
         let store = abridge::Store::open_with(
             &path,
             abridge::StoreOptions {
-                blocking: abridge::Blocking::InPlace,
+                blocking,
                 ..Default::default()
             },
         )
         .unwrap();
-        store
-            .with_conn(abridge::store::demo::create_demo_tables)
-            .unwrap();
+        let (runner, model_ids, tool_ids, _, _) = three_mode_runner(&store);
         rt.block_on(async {
-            let runner = demo_runner(&store, 4, Threshold::Tokens(600), None);
-            let sid = demo_session(&runner, 4, 0).await;
-            for i in 0..8 {
-                runner
-                    .run_turn_at(sid, i as i64, &abridge::demo::user_turn(4, 0, i))
+            let sid = runner.create_session("p", "m", "s").await.unwrap().id;
+            for i in 0..4 {
+                let r = runner.clone();
+                // A task of its own, as a host runs turns.
+                tokio::spawn(async move { r.run_turn_at(sid, i, "go").await })
                     .await
+                    .unwrap()
                     .unwrap();
             }
         });
+        let model_ids = model_ids.lock().unwrap().clone();
+        let tool_ids = tool_ids.lock().unwrap().clone();
+        assert_eq!(tool_ids.len(), 4);
+        // The model's first call of each turn ran in the turn's task.
+        let turn_tasks: Vec<_> = model_ids.iter().step_by(2).cloned().collect();
+        assert!(turn_tasks.iter().all(Option::is_some));
+        let same: Vec<bool> = turn_tasks
+            .iter()
+            .zip(&tool_ids)
+            .map(|(t, tool)| t == tool)
+            .collect();
+        assert_eq!(
+            same,
+            vec![in_place; 4],
+            "multi-thread {multi}, {blocking:?}: {turn_tasks:?} vs {tool_ids:?}"
+        );
         assert_verified(&store);
-        assert!(assert_all_steps_rebuild(&store) > 8);
+        assert_eq!(assert_all_steps_rebuild(&store), 8);
     }
 }
 

@@ -377,6 +377,7 @@ impl Compactor {
         // The claim lives as long as this future: a task of this process that
         // drops it frees the row for its siblings at once (see crate::owner).
         let claim = ClaimGuard::new(&self.owner);
+        let mut waiting_said = false;
         loop {
             // A look first: a completed, failed or live-held row needs no write
             // (after a wait, the common case); only a missing or abandoned row
@@ -447,6 +448,18 @@ impl Compactor {
                     if cfg!(feature = "broken-draft-read") {
                         // Deliberately wrong (feature-gated): read the draft instead of waiting.
                         return Ok(row);
+                    }
+                    if !waiting_said {
+                        waiting_said = true;
+                        self.events.emit(Event::CompactionWaiting {
+                            session_id,
+                            boundary,
+                            compaction_id: row.id,
+                            holder: crate::owner::owner_name(
+                                row.lease_owner.as_deref().unwrap_or_default(),
+                            )
+                            .to_string(),
+                        });
                     }
                     if tokio::time::Instant::now() >= deadline {
                         return Err(Error::CompactionWaitTimeout {
