@@ -72,19 +72,12 @@ fn spec(name: &str) -> ToolSpec {
 }
 
 type Ids = Arc<Mutex<Vec<Option<tokio::task::Id>>>>;
+type Keys = Arc<Mutex<Vec<String>>>;
 
 /// A runner whose model calls a tool of each mode, on a store with the
 /// `notes` table; returns the runner, the model's and the transactional
 /// tool's task ids, and the keys the idempotent and at-most-once tools got.
-fn three_mode_runner(
-    store: &abridge::Store,
-) -> (
-    Runner,
-    Ids,
-    Ids,
-    Arc<Mutex<Vec<String>>>,
-    Arc<Mutex<Vec<String>>>,
-) {
+fn three_mode_runner(store: &abridge::Store) -> (Runner, Ids, Ids, Keys, Keys) {
     store
         .with_conn(|c| {
             c.execute_batch("CREATE TABLE IF NOT EXISTS notes (key TEXT PRIMARY KEY)")?;
