@@ -1,31 +1,62 @@
-//! One step issues a fixed, small number of SQL statements, independent of the
-//! history's length H (a count, not a time: stable on any machine); ensure()
-//! below the threshold only reads, in at most three statements.
+//! One step issues a fixed, small number of SQL statements and reads a fixed
+//! number of rows, independent of the history's length H (counts, not times:
+//! stable on any machine), and no statement of a step scans a history table;
+//! ensure() below the threshold only reads, in at most three statements.
 //!
-//! This file holds a single test so the process-wide statement counter (fed by
-//! SQLite's trace hook) sees only its statements.
+//! This file holds a single test so the process-wide counters (fed by SQLite's
+//! trace hook on the store's one connection) see only its statements.
 
 use abridge::demo::DemoTxTool;
 use abridge::{
     ModelClient, ModelError, ModelRequest, ModelResponse, ResponseBlock, Runner, RunnerConfig,
     Store, StoreOptions, Threshold, ToolSpec, Tools, Usage,
 };
+use rusqlite::trace::{TraceEvent, TraceEventCodes};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 static STATEMENTS: AtomicU64 = AtomicU64::new(0);
 static WRITE_TXS: AtomicU64 = AtomicU64::new(0);
+static ROWS: AtomicU64 = AtomicU64::new(0);
+/// The text of every statement run while `RECORD` is set.
+static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
+static RECORD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-fn count(sql: &str) {
-    // The schema's append-only triggers report as "-- TRIGGER name": checks
-    // SQLite runs inside the statement, not statements abridge issues.
-    if sql.trim_start().starts_with("--") {
-        return;
+fn count(event: TraceEvent<'_>) {
+    match event {
+        TraceEvent::Stmt(_, sql) => {
+            // The schema's append-only triggers report as "-- TRIGGER name":
+            // checks SQLite runs inside the statement, not statements abridge
+            // issues.
+            if sql.trim_start().starts_with("--") {
+                return;
+            }
+            STATEMENTS.fetch_add(1, Ordering::SeqCst);
+            if sql.trim_start().starts_with("BEGIN IMMEDIATE") {
+                WRITE_TXS.fetch_add(1, Ordering::SeqCst);
+            }
+            if RECORD.load(Ordering::SeqCst) {
+                SEEN.lock().unwrap().push(sql.to_string());
+            }
+        }
+        // A row a statement handed back to abridge.
+        TraceEvent::Row(_) => {
+            ROWS.fetch_add(1, Ordering::SeqCst);
+        }
+        _ => {}
     }
-    STATEMENTS.fetch_add(1, Ordering::SeqCst);
-    if sql.trim_start().starts_with("BEGIN IMMEDIATE") {
-        WRITE_TXS.fetch_add(1, Ordering::SeqCst);
-    }
+}
+
+/// What one measured turn cost.
+#[derive(Debug, PartialEq, Eq)]
+struct Cost {
+    statements: u64,
+    write_txs: u64,
+    rows: u64,
+}
+
+fn counters() -> [u64; 3] {
+    [&STATEMENTS, &WRITE_TXS, &ROWS].map(|c| c.load(Ordering::SeqCst))
 }
 
 /// Step 0 calls one tool; step 1 answers.
@@ -56,17 +87,27 @@ impl ModelClient for TwoSteps {
     }
 }
 
-/// (statements, write transactions) of one two-step turn after `h` turns.
-async fn statements_for_turn_at(h: i64, compact_at: Threshold) -> (u64, u64) {
+/// The cost of one two-step turn after `h` turns.
+async fn cost_of_turn_at(h: i64, compact_at: Threshold) -> Cost {
     let dir = tempfile::tempdir().unwrap();
+    // One connection, so the trace hook set on it sees every statement.
     let store = Store::open_with(
         dir.path().join("q.db"),
         StoreOptions {
-            on_statement: Some(count),
+            max_connections: 1,
             ..StoreOptions::default()
         },
     )
     .unwrap();
+    store
+        .with_conn(|c| {
+            c.trace_v2(
+                TraceEventCodes::SQLITE_TRACE_STMT | TraceEventCodes::SQLITE_TRACE_ROW,
+                Some(count),
+            );
+            Ok(())
+        })
+        .unwrap();
     store
         .with_conn(abridge::store::demo::create_demo_tables)
         .unwrap();
@@ -81,7 +122,7 @@ async fn statements_for_turn_at(h: i64, compact_at: Threshold) -> (u64, u64) {
         description: "d".into(),
         input_schema: serde_json::json!({"type": "object"}),
     };
-    let runner = Runner::builder(store, Arc::new(TwoSteps))
+    let runner = Runner::builder(store.clone(), Arc::new(TwoSteps))
         .tools(Tools::new().transactional(spec, DemoTxTool("lookup_order")))
         .config(cfg)
         .build()
@@ -90,16 +131,18 @@ async fn statements_for_turn_at(h: i64, compact_at: Threshold) -> (u64, u64) {
     for t in 0..h {
         runner.run_turn(s.id, &format!("turn {t}")).await.unwrap();
     }
-    let (before, before_tx) = (
-        STATEMENTS.load(Ordering::SeqCst),
-        WRITE_TXS.load(Ordering::SeqCst),
-    );
+    let before = counters();
+    RECORD.store(true, Ordering::SeqCst);
     let out = runner.run_turn(s.id, "the measured turn").await.unwrap();
+    RECORD.store(false, Ordering::SeqCst);
     assert_eq!(out.steps, 2);
-    let counts = (
-        STATEMENTS.load(Ordering::SeqCst) - before,
-        WRITE_TXS.load(Ordering::SeqCst) - before_tx,
-    );
+    let after = counters();
+    let cost = Cost {
+        statements: after[0] - before[0],
+        write_txs: after[1] - before[1],
+        rows: after[2] - before[2],
+    };
+    assert_no_history_scan(&store);
 
     // ensure() below the threshold (or with compaction off): reads only.
     let (before, before_tx) = (
@@ -114,19 +157,67 @@ async fn statements_for_turn_at(h: i64, compact_at: Threshold) -> (u64, u64) {
         (1..=3).contains(&ensure_statements),
         "{compact_at:?}: ensure() took {ensure_statements} statements"
     );
-    counts
+    cost
+}
+
+/// Every statement the measured turn ran finds its rows through an index: no
+/// full scan of a table that grows with the history.
+fn assert_no_history_scan(store: &Store) {
+    let seen: std::collections::BTreeSet<String> = SEEN.lock().unwrap().drain(..).collect();
+    assert!(seen.len() > 5, "{seen:?}");
+    let history = [
+        "sessions",
+        "turns",
+        "steps",
+        "tool_invocations",
+        "compactions",
+    ];
+    store
+        .with_conn(move |c| {
+            for sql in &seen {
+                let head = sql.trim_start().to_ascii_uppercase();
+                if !["SELECT", "INSERT", "UPDATE", "DELETE", "WITH"]
+                    .iter()
+                    .any(|k| head.starts_with(k))
+                {
+                    continue; // BEGIN, COMMIT, SAVEPOINT, pragmas
+                }
+                let mut st = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
+                // Parameters left unbound (NULL): the plan does not depend on them.
+                let mut rows = st.raw_query();
+                let mut plan = Vec::new();
+                while let Some(r) = rows.next()? {
+                    plan.push(r.get::<_, String>(3)?);
+                }
+                for line in &plan {
+                    let scans_history = line.starts_with("SCAN")
+                        && history
+                            .iter()
+                            .any(|t| line.split_whitespace().nth(1) == Some(t));
+                    assert!(!scans_history, "{sql}\n  plan: {plan:?}");
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn statements_per_step_are_fixed_and_independent_of_history() {
+async fn statements_and_rows_read_per_step_are_fixed_and_independent_of_history() {
     for compact_at in [Threshold::Off, Threshold::Tokens(1_000_000)] {
-        let small = statements_for_turn_at(10, compact_at).await;
-        let large = statements_for_turn_at(120, compact_at).await;
-        assert_eq!(small, large, "{compact_at:?}: statements grew with H");
+        let small = cost_of_turn_at(10, compact_at).await;
+        let large = cost_of_turn_at(120, compact_at).await;
+        // Statements, and rows read back: an O(H) rebuild of the history per
+        // turn would read more rows at H = 120.
+        assert_eq!(small, large, "{compact_at:?}: the cost grew with H");
         // Two steps: begin the turn (claims step 0); ensure, build, then the
         // response, the tool, step 0's completion and step 1's claim; ensure,
         // build, then the final answer and the turn's completion.
-        let (statements, write_txs) = small;
+        let Cost {
+            statements,
+            write_txs,
+            rows,
+        } = small;
         let per_step = statements / 2;
         assert!(
             per_step <= 25,
@@ -136,9 +227,10 @@ async fn statements_per_step_are_fixed_and_independent_of_history() {
         // response, tool, completion and step 1's claim; the final answer with
         // the turn's completion.
         assert_eq!(write_txs, 3, "{compact_at:?}: write transactions per turn");
+        assert!(rows > 0 && rows <= 60, "{compact_at:?}: {rows} rows read");
         println!(
-            "{compact_at:?}: {statements} statements, {write_txs} write transactions \
-             per two-step turn"
+            "{compact_at:?}: {statements} statements, {write_txs} write transactions, \
+             {rows} rows read per two-step turn"
         );
     }
 }

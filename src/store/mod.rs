@@ -83,9 +83,6 @@ pub struct StoreOptions {
     pub busy_timeout: Duration,
     /// Pool size.
     pub max_connections: u32,
-    /// Called with the SQL of every statement run on a pooled connection
-    /// (SQLite's trace hook). For counting statements in tests; None in production.
-    pub on_statement: Option<fn(&str)>,
     /// Where the async API runs its SQLite work; see [`Blocking`].
     pub blocking: Blocking,
 }
@@ -112,7 +109,6 @@ impl Default for StoreOptions {
             synchronous: Synchronous::Normal,
             busy_timeout: Duration::from_secs(10),
             max_connections: 8,
-            on_statement: None,
             blocking: Blocking::Pool,
         }
     }
@@ -310,7 +306,6 @@ impl Store {
         }
         let busy = opts.busy_timeout;
         let sync = opts.synchronous;
-        let trace = opts.on_statement;
         let manager = SqliteConnectionManager::file(&path).with_init(move |c| {
             c.busy_timeout(busy)?;
             c.execute_batch(&format!(
@@ -318,11 +313,6 @@ impl Store {
                 sync.pragma()
             ))?;
             c.set_prepared_statement_cache_capacity(64);
-            if trace.is_some() {
-                // The legacy hook takes a plain `fn(&str)`, which is all we need.
-                #[allow(deprecated)]
-                c.trace(trace);
-            }
             Ok(())
         });
         let pool = r2d2::Pool::builder()
