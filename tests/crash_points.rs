@@ -323,3 +323,114 @@ async fn a_turn_without_a_claimed_next_step_resumes() {
     assert_eq!(transcript(&store, SEED, 0), transcript(&control, SEED, 0));
     assert_verified(&store);
 }
+
+/// An at-most-once outside tool that counts its calls.
+#[derive(Clone, Default)]
+struct Charge(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+#[async_trait::async_trait]
+impl abridge::Tool for Charge {
+    async fn call(&self, _: &abridge::ToolCall) -> Result<serde_json::Value, abridge::ToolError> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(serde_json::json!("charged"))
+    }
+}
+
+fn charge_runner(
+    store: &abridge::Store,
+    model: std::sync::Arc<Counting<ToolsThenAnswer>>,
+    charge: Charge,
+    hook: Option<abridge::FaultHook>,
+) -> abridge::Runner {
+    let tools = abridge::Tools::new()
+        .transactional(
+            spec("lookup_order"),
+            abridge::demo::DemoTxTool("lookup_order"),
+        )
+        .at_most_once(spec("charge"), charge);
+    abridge::Runner::builder(store.clone(), model)
+        .tools(tools)
+        .config(test_config(Threshold::Off, hook, "runner"))
+        .build()
+        .unwrap()
+}
+
+/// (status, result) of the `charge` invocation.
+fn charge_row(store: &abridge::Store) -> Option<(String, Option<String>)> {
+    use rusqlite::OptionalExtension;
+    store
+        .with_conn(|c| {
+            Ok(c.query_row(
+                "SELECT status, result FROM tool_invocations WHERE tool_name = 'charge'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?)
+        })
+        .unwrap()
+}
+
+/// Scenario: a step calls a transactional tool, then an at-most-once one; the
+/// runner crashes at each point around the at-most-once call. Whatever the
+/// point, the call happens at most once over the crash and the resume; when
+/// it had started and its completion was not recorded, the resumed turn does
+/// not repeat it and tells the model its outcome is unknown; the turn
+/// completes and the store verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_around_an_at_most_once_call_never_repeats_it() {
+    // (point, calls made before the crash, invocation status at the crash).
+    // The call's result is committed with the step's completion, so a crash
+    // after the call and before that commit leaves it `started`.
+    for (point, calls_at_crash, at_crash) in [
+        (FaultPoint::BetweenTools, 0, None),
+        (FaultPoint::AfterToolEffect, 1, Some("started")),
+        (FaultPoint::BeforeStepComplete, 1, Some("started")),
+    ] {
+        let (_d, path) = temp_db();
+        let store = open(&path);
+        let model = Counting::new(ToolsThenAnswer("charge"));
+        let charge = Charge::default();
+        let calls = || charge.0.load(std::sync::atomic::Ordering::SeqCst);
+        let crashing = charge_runner(
+            &store,
+            model.clone(),
+            charge.clone(),
+            Some(fail_at(point, 1)),
+        );
+        let s = crashing.create_session("s", "m", "sys").await.unwrap();
+        let err = crashing.run_turn(s.id, "go").await.unwrap_err();
+        assert!(
+            matches!(err, abridge::Error::Injected(p) if p == point),
+            "{point}: {err}"
+        );
+        drop(crashing);
+        assert_eq!(calls(), calls_at_crash, "{point}: calls before the crash");
+        let row = charge_row(&store);
+        assert_eq!(
+            row.as_ref().map(|r| r.0.as_str()),
+            at_crash,
+            "{point}: {row:?}"
+        );
+
+        let resumed = charge_runner(&store, model.clone(), charge.clone(), None);
+        let out = resumed.run_turn_at(s.id, 0, "go").await.unwrap();
+        assert_eq!(out.output, "done", "{point}");
+        assert_eq!(
+            calls(),
+            1,
+            "{point}: the at-most-once call ran {} times",
+            calls()
+        );
+        let (status, result) = charge_row(&store).unwrap();
+        let result = result.unwrap_or_default();
+        if at_crash == Some("started") {
+            assert_eq!(status, "failed", "{point}");
+            assert!(result.starts_with("outcome unknown"), "{point}: {result}");
+        } else {
+            assert_eq!(status, "completed", "{point}");
+            assert!(result.contains("charged"), "{point}: {result}");
+        }
+        assert_verified(&store);
+        assert!(assert_all_steps_rebuild(&store) >= 2);
+    }
+}
