@@ -500,8 +500,10 @@ pub struct ChaosReport {
     /// Completed compactions.
     pub compactions: u64,
     /// Sessions where an at-most-once call was cut by a kill: the model saw
-    /// "outcome unknown" instead of the result, by design; compared by effect
-    /// count instead of transcript.
+    /// "outcome unknown" instead of the result, by design, so the session's
+    /// transcript and transactional effects are compared with the control's
+    /// up to the cut only. With `--enumerate`, summed over the kill runs (each
+    /// run counts the sessions it cut).
     pub at_most_once_unknown_sessions: u64,
     /// Guarantee violations and differences from the control run (must be empty).
     pub violations: Vec<String>,
@@ -852,6 +854,15 @@ async fn compare_with_control(
 /// Whether the control transcript `t2` matches `t1` up to the line that starts
 /// at `line_start` in `t1` (the first "outcome unknown" record, in turn c).
 ///
+/// The turn of the first JSONL record of `from` (`i64::MAX` if none).
+fn record_turn(from: &str) -> i64 {
+    from.lines()
+        .next()
+        .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .and_then(|r| r["turn"].as_i64())
+        .unwrap_or(i64::MAX)
+}
+
 /// A compaction record is listed after the turn it ends at, but it is decided
 /// in the turn `keep_last_turns + 1` later, at whichever step of that turn the
 /// measure crosses the threshold. One decided in turn c or later may have been
@@ -859,11 +870,7 @@ async fn compare_with_control(
 /// from the control's by design, and is left out of the comparison.
 fn same_before_cut(t1: &str, t2: &str, line_start: usize, keep_last_turns: u32) -> bool {
     let record = |line: &str| serde_json::from_str::<serde_json::Value>(line).unwrap_or_default();
-    let cut_turn = t1[line_start..]
-        .lines()
-        .next()
-        .and_then(|l| record(l)["turn"].as_i64())
-        .unwrap_or(i64::MAX);
+    let cut_turn = record_turn(&t1[line_start..]);
     let keep = i64::from(keep_last_turns);
     let decided_before_cut = |line: &&str| {
         let r = record(line);
@@ -898,22 +905,25 @@ fn compare(
     let cconn = crate::store::open_read_only(control_path)?;
     let got = session_fingerprints(&conn, w)?;
     let want = session_fingerprints(&cconn, w)?;
+    let got_fx = crate::store::demo::effects_by_session(&conn)?;
+    let want_fx = crate::store::demo::effects_by_session(&cconn)?;
+    let keep = chaos_compaction(w.compact_at).keep_last_turns;
     for ((ext, t1, h1), (_, t2, h2)) in got.iter().zip(&want) {
+        // The turn of an at-most-once call cut by a kill, if any.
+        let mut cut_turn = None;
         if let Some(cut) = t1.find("outcome unknown") {
             // At-most-once by design: never repeated, so the model saw "outcome
             // unknown" where the control saw the result. Everything before that
             // record must still match.
             report.at_most_once_unknown_sessions += 1;
             let line_start = t1[..cut].rfind('\n').map_or(0, |i| i + 1);
-            let keep = chaos_compaction(w.compact_at).keep_last_turns;
+            cut_turn = Some(record_turn(&t1[line_start..]));
             if !same_before_cut(t1, t2, line_start, keep) {
                 report.violations.push(format!(
                     "session {ext}: transcript differs from the control run before the at-most-once cut"
                 ));
             }
-            continue;
-        }
-        if t1 != t2 {
+        } else if t1 != t2 {
             report.violations.push(format!(
                 "session {ext}: transcript differs from the control run"
             ));
@@ -922,16 +932,32 @@ fn compare(
                 "session {ext}: step message bytes differ from the control run"
             ));
         }
-    }
-    if report.at_most_once_unknown_sessions == 0 {
-        let effects = |c: &rusqlite::Connection| {
-            crate::store::demo::all_effects(c, crate::store::demo::DemoTable::Effects)
+        // This session's transactional effects, each exactly once: all of them,
+        // or, after a cut, those of the turns before the cut's turn (later
+        // turns answered a different context, by design).
+        let before_cut = |fx: Option<&Vec<crate::store::demo::SessionEffect>>| {
+            fx.into_iter()
+                .flatten()
+                .filter(|e| cut_turn.is_none_or(|c| e.0 < c))
+                .cloned()
+                .collect::<Vec<_>>()
         };
-        if effects(&conn)? != effects(&cconn)? {
-            report
-                .violations
-                .push("transactional effects differ from the control run".into());
+        if before_cut(got_fx.get(ext)) != before_cut(want_fx.get(ext)) {
+            report.violations.push(format!(
+                "session {ext}: transactional effects differ from the control run{}",
+                if cut_turn.is_some() {
+                    " before the at-most-once cut"
+                } else {
+                    ""
+                }
+            ));
         }
+    }
+    if let Some(orphans) = got_fx.get("") {
+        report.violations.push(format!(
+            "{} transactional effects with no invocation recording them",
+            orphans.len()
+        ));
     }
     let totals: (i64, i64, i64, i64) = crate::store::run_totals(&conn)?;
     report.sessions = totals.0 as u64;

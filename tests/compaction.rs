@@ -74,7 +74,10 @@ async fn wait_for_event(
 ) -> Event {
     tokio::time::timeout(Duration::from_secs(30), async {
         loop {
-            let e = rx.recv().await.unwrap();
+            let e = rx
+                .recv()
+                .await
+                .expect("the event stream ended before the event came");
             if want(&e) {
                 return e;
             }
@@ -90,9 +93,25 @@ fn runner_with(
     summariser: Arc<dyn Summariser>,
     tune: impl FnOnce(&mut RunnerConfig),
 ) -> Runner {
+    runner_with_model(
+        store,
+        owner,
+        Arc::new(demo_model(SEED, &[])),
+        summariser,
+        tune,
+    )
+}
+
+fn runner_with_model(
+    store: &abridge::Store,
+    owner: &str,
+    model: Arc<dyn abridge::ModelClient>,
+    summariser: Arc<dyn Summariser>,
+    tune: impl FnOnce(&mut RunnerConfig),
+) -> Runner {
     let mut cfg = test_config(Threshold::Tokens(1), None, owner);
     tune(&mut cfg);
-    Runner::builder(store.clone(), Arc::new(demo_model(SEED, &[])))
+    Runner::builder(store.clone(), model)
         .tools(demo_tools(None, Duration::ZERO))
         .summariser_arc(summariser)
         .config(cfg)
@@ -706,6 +725,50 @@ async fn manual_compaction_racing_an_automatic_one_makes_one_row() {
         })
         .unwrap();
     assert_eq!(summary, "manual: ORD-1");
+    assert_verified(&store);
+}
+
+/// G4: a step whose compaction is pending under another claim does not run
+/// (no model call) until the row is completed, and then reads the completed
+/// summary, never the draft.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g4_a_step_waits_for_a_pending_compaction_and_reads_only_the_completed_row() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let s = history(&store, 5).await;
+    let holder_summariser = Gated::new("the summary: ORD-1");
+    let holder = runner_with(&store, "holder", holder_summariser.clone(), |_| {});
+    let model = Counting::new(demo_model(SEED, &[]));
+    let stepper = runner_with_model(&store, "stepper", model.clone(), extractive(), |_| {});
+    let mut events = stepper.subscribe();
+    let sid = s.id;
+    let h = tokio::spawn(async move { holder.compact_now(sid, None).await });
+    holder_summariser.started.notified().await;
+    let input = user_turn(SEED, 0, 5);
+    let t = tokio::spawn(async move { stepper.run_turn_at(sid, 5, &input).await });
+    wait_for_event(&mut events, |e| {
+        matches!(e, Event::CompactionWaiting { .. })
+    })
+    .await;
+    // The row is a draft (pending): the step has not called the model.
+    assert_eq!(rows(&store)[0].2, "pending");
+    assert_eq!(model.count(), 0, "a step ran against a pending compaction");
+    holder_summariser.open();
+    let row = h.await.unwrap().unwrap();
+    let out = t.await.unwrap().unwrap();
+    assert_eq!(model.count() as i64, out.steps);
+    // Every step of the turn read the completed row.
+    let read: Vec<Option<i64>> = store
+        .with_conn(|c| {
+            let mut st = c.prepare(
+                "SELECT s.compaction_id FROM steps s JOIN turns t ON t.id = s.turn_id \
+                 WHERE t.idx = 5 ORDER BY s.idx",
+            )?;
+            let v = st.query_map([], |r| r.get(0))?;
+            Ok(v.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .unwrap();
+    assert_eq!(read, vec![Some(row.id); out.steps as usize]);
     assert_verified(&store);
 }
 

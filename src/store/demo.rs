@@ -125,6 +125,33 @@ pub fn all_effects(conn: &Connection, table: DemoTable) -> Result<Vec<(String, S
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
+/// One applied transactional effect: (turn index, key, tool, arguments).
+pub type SessionEffect = (i64, String, String, String);
+
+/// Every row of `demo_effects`, grouped by the external id of the session
+/// whose invocation applied it (found through its idempotency key), each
+/// group ordered. An effect no invocation accounts for is grouped under `""`.
+/// A duplicated effect shows as two equal entries.
+pub fn effects_by_session(
+    conn: &Connection,
+) -> Result<std::collections::BTreeMap<String, Vec<SessionEffect>>> {
+    let mut st = conn.prepare(
+        "SELECT coalesce(se.external_id, ''), coalesce(t.idx, -1), e.idempotency_key, e.tool,                 e.arguments          FROM demo_effects e          LEFT JOIN tool_invocations i            ON i.idempotency_key = e.idempotency_key AND i.effect = 'transactional'          LEFT JOIN steps s ON s.id = i.step_id          LEFT JOIN turns t ON t.id = s.turn_id          LEFT JOIN sessions se ON se.id = t.session_id          ORDER BY 1, 2, 3, 4, 5",
+    )?;
+    let mut out: std::collections::BTreeMap<String, Vec<SessionEffect>> = Default::default();
+    let rows = st.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            (r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?),
+        ))
+    })?;
+    for row in rows {
+        let (session, effect) = row?;
+        out.entry(session).or_default().push(effect);
+    }
+    Ok(out)
+}
+
 /// (completed transactional invocations of the demo tools, rows in `demo_effects`):
 /// equal when every applied effect was recorded exactly once and vice versa.
 pub fn transactional_effect_balance(conn: &Connection) -> Result<(i64, i64)> {
