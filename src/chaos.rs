@@ -186,7 +186,9 @@ fn chaos_compaction(compact_at: u64) -> CompactionConfig {
     let mut compaction = CompactionConfig::default()
         .with_compact_at(Threshold::Tokens(compact_at))
         .with_context_window(DEMO_MODEL, 32_000);
-    compaction.retry_backoff = Duration::from_millis(2);
+    compaction.retry = crate::retry::RetryPolicy::default()
+        .with_backoff(Duration::from_millis(2), Duration::from_millis(20))
+        .with_jitter(0.0);
     compaction.attempt_timeout = Duration::from_millis(300);
     // Longer than the turn lease: a frozen summariser's row is still held when its
     // turn is taken over, so the taker must wait for it (a boundary race).
@@ -202,8 +204,9 @@ fn chaos_config(owner: String, hook: Option<FaultHook>, compact_at: u64) -> Runn
         owner,
         lease_ttl: Duration::from_millis(500),
         max_steps: 8,
-        model_attempts: 3,
-        model_backoff: Duration::from_millis(2),
+        model_retry: crate::retry::RetryPolicy::default()
+            .with_backoff(Duration::from_millis(2), Duration::from_millis(20))
+            .with_jitter(0.0),
         model_timeout: Duration::from_millis(200),
         take_over_dead_local_owners: true,
         heartbeat: true,

@@ -65,6 +65,7 @@ pub mod message;
 pub mod model;
 pub mod owner;
 pub mod replay;
+pub mod retry;
 pub mod runner;
 pub mod store;
 pub mod tools;
@@ -82,6 +83,7 @@ pub use message::{
 };
 pub use model::{ModelClient, ModelError};
 pub use replay::Rebuilt;
+pub use retry::RetryPolicy;
 pub use runner::{Runner, RunnerBuilder, RunnerConfig, TurnOutcome};
 pub use store::{Blocking, Store, StoreOptions, Synchronous};
 pub use tools::{Tool, ToolCall, ToolError, Tools, TransactionalTool};

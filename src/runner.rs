@@ -17,6 +17,7 @@ use crate::message::{ModelRequest, ModelResponse};
 use crate::model::{ModelClient, ModelError};
 use crate::owner::{AbortOnDrop, ClaimGuard};
 use crate::replay::{rebuild_step, Rebuilt};
+use crate::retry::RetryPolicy;
 use crate::store::{
     self, CompactionRow, Effect, InvocationStatus, Lease, NewInvocation, Responded, SessionRow,
     StepStatus, Store, TurnRow, TurnStatus,
@@ -38,10 +39,10 @@ pub struct RunnerConfig {
     pub lease_ttl: Duration,
     /// Steps per turn before the turn fails with [`Error::MaxSteps`]. Default 25.
     pub max_steps: u32,
-    /// Model attempts per step for transient errors. Default 3.
-    pub model_attempts: u32,
-    /// Backoff before the second model attempt; doubles. Default 500 ms.
-    pub model_backoff: Duration,
+    /// Attempts per step for transient model errors, and the delays between
+    /// them (doubling, capped, jittered). Default: 3 attempts, 500 ms doubling
+    /// to at most 30 s, 20 % jitter.
+    pub model_retry: RetryPolicy,
     /// Timeout of one model call; the call is dropped (cancelled) when it
     /// passes. Default 300 s.
     pub model_timeout: Duration,
@@ -80,8 +81,7 @@ impl Default for RunnerConfig {
             owner: crate::owner::process_owner("abridge"),
             lease_ttl: Duration::from_secs(30),
             max_steps: 25,
-            model_attempts: 3,
-            model_backoff: Duration::from_millis(500),
+            model_retry: RetryPolicy::default(),
             model_timeout: Duration::from_secs(300),
             take_over_dead_local_owners: true,
             heartbeat: true,
@@ -191,11 +191,10 @@ impl RunnerBuilder {
     /// Validates the configuration and builds the runner.
     pub fn build(self) -> Result<Runner> {
         let cfg = self.cfg;
-        if cfg.max_steps == 0 || cfg.model_attempts == 0 {
-            return Err(Error::Config(
-                "max_steps and model_attempts must be > 0".into(),
-            ));
+        if cfg.max_steps == 0 {
+            return Err(Error::Config("max_steps must be > 0".into()));
         }
+        cfg.model_retry.validate("model retry")?;
         if cfg.lease_ttl < Duration::from_millis(10) {
             return Err(Error::Config("lease_ttl must be at least 10 ms".into()));
         }
@@ -709,12 +708,10 @@ impl Runner {
     async fn call_model(&self, request: ModelRequest, step_id: i64) -> Result<ModelResponse> {
         let cfg = &self.inner.cfg;
         let request = Arc::new(request);
-        let mut backoff = cfg.model_backoff;
         let mut last = String::new();
-        for attempt in 1..=cfg.model_attempts {
+        for attempt in 1..=cfg.model_retry.max_attempts {
             if attempt > 1 {
-                tokio::time::sleep(backoff).await;
-                backoff *= 2;
+                tokio::time::sleep(cfg.model_retry.delay(attempt - 1)).await;
             }
             let call = CatchUnwind(self.inner.model.complete(&request));
             match tokio::time::timeout(cfg.model_timeout, call).await {

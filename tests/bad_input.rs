@@ -377,8 +377,12 @@ async fn a_panicking_model_client_fails_the_turn_with_its_message() {
     let (_d, path) = temp_db();
     let store = open(&path);
     let mut cfg = test_config(Threshold::Off, None, "t");
-    cfg.model_attempts = 2;
-    cfg.model_backoff = std::time::Duration::from_millis(1);
+    cfg.model_retry = abridge::RetryPolicy::default()
+        .with_max_attempts(2)
+        .with_backoff(
+            std::time::Duration::from_millis(1),
+            std::time::Duration::from_millis(1),
+        );
     let runner = Runner::builder(store.clone(), Arc::new(PanickingModel))
         .config(cfg)
         .build()
@@ -392,6 +396,66 @@ async fn a_panicking_model_client_fails_the_turn_with_its_message() {
         other => panic!("{other:?}"),
     }
     assert_eq!(turn_statuses(&store), vec!["failed"]);
+    assert_verified(&store);
+}
+
+/// A model that fails transiently `fail` times, then answers.
+struct FlakyModel {
+    fail: usize,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl abridge::ModelClient for FlakyModel {
+    async fn complete(
+        &self,
+        _: &abridge::ModelRequest,
+    ) -> Result<abridge::ModelResponse, abridge::ModelError> {
+        let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if n < self.fail {
+            return Err(abridge::ModelError::Transient(format!("busy ({n})")));
+        }
+        Ok(abridge::ModelResponse {
+            blocks: vec![abridge::ResponseBlock::Text {
+                text: "finally".into(),
+            }],
+            usage: Default::default(),
+        })
+    }
+}
+
+/// Regression: the delay between attempts doubled without a cap and, past
+/// about 66 attempts, overflowed `Duration` (a panic). Retries now double up
+/// to `max_backoff`, saturating: 80 attempts run through with short waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_retried_eighty_times_neither_overflows_nor_waits_past_the_cap() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let mut cfg = test_config(Threshold::Off, None, "t");
+    cfg.model_retry = abridge::RetryPolicy::default()
+        .with_max_attempts(80)
+        .with_backoff(
+            std::time::Duration::from_micros(1),
+            std::time::Duration::from_micros(50),
+        );
+    let model = Arc::new(FlakyModel {
+        fail: 79,
+        calls: Default::default(),
+    });
+    let runner = Runner::builder(store.clone(), model.clone())
+        .config(cfg)
+        .build()
+        .unwrap();
+    let s = runner.create_session("s", "m", "sys").await.unwrap();
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        runner.run_turn(s.id, "hello"),
+    )
+    .await
+    .expect("the retries did not stay under their cap")
+    .unwrap();
+    assert_eq!(out.output, "finally");
+    assert_eq!(model.calls.load(std::sync::atomic::Ordering::SeqCst), 80);
     assert_verified(&store);
 }
 

@@ -180,10 +180,10 @@ pub struct CompactionConfig {
     pub max_summary_chars: usize,
     /// Largest summariser request (tokens); larger spans go in chunks. Default 100,000.
     pub input_budget_tokens: u64,
-    /// Summariser attempts per claim. Default 3.
-    pub max_attempts: u32,
-    /// Backoff before the second attempt; doubles each time. Default 500 ms.
-    pub retry_backoff: Duration,
+    /// Summariser attempts per claim and the delays between them (doubling,
+    /// capped, jittered). Default: 3 attempts, 500 ms doubling to at most
+    /// 30 s, 20 % jitter.
+    pub retry: crate::retry::RetryPolicy,
     /// Timeout of one summariser call. Default 120 s.
     pub attempt_timeout: Duration,
     /// Lease on a pending row; renewed while summarising. Default 60 s.
@@ -217,8 +217,7 @@ impl Default for CompactionConfig {
             tool_result_cap: 2_000,
             max_summary_chars: 6_000,
             input_budget_tokens: 100_000,
-            max_attempts: 3,
-            retry_backoff: Duration::from_millis(500),
+            retry: crate::retry::RetryPolicy::default(),
             attempt_timeout: Duration::from_secs(120),
             lease_ttl: Duration::from_secs(60),
             wait_timeout: Duration::from_secs(300),
@@ -284,13 +283,13 @@ impl CompactionConfig {
             ("text_cap", self.text_cap),
             ("tool_result_cap", self.tool_result_cap),
             ("max_summary_chars", self.max_summary_chars),
-            ("max_attempts", self.max_attempts as usize),
         ];
         for (name, v) in positive {
             if v == 0 {
                 return Err(Error::Config(format!("{name} must be > 0")));
             }
         }
+        self.retry.validate("compaction retry")?;
         if self.input_budget_tokens < 256 {
             return Err(Error::Config(
                 "input_budget_tokens must be at least 256".into(),

@@ -665,7 +665,7 @@ impl Compactor {
         }
     }
 
-    /// Up to `max_attempts` runs of the whole (possibly chunked) summary, with
+    /// Up to `retry.max_attempts` runs of the whole (possibly chunked) summary, with
     /// backoff; an empty or not-smaller summary is a failed attempt (G7).
     async fn attempts(
         &self,
@@ -683,12 +683,10 @@ impl Compactor {
         let fixed = cfg.fixed_request_tokens(rules);
         let chunk_budget = cfg.input_budget_tokens.saturating_sub(fixed).max(64);
         let chunks = chunk_entries(entries, chunk_budget, counter);
-        let mut backoff = cfg.retry_backoff;
         let mut last_err = String::from("no attempt made");
-        for attempt in 1..=cfg.max_attempts {
+        for attempt in 1..=cfg.retry.max_attempts {
             if attempt > 1 {
-                tokio::time::sleep(backoff).await;
-                backoff *= 2;
+                tokio::time::sleep(cfg.retry.delay(attempt - 1)).await;
             }
             match self.one_attempt(rules, previous.clone(), &chunks).await {
                 Ok((text, input, output, calls)) => {
@@ -724,7 +722,7 @@ impl Compactor {
                 Err(Error::Injected(p)) => return Err(Error::Injected(p)),
                 Err(e) => last_err = e.to_string(),
             }
-            let last = attempt == cfg.max_attempts;
+            let last = attempt == cfg.retry.max_attempts;
             self.events.emit(Event::CompactionFailed {
                 session_id: row.session_id,
                 boundary: row.up_to_turn_index,

@@ -66,13 +66,15 @@ pub fn test_config(compact_at: Threshold, hook: Option<FaultHook>, owner: &str) 
     let mut cfg = RunnerConfig {
         owner: owner.into(),
         lease_ttl: Duration::from_secs(5),
-        model_backoff: Duration::from_millis(1),
+        model_retry: abridge::RetryPolicy::default()
+            .with_backoff(Duration::from_millis(1), Duration::from_millis(8)),
         ..RunnerConfig::default()
     };
     cfg.compaction = CompactionConfig::default()
         .with_compact_at(compact_at)
         .with_context_window(DEMO_MODEL, 2_000);
-    cfg.compaction.retry_backoff = Duration::from_millis(1);
+    cfg.compaction.retry = abridge::RetryPolicy::default()
+        .with_backoff(Duration::from_millis(1), Duration::from_millis(8));
     cfg.fault_hook = hook;
     cfg
 }
