@@ -7,6 +7,7 @@ use crate::model::{ModelClient, ModelError};
 use crate::store::HistoryTurn;
 use async_trait::async_trait;
 use std::sync::Arc;
+use unicode_segmentation::UnicodeSegmentation;
 
 /// Built-in prose rules.
 pub const PROSE_RULES: &str = "\
@@ -175,54 +176,40 @@ impl Summariser for ModelSummariser {
     }
 }
 
-/// True for chars that belong to the preceding one (combining marks, joiners,
-/// variation selectors, emoji modifiers): a cut never separates them from it.
-fn is_attached(c: char) -> bool {
-    matches!(c as u32,
-        0x0300..=0x036F | 0x0483..=0x0489 | 0x0591..=0x05BD | 0x0610..=0x061A | 0x064B..=0x065F
-        | 0x0E31 | 0x0E34..=0x0E3A | 0x0E47..=0x0E4E | 0x1AB0..=0x1AFF | 0x1DC0..=0x1DFF
-        | 0x200C | 0x200D | 0x20D0..=0x20FF | 0x302A..=0x302F | 0x3099 | 0x309A
-        | 0xFE00..=0xFE0F | 0xFE20..=0xFE2F | 0x1F3FB..=0x1F3FF | 0xE0020..=0xE007F
-        | 0xE0100..=0xE01EF)
-}
-
-/// Byte offset of the `n`th char boundary, moved back so it never splits a
-/// char from the marks attached to it.
+/// Byte offset of the end of the longest run of whole grapheme clusters (what
+/// a reader sees as one character: a letter with its marks, a Devanagari
+/// syllable's vowel sign, a flag, a ZWJ emoji sequence) from the start of `s`
+/// that holds at most `n_chars` chars.
 fn head_cut(s: &str, n_chars: usize) -> usize {
-    let mut idx = s.char_indices().nth(n_chars).map_or(s.len(), |(i, _)| i);
-    while idx > 0 {
-        let next = s[idx..].chars().next();
-        let prev = s[..idx].chars().next_back();
-        match (prev, next) {
-            (_, Some(c)) if is_attached(c) => idx -= prev.map_or(0, char::len_utf8),
-            (Some('\u{200D}'), _) => idx -= 3,
-            _ => break,
-        }
-    }
-    idx
-}
-
-/// Byte offset where the last `n_chars` chars start, moved forward past attached marks.
-fn tail_cut(s: &str, n_chars: usize) -> usize {
-    let total = s.chars().count();
-    let mut idx = s
-        .char_indices()
-        .nth(total.saturating_sub(n_chars))
-        .map_or(s.len(), |(i, _)| i);
-    while let Some(c) = s[idx..].chars().next() {
-        let prev = s[..idx].chars().next_back();
-        if is_attached(c) || prev == Some('\u{200D}') {
-            idx += c.len_utf8();
-        } else {
+    let (mut chars, mut end) = (0, 0);
+    for (i, g) in s.grapheme_indices(true) {
+        chars += g.chars().count();
+        if chars > n_chars {
             break;
         }
+        end = i + g.len();
     }
-    idx
+    end
+}
+
+/// Byte offset of the start of the longest run of whole grapheme clusters at
+/// the end of `s` that holds at most `n_chars` chars.
+fn tail_cut(s: &str, n_chars: usize) -> usize {
+    let (mut chars, mut start) = (0, s.len());
+    for (i, g) in s.grapheme_indices(true).rev() {
+        chars += g.chars().count();
+        if chars > n_chars {
+            break;
+        }
+        start = i;
+    }
+    start
 }
 
 /// Caps `s` at `cap` chars: keeps 75% head and 25% tail with a marker between,
-/// cutting on char boundaries, never inside a UTF-8 sequence nor between a char
-/// and its combining marks.
+/// cutting only between grapheme clusters (never inside a UTF-8 sequence, nor
+/// between a char and its marks or vowel signs, nor inside a flag or an emoji
+/// sequence).
 pub fn cap_block(s: &str, cap: usize) -> String {
     let total = s.chars().count();
     if total <= cap {
@@ -236,7 +223,7 @@ pub fn cap_block(s: &str, cap: usize) -> String {
     format!("{}\n[… {omitted} chars omitted …]\n{}", &s[..h], &s[t..])
 }
 
-/// Cuts `s` to at most `max` chars (head only), on a char boundary.
+/// Cuts `s` to at most `max` chars (head only), between grapheme clusters.
 pub fn truncate_chars(s: &str, max: usize) -> String {
     if s.chars().count() <= max {
         return s.to_string();
@@ -382,6 +369,39 @@ mod tests {
         let c = cap_block(&fam, 50);
         let (h, t) = parts(&c);
         assert!(h.ends_with('👧') && t.starts_with('👩'), "{h:?} | {t:?}");
+    }
+
+    /// Regression: a Devanagari vowel sign or virama, and the second half of a
+    /// flag, were cut from the char before them.
+    #[test]
+    fn cap_never_splits_devanagari_syllables_or_flags() {
+        // न म स ् त े: 6 chars; the conjunct स्ते (with its virama and vowel
+        // sign) is one cluster.
+        let hindi = "नमस्ते".repeat(200);
+        for cap in 1..40 {
+            let c = cap_block(&hindi, cap);
+            let (h, t) = parts(&c);
+            assert!(
+                !h.ends_with('\u{94D}') || h.is_empty(),
+                "{cap}: head ends on a virama"
+            );
+            for bad in ['\u{947}', '\u{94D}'] {
+                assert!(!t.starts_with(bad), "{cap}: tail starts on {bad:?}");
+            }
+            assert!(h.chars().count() + t.chars().count() <= cap);
+            assert!(hindi.starts_with(h) && hindi.ends_with(t));
+        }
+        assert_eq!(truncate_chars("नमस्ते", 5), "नम");
+        assert_eq!(truncate_chars("नमस्ते", 6), "नमस्ते");
+        assert_eq!(truncate_chars("नमस्ते!", 6), "नमस्ते");
+        let flags = "🇫🇷🇯🇵".repeat(50);
+        for cap in 1..30 {
+            let c = cap_block(&flags, cap);
+            let (h, t) = parts(&c);
+            assert_eq!(h.chars().count() % 2, 0, "{cap}: a flag cut in the head");
+            assert_eq!(t.chars().count() % 2, 0, "{cap}: a flag cut in the tail");
+        }
+        assert_eq!(truncate_chars("🇫🇷🇯🇵", 3), "🇫🇷");
     }
 
     #[test]
