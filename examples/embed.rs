@@ -1,7 +1,10 @@
-//! Embedding abridge in a host: a model client, one tool of each effect mode,
-//! crash recovery at start-up, a few turns, and a look at what was stored.
+//! Embedding abridge in a host: a model client, tools, crash recovery at
+//! start-up, turns numbered by the host (so a turn retried after a crash is
+//! the same turn, never a second one), and a check of what was stored.
 //!
-//! Run it with `cargo run --example embed`.
+//! Built with the engine alone, as an app depends on it
+//! (`abridge = { version = "0.1", default-features = false }`):
+//! `cargo run --example embed --no-default-features`.
 
 use abridge::{
     CompactionConfig, ModelClient, ModelError, ModelRequest, ModelResponse, ResponseBlock, Runner,
@@ -14,7 +17,7 @@ use std::sync::Arc;
 /// turn, then answers with what it got back.
 struct EchoModel;
 
-#[async_trait::async_trait]
+#[abridge::async_trait]
 impl ModelClient for EchoModel {
     async fn complete(&self, req: &ModelRequest) -> Result<ModelResponse, ModelError> {
         let last = req.messages.last().expect("at least the system prompt");
@@ -38,7 +41,7 @@ impl ModelClient for EchoModel {
 /// Idempotent: a real one would pass `call.idempotency_key` to the service.
 struct Weather;
 
-#[async_trait::async_trait]
+#[abridge::async_trait]
 impl Tool for Weather {
     async fn call(&self, call: &ToolCall) -> Result<Value, ToolError> {
         Ok(json!({"city": call.input["city"], "forecast": "sunny", "key": call.idempotency_key}))
@@ -49,7 +52,11 @@ impl Tool for Weather {
 struct Remember;
 
 impl TransactionalTool for Remember {
-    fn call(&self, tx: &rusqlite::Transaction<'_>, call: &ToolCall) -> Result<Value, ToolError> {
+    fn call(
+        &self,
+        tx: &abridge::rusqlite::Transaction<'_>,
+        call: &ToolCall,
+    ) -> Result<Value, ToolError> {
         tx.execute("CREATE TABLE IF NOT EXISTS notes (key TEXT, body TEXT)", [])
             .and_then(|_| {
                 tx.execute(
@@ -92,15 +99,21 @@ async fn main() -> abridge::Result<()> {
     let session = runner
         .create_session("user-42", "gpt-4o", "You are a helpful agent.")
         .await?;
-    for q in [
+    let questions = [
         "Weather in Lisbon?",
         "And tomorrow?",
         "Pack an umbrella?",
         "Thanks!",
-    ] {
-        let out = runner.run_turn(session.id, q).await?;
+    ];
+    for (i, q) in questions.iter().enumerate() {
+        // Turn i, whatever happened before: after a crash the host runs the
+        // same loop again and gets each finished turn's outcome back.
+        let out = runner.run_turn_at(session.id, i as i64, q).await?;
         println!("> {q}\n{} ({} steps)", out.output, out.steps);
     }
+    // Run again, as a restarted host would: nothing runs twice.
+    let again = runner.run_turn_at(session.id, 0, questions[0]).await?;
+    assert_eq!(again.steps, 2);
 
     let conn = abridge::store::open_read_only(dir.join("agent.db"))?;
     let report = abridge::verify::verify(&conn)?;

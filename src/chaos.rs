@@ -899,7 +899,7 @@ fn compare(
     report: &mut ChaosReport,
 ) -> Result<()> {
     let conn = crate::store::open_read_only(&o.db)?;
-    let verify = crate::verify::verify(&conn)?;
+    let verify = crate::verify::verify_with(&conn, &[&crate::store::demo::DemoEffects])?;
     for c in verify.checks.iter().filter(|c| !c.ok) {
         for v in &c.violations {
             report.violations.push(format!("{}: {v}", c.name));

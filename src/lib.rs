@@ -30,6 +30,16 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Features
+//! - default `cli`: the `abridge` command, with `harness`.
+//! - `harness`: the demo workload (`demo`, `store::demo`), the chaos harness
+//!   (`chaos`, Unix), bench seeding and the scripted models.
+//!
+//! An app embeds the engine alone with `default-features = false`: no
+//! command-line, demo or test machinery, and it builds off Unix (where a lease
+//! is freed by its expiry only). [`rusqlite`] and [`macro@async_trait`] are
+//! XX
+//!
 //! # Layout
 //! - [`store`]: every SQL statement; schema, pool, claims, leases, row structs.
 //! - [`message`]: provider-neutral messages, requests, responses; bytes and hashes.
@@ -44,17 +54,21 @@
 //! - [`events`]: the subscribable event stream.
 //! - [`fault`]: named fault points for crash tests and the chaos harness.
 //! - [`owner`]: lease owner identities and a local liveness check.
+//! - `platform`: what differs by operating system (`/proc`, inodes), gated.
+//! - [`retry`]: the one retry policy (capped, jittered) of model and summariser calls.
 //! - [`inspect`]: read-only views: sessions, turns, compactions, full transcript export.
-//! - [`demo`]: the deterministic customer-support workload behind `abridge demo`.
+//! - `demo` (feature `harness`): the deterministic customer-support workload behind `abridge demo`.
 //! - [`verify`]: whole-database checks of the guarantees G1-G7.
-//! - [`chaos`]: the kill/race/fault harness behind `abridge chaos`.
+//! - `chaos` (feature `harness`, Unix): the kill/race/fault harness behind `abridge chaos`.
 
 #![warn(missing_docs)]
 
 pub mod builder;
+#[cfg(all(feature = "harness", unix))]
 pub mod chaos;
 pub mod compaction;
 mod context;
+#[cfg(feature = "harness")]
 pub mod demo;
 pub mod error;
 pub mod events;
@@ -64,6 +78,7 @@ mod legacy;
 pub mod message;
 pub mod model;
 pub mod owner;
+mod platform;
 pub mod replay;
 pub mod retry;
 pub mod runner;
@@ -87,3 +102,11 @@ pub use retry::RetryPolicy;
 pub use runner::{Runner, RunnerBuilder, RunnerConfig, TurnOutcome};
 pub use store::{Blocking, Store, StoreOptions, Synchronous};
 pub use tools::{Tool, ToolCall, ToolError, Tools, TransactionalTool};
+
+/// The SQLite binding of [`TransactionalTool::call`]'s transaction, re-exported
+/// so a host uses the very version abridge was built with.
+pub use rusqlite;
+
+/// The attribute the model, summariser and tool traits are implemented with
+/// (`#[abridge::async_trait]`), re-exported so a host need not depend on it.
+pub use async_trait::async_trait;

@@ -124,6 +124,7 @@ enum Cmd {
         format: String,
     },
     /// Kill, freeze and race worker processes on one database; check nothing is lost.
+    #[cfg(unix)]
     #[command(
         after_help = "Examples:\n  abridge chaos --db chaos.db --workers 4 --kills 200 --seed 1\n  abridge chaos --db enum.db --enumerate --sessions 2 --turns 4\n\n\
         Exit status 0 only when every guarantee holds and every session matches the control run."
@@ -164,6 +165,7 @@ enum Cmd {
         json: bool,
     },
     /// (internal) One chaos worker process.
+    #[cfg(unix)]
     #[command(hide = true)]
     ChaosWorker {
         #[arg(long)]
@@ -182,6 +184,7 @@ enum Cmd {
         compact_at: u64,
     },
     /// (internal) Holds the write lock now and then.
+    #[cfg(unix)]
     #[command(hide = true)]
     ChaosLocker {
         #[arg(long)]
@@ -586,6 +589,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode, Failure> {
             print!("{text}");
             Ok(ExitCode::SUCCESS)
         }
+        #[cfg(unix)]
         Cmd::Chaos {
             db,
             workers,
@@ -628,6 +632,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode, Failure> {
                 ExitCode::FAILURE
             })
         }
+        #[cfg(unix)]
         Cmd::ChaosWorker {
             db,
             seed,
@@ -647,6 +652,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode, Failure> {
             abridge::chaos::worker_main(&db, &w, worker).await?;
             Ok(ExitCode::SUCCESS)
         }
+        #[cfg(unix)]
         Cmd::ChaosLocker { db, seed } => {
             tokio::task::spawn_blocking(move || abridge::chaos::locker_main(&db, seed))
                 .await
@@ -654,7 +660,9 @@ async fn run(cmd: Cmd) -> Result<ExitCode, Failure> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Verify { db, json } => {
-            let report = abridge::store::read_only(&db, abridge::verify::verify)?;
+            let report = abridge::store::read_only(&db, |c| {
+                abridge::verify::verify_with(c, &[&abridge::store::demo::DemoEffects])
+            })?;
             if json {
                 println!("{}", serde_json::to_string(&report)?);
             } else {
@@ -720,6 +728,7 @@ fn print_demo_table(r: &abridge::demo::DemoReport) {
     }
 }
 
+#[cfg(unix)]
 fn print_chaos(r: &abridge::chaos::ChaosReport) {
     println!(
         "abridge chaos: {:.1} s, {} epoch(s)",

@@ -21,6 +21,7 @@
 //! Anything else (another machine, another container's PID namespace, a
 //! platform without `/proc`) is freed only by the lease's expiry.
 
+use crate::platform;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -222,62 +223,6 @@ pub fn process_owner(name: &str) -> String {
     let pid = std::process::id();
     let start = platform::start_time(pid).unwrap_or(0);
     format!("{name}@{}#{pid}.{start}", platform::hostname())
-}
-
-#[cfg(target_os = "linux")]
-mod platform {
-    pub fn hostname() -> String {
-        std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|s| s.trim().to_string())
-            .ok()
-            .filter(|s| !s.is_empty())
-            .or_else(|| std::env::var("HOSTNAME").ok())
-            .unwrap_or_else(|| "localhost".into())
-    }
-
-    pub fn boot_id() -> Option<String> {
-        let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
-        let id: String = id
-            .trim()
-            .chars()
-            .filter(|c| c.is_ascii_hexdigit())
-            .collect();
-        (!id.is_empty()).then_some(id)
-    }
-
-    pub fn pid_namespace() -> Option<String> {
-        let link = std::fs::read_link("/proc/self/ns/pid").ok()?;
-        let s = link.to_string_lossy();
-        let ino: String = s.chars().filter(|c| c.is_ascii_digit()).collect();
-        (!ino.is_empty()).then_some(ino)
-    }
-
-    /// Start time of a process in clock ticks since boot, None if it is gone.
-    pub fn start_time(pid: u32) -> Option<u64> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // The command name may contain spaces; fields resume after the last ')'.
-        let rest = &stat[stat.rfind(')')? + 2..];
-        rest.split_whitespace().nth(19)?.parse().ok()
-    }
-}
-
-/// Elsewhere nothing is provably local: leases are freed by expiry only.
-#[cfg(not(target_os = "linux"))]
-mod platform {
-    pub fn hostname() -> String {
-        std::env::var("HOSTNAME")
-            .or_else(|_| std::env::var("COMPUTERNAME"))
-            .unwrap_or_else(|_| "localhost".into())
-    }
-    pub fn boot_id() -> Option<String> {
-        None
-    }
-    pub fn pid_namespace() -> Option<String> {
-        None
-    }
-    pub fn start_time(_pid: u32) -> Option<u64> {
-        None
-    }
 }
 
 #[cfg(test)]

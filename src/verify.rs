@@ -2,12 +2,14 @@
 //!
 //! Each check reads the store and lists its violations; [`verify`] runs them all.
 //! Used by `abridge verify`, by the chaos harness at the end of every run, and by
-//! the tests.
+//! the tests. A host that keeps its own record of tool effects (rows its
+//! transactional tools write, an outside service's log) adds its checks to G5
+//! with [`verify_with`] and an [`EffectCheck`].
 
 use crate::error::Result;
 use crate::message::sha256_hex;
 use crate::replay::rebuild_step;
-use crate::store::{self, demo, CompactionStatus};
+use crate::store::{self, CompactionStatus};
 use rusqlite::Connection;
 use serde::Serialize;
 
@@ -42,8 +44,41 @@ fn check(name: &str, checked: i64, violations: Vec<String>) -> Check {
     }
 }
 
-/// Runs every check. Read-only.
+/// A host's check of its own tool effects, run as part of "G5 effects once".
+///
+/// ```
+/// use abridge::verify::EffectCheck;
+/// use abridge::rusqlite::Connection;
+///
+/// /// Every order my `place_order` tool wrote, once per idempotency key.
+/// struct OrdersOnce;
+///
+/// impl EffectCheck for OrdersOnce {
+///     fn check(&self, conn: &Connection) -> abridge::Result<(i64, Vec<String>)> {
+///         let n: i64 = conn.query_row("SELECT count(*) FROM orders", [], |r| r.get(0))?;
+///         let mut st = conn.prepare(
+///             "SELECT key, count(*) FROM orders GROUP BY key HAVING count(*) > 1",
+///         )?;
+///         let dups = st
+///             .query_map([], |r| Ok(format!("order {} placed {} times", r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?
+///             .collect::<Result<Vec<_>, _>>()?;
+///         Ok((n, dups))
+///     }
+/// }
+/// ```
+pub trait EffectCheck {
+    /// Reads the host's effects (read-only) and returns how many were checked
+    /// and one line per violation.
+    fn check(&self, conn: &Connection) -> Result<(i64, Vec<String>)>;
+}
+
+/// Runs every check of the store's own rows. Read-only.
 pub fn verify(conn: &Connection) -> Result<Report> {
+    verify_with(conn, &[])
+}
+
+/// [`verify`], with the host's effect checks added to G5. Read-only.
+pub fn verify_with(conn: &Connection, effect_checks: &[&dyn EffectCheck]) -> Result<Report> {
     let mut checks = Vec::new();
     let compactions = store::all_compactions(conn)?;
 
@@ -128,19 +163,10 @@ pub fn verify(conn: &Connection) -> Result<Report> {
         )
         .collect();
     let mut effects = 0;
-    if demo::has_demo_tables(conn)? {
-        for table in [demo::DemoTable::Effects, demo::DemoTable::External] {
-            effects += demo::count_effects(conn, table)?;
-            for (key, tool, n) in demo::duplicate_effects(conn, table)? {
-                g5.push(format!("effect {key} of {tool} applied {n} times"));
-            }
-        }
-        let (recorded, applied) = demo::transactional_effect_balance(conn)?;
-        if recorded != applied {
-            g5.push(format!(
-                "{recorded} completed transactional invocations but {applied} applied effects"
-            ));
-        }
+    for c in effect_checks {
+        let (checked, violations) = c.check(conn)?;
+        effects += checked;
+        g5.extend(violations);
     }
     checks.push(check("G5 effects once", invocations + effects, g5));
 

@@ -610,7 +610,7 @@ async fn a_running_turn_whose_rows_do_not_read_back_is_named_by_verify_and_faile
             Ok(())
         })
         .unwrap();
-    let report = store.with_conn(|c| abridge::verify::verify(c)).unwrap();
+    let report = store.with_conn(|c| verify_demo(c)).unwrap();
     let stuck = report
         .checks
         .iter()

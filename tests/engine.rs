@@ -170,7 +170,7 @@ async fn compaction_on_many_turns_verifies() {
         let input = abridge::demo::user_turn(2, 0, i);
         runner.run_turn_at(sid, i as i64, &input).await.unwrap();
     }
-    let report = store.with_conn(|c| abridge::verify::verify(c)).unwrap();
+    let report = store.with_conn(|c| verify_demo(c)).unwrap();
     assert!(report.ok, "{report:#?}");
     let detail = store
         .with_conn(|c| abridge::inspect::session_detail(c, &sid.to_string()))

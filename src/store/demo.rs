@@ -164,3 +164,32 @@ pub fn transactional_effect_balance(conn: &Connection) -> Result<(i64, i64)> {
         |r| Ok((r.get(0)?, r.get(1)?)),
     )?)
 }
+
+/// The demo's effects, checked as part of G5 by `abridge verify` and the
+/// tests: each applied at most once per key, and every completed
+/// transactional invocation of a demo tool matched by one applied effect. A
+/// store without the demo's tables has nothing to check.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DemoEffects;
+
+impl crate::verify::EffectCheck for DemoEffects {
+    fn check(&self, conn: &Connection) -> Result<(i64, Vec<String>)> {
+        if !has_demo_tables(conn)? {
+            return Ok((0, Vec::new()));
+        }
+        let (mut checked, mut violations) = (0, Vec::new());
+        for table in [DemoTable::Effects, DemoTable::External] {
+            checked += count_effects(conn, table)?;
+            for (key, tool, n) in duplicate_effects(conn, table)? {
+                violations.push(format!("effect {key} of {tool} applied {n} times"));
+            }
+        }
+        let (recorded, applied) = transactional_effect_balance(conn)?;
+        if recorded != applied {
+            violations.push(format!(
+                "{recorded} completed transactional invocations but {applied} applied effects"
+            ));
+        }
+        Ok((checked, violations))
+    }
+}

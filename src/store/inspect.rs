@@ -145,6 +145,7 @@ pub(crate) fn integrity_check(conn: &Connection) -> Result<Vec<String>> {
 }
 
 /// (sessions, turns, turns failed, completed compactions) of the whole store.
+#[cfg(all(feature = "harness", unix))]
 pub(crate) fn run_totals(conn: &Connection) -> Result<(i64, i64, i64, i64)> {
     Ok(conn.query_row(
         "SELECT (SELECT count(*) FROM sessions), (SELECT count(*) FROM turns), \
@@ -156,6 +157,7 @@ pub(crate) fn run_totals(conn: &Connection) -> Result<(i64, i64, i64, i64)> {
 }
 
 /// (turns whose lease was taken more than once, compactions claimed more than once).
+#[cfg(all(feature = "harness", unix))]
 pub(crate) fn takeovers(conn: &Connection) -> Result<(i64, i64)> {
     Ok(conn.query_row(
         "SELECT (SELECT count(*) FROM turns WHERE lease_epoch > 1), \

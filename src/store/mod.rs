@@ -14,8 +14,10 @@
 //! off, and through the pool otherwise.
 
 #[doc(hidden)]
+#[cfg(feature = "harness")]
 pub mod bench;
 mod compactions;
+#[cfg(feature = "harness")]
 pub mod demo;
 mod history;
 mod inspect;
@@ -133,19 +135,6 @@ pub struct Store {
 struct FileIdentity {
     opened: Option<(u64, u64)>,
     gone: std::sync::atomic::AtomicBool,
-}
-
-/// (device, inode) of the file at `path`; None when there is none.
-#[cfg(unix)]
-fn file_identity(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
-}
-
-/// Elsewhere only the file's presence is checked.
-#[cfg(not(unix))]
-fn file_identity(path: &Path) -> Option<(u64, u64)> {
-    std::fs::metadata(path).ok().map(|_| (0, 0))
 }
 
 /// Wakes the tasks of this process that wait on a compaction another task of
@@ -324,7 +313,7 @@ impl Store {
             .test_on_check_out(false)
             .build(manager)?;
         let file = Arc::new(FileIdentity {
-            opened: file_identity(&path),
+            opened: crate::platform::file_identity(&path),
             gone: Default::default(),
         });
         Ok(Store {
@@ -348,7 +337,8 @@ impl Store {
     pub fn check_file(&self) -> Result<()> {
         use std::sync::atomic::Ordering;
         let gone = self.file.gone.load(Ordering::Relaxed)
-            || (self.file.opened.is_some() && file_identity(&self.path) != self.file.opened);
+            || (self.file.opened.is_some()
+                && crate::platform::file_identity(&self.path) != self.file.opened);
         if gone {
             self.file.gone.store(true, Ordering::Relaxed);
             return Err(Error::StoreFileGone {

@@ -1,0 +1,125 @@
+//! The library builds off Unix: every Unix-only API sits in a gated file of
+//! `src/platform/` (or in the Unix-only chaos harness and the command line),
+//! and the fallbacks used elsewhere compile and behave (they are compiled here
+//! too, by path).
+
+use std::path::{Path, PathBuf};
+
+#[path = "../src/platform/other.rs"]
+#[allow(dead_code)]
+mod other;
+
+#[path = "../src/platform/not_unix.rs"]
+#[allow(dead_code)]
+mod not_unix;
+
+/// APIs that exist only on Unix (or only on Linux).
+const UNIX_ONLY: &[&str] = &[
+    "std::os::unix",
+    "std::os::linux",
+    "std::os::fd",
+    "libc::",
+    "\"/proc",
+    "/dev/shm",
+];
+
+/// Files allowed to use them, each gated where it is declared.
+const GATED: &[(&str, &str)] = &[
+    (
+        "src/platform/linux.rs",
+        "#[cfg(target_os = \"linux\")]\nmod linux;",
+    ),
+    ("src/platform/unix.rs", "#[cfg(unix)]\nmod unix;"),
+    (
+        "src/chaos.rs",
+        "#[cfg(all(feature = \"harness\", unix))]\npub mod chaos;",
+    ),
+    ("src/main.rs", ""),
+];
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn unix_only_apis_appear_only_in_gated_files() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    let mut found = Vec::new();
+    for f in &files {
+        let rel = f
+            .strip_prefix(root)
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
+        if GATED.iter().any(|(g, _)| *g == rel) {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for api in UNIX_ONLY {
+                if code.contains(api) {
+                    found.push(format!("{rel}:{}: {api}", n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "Unix-only APIs outside src/platform's gated files:\n{}",
+        found.join("\n")
+    );
+    // And the gated files are declared under their cfg.
+    let platform = std::fs::read_to_string(root.join("src/platform/mod.rs")).unwrap();
+    let lib = std::fs::read_to_string(root.join("src/lib.rs")).unwrap();
+    for (file, decl) in GATED.iter().filter(|(_, d)| !d.is_empty()) {
+        assert!(
+            platform.contains(decl) || lib.contains(decl),
+            "{file} is not declared as `{decl}`"
+        );
+    }
+    // main.rs is the command line: its Unix-only lines (and the chaos verbs,
+    // Unix-only) are gated one by one.
+    let main = std::fs::read_to_string(root.join("src/main.rs")).unwrap();
+    let lines: Vec<&str> = main.lines().collect();
+    for (n, line) in lines.iter().enumerate() {
+        if UNIX_ONLY
+            .iter()
+            .chain(&["abridge::chaos", "Cmd::Chaos"])
+            .any(|api| line.contains(api))
+        {
+            let gated = lines[..n]
+                .iter()
+                .rev()
+                .take(40)
+                .any(|l| l.contains("#[cfg(unix)]"));
+            assert!(
+                gated,
+                "src/main.rs:{}: {line} is not under #[cfg(unix)]",
+                n + 1
+            );
+        }
+    }
+}
+
+#[test]
+fn the_fallbacks_free_leases_by_expiry_only() {
+    assert_eq!(other::boot_id(), None);
+    assert_eq!(other::pid_namespace(), None);
+    assert_eq!(other::start_time(std::process::id()), None);
+    assert!(!other::hostname().is_empty());
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("x");
+    assert_eq!(not_unix::file_identity(&f), None);
+    std::fs::write(&f, "x").unwrap();
+    assert_eq!(not_unix::file_identity(&f), Some((0, 0)));
+}
