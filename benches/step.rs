@@ -72,31 +72,26 @@ fn fixture(
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open_with(
         dir.path().join("bench.db"),
-        StoreOptions {
-            synchronous: sync,
-            blocking,
-            ..StoreOptions::default()
-        },
+        StoreOptions::default()
+            .with_synchronous(sync)
+            .with_blocking(blocking),
     )
     .unwrap();
     store
         .with_conn(abridge::store::demo::create_demo_tables)
         .unwrap();
-    let cfg = RunnerConfig {
-        owner: "bench".into(),
-        compaction: CompactionConfig::default().with_compact_at(if compaction {
-            // The seeded context is a summary plus a few turns; this crosses every few turns.
-            Threshold::Tokens(2_500)
-        } else {
-            Threshold::Off
-        }),
-        // The measured turn is removed after each iteration when compaction is
-        // off (H stays fixed), so a context kept between turns would never
-        // continue: each turn's first step rebuilds the whole history, which is
-        // what is measured.
-        context_cache_bytes: if compaction { 64 << 20 } else { 0 },
-        ..RunnerConfig::default()
-    };
+    let mut cfg = RunnerConfig::default().with_owner("bench");
+    cfg.compaction = CompactionConfig::default().with_compact_at(if compaction {
+        // The seeded context is a summary plus a few turns; this crosses every few turns.
+        Threshold::Tokens(2_500)
+    } else {
+        Threshold::Off
+    });
+    // The measured turn is removed after each iteration when compaction is
+    // off (H stays fixed), so a context kept between turns would never
+    // continue: each turn's first step rebuilds the whole history, which is
+    // what is measured.
+    cfg.context_cache_bytes = if compaction { 64 << 20 } else { 0 };
     let spec = ToolSpec {
         name: "lookup_order".into(),
         description: "Look up an order".into(),
@@ -247,11 +242,9 @@ fn bench_floor(c: &mut Criterion, sync: Synchronous) {
 fn bench_ensure_noop(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
     let f = fixture(rt, 1_000, true, Synchronous::Normal, Blocking::Pool);
     // Below the threshold: a fresh runner with a threshold nothing reaches.
-    let cfg = RunnerConfig {
-        owner: "noop".into(),
-        compaction: CompactionConfig::default().with_compact_at(Threshold::Tokens(1_000_000_000)),
-        ..RunnerConfig::default()
-    };
+    let cfg = RunnerConfig::default().with_owner("noop").with_compaction(
+        CompactionConfig::default().with_compact_at(Threshold::Tokens(1_000_000_000)),
+    );
     let runner = Runner::builder(f.store.clone(), Arc::new(ScriptedModel::new(1)))
         .config(cfg)
         .build()
@@ -291,11 +284,9 @@ fn bench_claim_race(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
     }
     let runners: Vec<Runner> = (0..16)
         .map(|i| {
-            let cfg = RunnerConfig {
-                owner: format!("racer-{i}"),
-                compaction: CompactionConfig::default().with_compact_at(Threshold::Tokens(1)),
-                ..RunnerConfig::default()
-            };
+            let cfg = RunnerConfig::default()
+                .with_owner(format!("racer-{i}"))
+                .with_compaction(CompactionConfig::default().with_compact_at(Threshold::Tokens(1)));
             Runner::builder(f.store.clone(), Arc::new(ScriptedModel::new(1)))
                 .summariser(Counting(calls.clone()))
                 .config(cfg)

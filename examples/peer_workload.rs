@@ -136,30 +136,25 @@ fn main() {
     let path = dir.path().join("peer.db");
     let store = Store::open_with(
         &path,
-        StoreOptions {
-            synchronous: sync,
-            blocking,
-            ..StoreOptions::default()
-        },
+        StoreOptions::default()
+            .with_synchronous(sync)
+            .with_blocking(blocking),
     )
     .unwrap();
     store
         .with_conn(abridge::store::demo::create_demo_tables)
         .unwrap();
-    let cfg = RunnerConfig {
-        owner: "peer".into(),
-        compaction: CompactionConfig::default().with_compact_at(if compaction {
-            Threshold::Tokens(12_000)
-        } else {
-            Threshold::Off
-        }),
-        // The measured turn is removed after each iteration when compaction is
-        // off (H stays fixed), so a context kept between turns would never
-        // continue: each turn's first step rebuilds the whole history, which is
-        // what is measured.
-        context_cache_bytes: if compaction { 64 << 20 } else { 0 },
-        ..RunnerConfig::default()
-    };
+    let mut cfg = RunnerConfig::default().with_owner("peer");
+    cfg.compaction = CompactionConfig::default().with_compact_at(if compaction {
+        Threshold::Tokens(12_000)
+    } else {
+        Threshold::Off
+    });
+    // The measured turn is removed after each iteration when compaction is
+    // off (H stays fixed), so a context kept between turns would never
+    // continue: each turn's first step rebuilds the whole history, which is
+    // what is measured.
+    cfg.context_cache_bytes = if compaction { 64 << 20 } else { 0 };
     let spec = ToolSpec {
         name: "lookup_order".into(),
         description: "Look up an order".into(),

@@ -209,10 +209,12 @@ fn chaos_config(owner: String, hook: Option<FaultHook>, compact_at: u64) -> Runn
             .with_jitter(0.0),
         model_timeout: Duration::from_millis(200),
         take_over_dead_local_owners: true,
-        heartbeat: true,
         context_cache_bytes: 64 << 20,
         compaction,
-        fault_hook: hook,
+        testing: crate::fault::TestKnobs {
+            fault_hook: hook,
+            heartbeat: true,
+        },
     }
 }
 

@@ -85,6 +85,37 @@ impl fmt::Display for FaultPoint {
 /// Called at every [`FaultPoint`]; an `Err` stops the runner there like a crash.
 pub type FaultHook = Arc<dyn Fn(FaultPoint) -> Result<(), FaultPoint> + Send + Sync>;
 
+/// Knobs for crash tests and the chaos harness, kept apart from the everyday
+/// settings: a host leaves them at their default.
+#[derive(Clone)]
+pub struct TestKnobs {
+    /// Called at every [`FaultPoint`]; an `Err` stops the runner there as a
+    /// crash would. Default None.
+    pub fault_hook: Option<FaultHook>,
+    /// Renew held leases (turn and compaction) in the background while
+    /// working. Default true; false simulates a frozen holder (a GC pause, a
+    /// stopped process): its leases expire and it gets fenced.
+    pub heartbeat: bool,
+}
+
+impl Default for TestKnobs {
+    fn default() -> Self {
+        TestKnobs {
+            fault_hook: None,
+            heartbeat: true,
+        }
+    }
+}
+
+impl fmt::Debug for TestKnobs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TestKnobs")
+            .field("fault_hook", &self.fault_hook.as_ref().map(|_| "set"))
+            .field("heartbeat", &self.heartbeat)
+            .finish()
+    }
+}
+
 /// Calls the hook, turning its refusal into [`crate::Error::Injected`].
 pub(crate) fn check(hook: &Option<FaultHook>, point: FaultPoint) -> crate::Result<()> {
     match hook {

@@ -92,7 +92,7 @@ pub use compaction::{
 };
 pub use error::{Error, Result};
 pub use events::Event;
-pub use fault::{FaultHook, FaultPoint};
+pub use fault::{FaultHook, FaultPoint, TestKnobs};
 pub use message::{
     ContentBlock, Message, ModelRequest, ModelResponse, ResponseBlock, Role, ToolSpec, Usage,
 };

@@ -546,10 +546,8 @@ async fn run(cmd: Cmd) -> Result<ExitCode, Failure> {
                 .call(move |c| inspect::resolve_session(c, &key))
                 .await?;
             let typed = session.clone();
-            let mut cfg = abridge::RunnerConfig {
-                owner: abridge::owner::process_owner("abridge-compact"),
-                ..Default::default()
-            };
+            let mut cfg = abridge::RunnerConfig::default()
+                .with_owner(abridge::owner::process_owner("abridge-compact"));
             cfg.compaction.keep_last_turns = keep_last_turns;
             let runner = abridge::Runner::builder(store, std::sync::Arc::new(NoModel))
                 .config(cfg)

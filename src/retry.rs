@@ -93,20 +93,20 @@ impl RetryPolicy {
     }
 
     /// Checks the values; called when a runner is built.
-    pub(crate) fn validate(&self, what: &str) -> crate::Result<()> {
+    pub(crate) fn validate(&self, what: &str) -> crate::error::Result<()> {
         if self.max_attempts == 0 {
-            return Err(crate::Error::Config(format!(
+            return Err(crate::error::Error::Config(format!(
                 "{what}: max_attempts must be at least 1"
             )));
         }
         if !(0.0..=1.0).contains(&self.jitter) {
-            return Err(crate::Error::Config(format!(
+            return Err(crate::error::Error::Config(format!(
                 "{what}: jitter must be from 0 to 1, got {}",
                 self.jitter
             )));
         }
         if self.initial_backoff > self.max_backoff {
-            return Err(crate::Error::Config(format!(
+            return Err(crate::error::Error::Config(format!(
                 "{what}: initial_backoff ({:?}) is above max_backoff ({:?})",
                 self.initial_backoff, self.max_backoff
             )));

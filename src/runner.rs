@@ -12,7 +12,7 @@ use crate::compaction::{CompactionConfig, Compactor, Decision, ExtractiveSummari
 use crate::context::{Context, ContextCache};
 use crate::error::{Error, Result};
 use crate::events::{Event, EventSink};
-use crate::fault::{self, FaultHook, FaultPoint};
+use crate::fault::{self, FaultHook, FaultPoint, TestKnobs};
 use crate::message::{ModelRequest, ModelResponse};
 use crate::model::{ModelClient, ModelError};
 use crate::owner::{AbortOnDrop, ClaimGuard};
@@ -29,8 +29,10 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tracing::{debug, instrument, warn};
 
-/// Runner settings.
+/// Runner settings. Start from [`RunnerConfig::default`] and set fields (new
+/// fields may be added: the struct is `#[non_exhaustive]`).
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct RunnerConfig {
     /// Lease owner identity. Default: [`crate::owner::process_owner`]`("abridge")`.
     /// A stable identity lets a restarted host take over its own leases at once.
@@ -49,10 +51,6 @@ pub struct RunnerConfig {
     /// Take over a lease at once when its owner is a dead process on this machine.
     /// Default true.
     pub take_over_dead_local_owners: bool,
-    /// Renew held leases (turn and compaction) in the background while working.
-    /// Default true. Off only to simulate a frozen holder (a GC pause, a stopped
-    /// process) in tests: its lease then expires and it gets fenced.
-    pub heartbeat: bool,
     /// Bytes of message contexts kept between turns, one per session, least
     /// recently used out. With its context kept, a turn's first step reads only
     /// the rows written since the session's previous step instead of rebuilding
@@ -60,8 +58,9 @@ pub struct RunnerConfig {
     pub context_cache_bytes: usize,
     /// Compaction settings.
     pub compaction: CompactionConfig,
-    /// Fault injection (tests, chaos harness). Default None.
-    pub fault_hook: Option<FaultHook>,
+    /// Crash-test knobs (fault injection, a frozen heartbeat); leave at the
+    /// default outside tests.
+    pub testing: TestKnobs,
 }
 
 impl std::fmt::Debug for RunnerConfig {
@@ -75,6 +74,20 @@ impl std::fmt::Debug for RunnerConfig {
     }
 }
 
+impl RunnerConfig {
+    /// Sets the lease owner name.
+    pub fn with_owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = owner.into();
+        self
+    }
+
+    /// Sets the compaction settings.
+    pub fn with_compaction(mut self, c: CompactionConfig) -> Self {
+        self.compaction = c;
+        self
+    }
+}
+
 impl Default for RunnerConfig {
     fn default() -> Self {
         RunnerConfig {
@@ -84,10 +97,9 @@ impl Default for RunnerConfig {
             model_retry: RetryPolicy::default(),
             model_timeout: Duration::from_secs(300),
             take_over_dead_local_owners: true,
-            heartbeat: true,
             context_cache_bytes: 64 << 20,
             compaction: CompactionConfig::default(),
-            fault_hook: None,
+            testing: TestKnobs::default(),
         }
     }
 }
@@ -148,13 +160,18 @@ impl std::fmt::Debug for Runner {
     }
 }
 
-/// Builds a [`Runner`].
+/// Builds a [`Runner`]. Each call sets its own part and no call undoes
+/// another, in any order: [`compaction`](Self::compaction) and
+/// [`fault_hook`](Self::fault_hook) win over the same parts of a
+/// [`config`](Self::config) given before or after them.
 pub struct RunnerBuilder {
     store: Store,
     model: Arc<dyn ModelClient>,
     tools: Tools,
     summariser: Option<Arc<dyn Summariser>>,
     cfg: RunnerConfig,
+    compaction: Option<CompactionConfig>,
+    fault_hook: Option<FaultHook>,
 }
 
 impl RunnerBuilder {
@@ -178,19 +195,25 @@ impl RunnerBuilder {
         self.cfg = cfg;
         self
     }
-    /// Compaction settings.
+    /// Compaction settings (over those of any [`config`](Self::config)).
     pub fn compaction(mut self, c: CompactionConfig) -> Self {
-        self.cfg.compaction = c;
+        self.compaction = Some(c);
         self
     }
-    /// A fault hook.
+    /// A fault hook, for crash tests (over that of any [`config`](Self::config)).
     pub fn fault_hook(mut self, hook: FaultHook) -> Self {
-        self.cfg.fault_hook = Some(hook);
+        self.fault_hook = Some(hook);
         self
     }
     /// Validates the configuration and builds the runner.
     pub fn build(self) -> Result<Runner> {
-        let cfg = self.cfg;
+        let mut cfg = self.cfg;
+        if let Some(c) = self.compaction {
+            cfg.compaction = c;
+        }
+        if let Some(h) = self.fault_hook {
+            cfg.testing.fault_hook = Some(h);
+        }
         if cfg.max_steps == 0 {
             return Err(Error::Config("max_steps must be > 0".into()));
         }
@@ -210,7 +233,15 @@ impl RunnerBuilder {
         let summariser = self
             .summariser
             .unwrap_or_else(|| Arc::new(ExtractiveSummariser));
-        let compactor = Compactor::new(self.store.clone(), summariser, &cfg, events.clone(), dead)?;
+        let compactor = Compactor::new(
+            self.store.clone(),
+            summariser,
+            cfg.owner.clone(),
+            cfg.compaction.clone(),
+            cfg.testing.clone(),
+            events.clone(),
+            dead,
+        )?;
         Ok(Runner {
             inner: Arc::new(Inner {
                 store: self.store,
@@ -234,6 +265,8 @@ impl Runner {
             tools: Tools::new(),
             summariser: None,
             cfg: RunnerConfig::default(),
+            compaction: None,
+            fault_hook: None,
         }
     }
 
@@ -442,7 +475,7 @@ impl Runner {
     }
 
     fn heartbeat(&self, lease: &Lease) -> Option<AbortOnDrop> {
-        if !self.inner.cfg.heartbeat {
+        if !self.inner.cfg.testing.heartbeat {
             return None;
         }
         let store = self.inner.store.clone();
@@ -577,7 +610,10 @@ impl Runner {
                         inserted,
                     } => {
                         let result = self.run_async_tool(&plan, pos, tool, &row, inserted).await;
-                        fault::check(&self.inner.cfg.fault_hook, FaultPoint::AfterToolEffect)?;
+                        fault::check(
+                            &self.inner.cfg.testing.fault_hook,
+                            FaultPoint::AfterToolEffect,
+                        )?;
                         advanced = self
                             .advance(&plan, pos + 1, None, Some((row.id, result)))
                             .await?;
@@ -664,7 +700,10 @@ impl Runner {
                 (row, ctx)
             }
         };
-        fault::check(&self.inner.cfg.fault_hook, FaultPoint::BeforeModelCall)?;
+        fault::check(
+            &self.inner.cfg.testing.fault_hook,
+            FaultPoint::BeforeModelCall,
+        )?;
 
         let sha = ctx.sha256();
         let request = ctx.request(&session.model, self.inner.tools.specs());
@@ -767,7 +806,7 @@ impl Runner {
         persist: Option<Responded>,
         finished: Option<(i64, (bool, String))>,
     ) -> Result<Advanced> {
-        let hook = &self.inner.cfg.fault_hook;
+        let hook = &self.inner.cfg.testing.fault_hook;
         let lease = &plan.lease;
         let n = plan.calls.len();
         let tx = store::fenced_tx(c, lease)?;

@@ -403,7 +403,7 @@ async fn a_claim_dropped_mid_summary_is_taken_over_at_once_by_the_next_runner() 
     let store = open(&path);
     let s = history(&store, 5).await;
     let crashing = runner_with(&store, "crashing", extractive(), |c| {
-        c.fault_hook = Some(fail_at(abridge::FaultPoint::MidSummary, 1));
+        c.testing.fault_hook = Some(fail_at(abridge::FaultPoint::MidSummary, 1));
         c.compaction.lease_ttl = Duration::from_millis(300);
     });
     let err = crashing.compactor().ensure(&s, 5, 0).await.unwrap_err();
@@ -441,7 +441,7 @@ async fn a_stale_completer_cannot_overwrite_the_winners_summary() {
     let s = history(&store, 5).await;
     let stale_summariser = Gated::new("STALE summary ORD-1");
     let stale = runner_with(&store, "stale", stale_summariser.clone(), |c| {
-        c.heartbeat = false; // frozen: its lease runs out mid-summary
+        c.testing.heartbeat = false; // frozen: its lease runs out mid-summary
         c.compaction.lease_ttl = Duration::from_millis(100);
     });
     let winner = runner_with(
@@ -827,10 +827,7 @@ async fn ensure_waits_for_a_connection_when_none_is_idle() {
 
     let store = abridge::Store::open_with(
         &path,
-        abridge::StoreOptions {
-            max_connections: 1,
-            ..abridge::StoreOptions::default()
-        },
+        abridge::StoreOptions::default().with_max_connections(1),
     )
     .unwrap();
     let runner = runner_with(&store, "one-connection", extractive(), |_| {});

@@ -209,10 +209,7 @@ fn in_place_blocking_runs_turns_on_both_runtime_flavors() {
         let (_d, path) = temp_db();
         let store = abridge::Store::open_with(
             &path,
-            abridge::StoreOptions {
-                blocking,
-                ..Default::default()
-            },
+            abridge::StoreOptions::default().with_blocking(blocking),
         )
         .unwrap();
         let (runner, model_ids, tool_ids, _, _) = three_mode_runner(&store);
@@ -332,4 +329,44 @@ async fn kept_contexts_extend_over_turns_other_runners_ran() {
     assert_eq!(transcript(&store, SEED, 0), transcript(&control, SEED, 0));
     assert_all_steps_rebuild(&store);
     assert_verified(&store);
+}
+
+/// Regression: `.config()` after `.compaction()` (or `.fault_hook()`) replaced
+/// the whole configuration and silently dropped them. Each builder call now
+/// sets its own part, in any order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_builder_call_discards_an_earlier_one() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let compaction = abridge::CompactionConfig::default().with_compact_at(Threshold::Tokens(1234));
+    for compaction_first in [true, false] {
+        let hook = fail_at(abridge::FaultPoint::BeforeModelCall, 1);
+        let b = Runner::builder(store.clone(), Arc::new(demo_model(1, &[])));
+        let cfg = abridge::RunnerConfig::default().with_owner("ordered");
+        let b = if compaction_first {
+            b.compaction(compaction.clone())
+                .fault_hook(hook)
+                .config(cfg)
+        } else {
+            b.config(cfg)
+                .compaction(compaction.clone())
+                .fault_hook(hook)
+        };
+        let runner = b.build().unwrap();
+        assert_eq!(
+            runner.compactor().config().compact_at,
+            Threshold::Tokens(1234),
+            "compaction first: {compaction_first}"
+        );
+        let sid = runner
+            .create_session(&format!("s{compaction_first}"), "m", "sys")
+            .await
+            .unwrap()
+            .id;
+        let err = runner.run_turn(sid, "hi").await.unwrap_err();
+        assert!(
+            matches!(err, abridge::Error::Injected(_)),
+            "the fault hook was dropped: {err}"
+        );
+    }
 }

@@ -133,10 +133,7 @@ fn write_golden_store() {
             .transactional(spec("note"), Note)
             .idempotent(spec("lookup"), Lookup)
             .at_most_once(spec("send"), Send);
-        let mut cfg = RunnerConfig {
-            owner: "golden".into(),
-            ..RunnerConfig::default()
-        };
+        let mut cfg = RunnerConfig::default().with_owner("golden");
         cfg.compaction = CompactionConfig::default()
             .with_compact_at(Threshold::Tokens(900))
             .with_keep_last_turns(1);

@@ -40,10 +40,8 @@ impl Summariser for Slow {
 
 /// The default owner (one per process), as a host that sets none gets it.
 fn default_owner_runner(store: &Store, summariser: Arc<dyn Summariser>) -> Runner {
-    let cfg = RunnerConfig {
-        compaction: test_config(Threshold::Tokens(1), None, "x").compaction,
-        ..RunnerConfig::default()
-    };
+    let cfg = RunnerConfig::default()
+        .with_compaction(test_config(Threshold::Tokens(1), None, "x").compaction);
     Runner::builder(store.clone(), Arc::new(demo_model(SEED, &[])))
         .tools(demo_tools(None, Duration::ZERO))
         .summariser_arc(summariser)

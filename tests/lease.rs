@@ -24,7 +24,7 @@ fn runner(
 ) -> Runner {
     let mut cfg = test_config(Threshold::Off, None, owner);
     cfg.lease_ttl = Duration::from_millis(ttl_ms);
-    cfg.heartbeat = heartbeat;
+    cfg.testing.heartbeat = heartbeat;
     Runner::builder(store.clone(), model)
         .tools(abridge::demo::demo_tools(None, Duration::ZERO))
         .config(cfg)

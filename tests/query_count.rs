@@ -93,10 +93,7 @@ async fn cost_of_turn_at(h: i64, compact_at: Threshold) -> Cost {
     // One connection, so the trace hook set on it sees every statement.
     let store = Store::open_with(
         dir.path().join("q.db"),
-        StoreOptions {
-            max_connections: 1,
-            ..StoreOptions::default()
-        },
+        StoreOptions::default().with_max_connections(1),
     )
     .unwrap();
     store
@@ -111,11 +108,8 @@ async fn cost_of_turn_at(h: i64, compact_at: Threshold) -> Cost {
     store
         .with_conn(abridge::store::demo::create_demo_tables)
         .unwrap();
-    let mut cfg = RunnerConfig {
-        owner: "q".into(),
-        heartbeat: false,
-        ..RunnerConfig::default()
-    };
+    let mut cfg = RunnerConfig::default().with_owner("q");
+    cfg.testing.heartbeat = false;
     cfg.compaction.compact_at = compact_at;
     let spec = ToolSpec {
         name: "lookup_order".into(),

@@ -160,6 +160,7 @@ const WINDOWS: &[(&str, u64)] = &[
 /// How compaction behaves. Build with [`CompactionConfig::default`] and the
 /// `with_*` methods; [`CompactionConfig::validate`] runs when the runner is built.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct CompactionConfig {
     /// When to compact. Default `Fraction(0.9)`.
     pub compact_at: Threshold,

@@ -22,7 +22,7 @@ pub use summarise::{
 use crate::builder::SummaryView;
 use crate::error::{Error, Result};
 use crate::events::{Event, EventSink};
-use crate::fault::{self, FaultHook, FaultPoint};
+use crate::fault::{self, FaultHook, FaultPoint, TestKnobs};
 use crate::message::sha256_hex;
 use crate::owner::{AbortOnDrop, ClaimGuard};
 use crate::store::{
@@ -87,20 +87,22 @@ impl Compactor {
     pub(crate) fn new(
         store: Store,
         summariser: Arc<dyn Summariser>,
-        runner: &crate::runner::RunnerConfig,
+        owner: String,
+        config: CompactionConfig,
+        testing: TestKnobs,
         events: EventSink,
         holder_is_gone: GoneCheck,
     ) -> Result<Compactor> {
-        runner.compaction.validate()?;
+        config.validate()?;
         Ok(Compactor {
             store,
             summariser,
-            config: runner.compaction.clone(),
-            owner: runner.owner.clone(),
+            config,
+            owner,
             events,
-            fault: runner.fault_hook.clone(),
+            fault: testing.fault_hook,
             holder_is_gone,
-            heartbeat: runner.heartbeat,
+            heartbeat: testing.heartbeat,
             warned: Arc::default(),
         })
     }

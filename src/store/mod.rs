@@ -76,8 +76,10 @@ impl Synchronous {
     }
 }
 
-/// Options for [`Store::open_with`].
+/// Options for [`Store::open_with`]: [`StoreOptions::default`] and the
+/// `with_*` methods (the struct is `#[non_exhaustive]`).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct StoreOptions {
     /// Commit durability; see [`Synchronous`].
     pub synchronous: Synchronous,
@@ -103,6 +105,29 @@ pub enum Blocking {
     /// runs. Falls back to `Pool` on a current-thread runtime, where
     /// `block_in_place` is not allowed.
     InPlace,
+}
+
+impl StoreOptions {
+    /// Sets the commit durability.
+    pub fn with_synchronous(mut self, s: Synchronous) -> Self {
+        self.synchronous = s;
+        self
+    }
+    /// Sets the busy timeout.
+    pub fn with_busy_timeout(mut self, t: Duration) -> Self {
+        self.busy_timeout = t;
+        self
+    }
+    /// Sets the pool size.
+    pub fn with_max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n;
+        self
+    }
+    /// Sets where blocking SQLite work runs.
+    pub fn with_blocking(mut self, b: Blocking) -> Self {
+        self.blocking = b;
+        self
+    }
 }
 
 impl Default for StoreOptions {

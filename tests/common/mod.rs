@@ -68,19 +68,16 @@ pub fn demo_model(seed: u64, extras: &[&str]) -> ScriptedModel {
 }
 
 pub fn test_config(compact_at: Threshold, hook: Option<FaultHook>, owner: &str) -> RunnerConfig {
-    let mut cfg = RunnerConfig {
-        owner: owner.into(),
-        lease_ttl: Duration::from_secs(5),
-        model_retry: abridge::RetryPolicy::default()
-            .with_backoff(Duration::from_millis(1), Duration::from_millis(8)),
-        ..RunnerConfig::default()
-    };
+    let mut cfg = RunnerConfig::default().with_owner(owner);
+    cfg.lease_ttl = Duration::from_secs(5);
+    cfg.model_retry = abridge::RetryPolicy::default()
+        .with_backoff(Duration::from_millis(1), Duration::from_millis(8));
     cfg.compaction = CompactionConfig::default()
         .with_compact_at(compact_at)
         .with_context_window(DEMO_MODEL, 2_000);
     cfg.compaction.retry = abridge::RetryPolicy::default()
         .with_backoff(Duration::from_millis(1), Duration::from_millis(8));
-    cfg.fault_hook = hook;
+    cfg.testing.fault_hook = hook;
     cfg
 }
 
