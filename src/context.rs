@@ -17,6 +17,7 @@
 
 use crate::builder::{render_steps, render_turn, RenderFormat};
 use crate::error::Result;
+use crate::ids::{CompactionId, SessionId};
 use crate::message::{Message, ModelRequest};
 use crate::replay::build_for;
 use crate::store::{self, CompactionRow, SessionRow};
@@ -27,8 +28,8 @@ use std::sync::Mutex;
 
 /// A session's message array up to a position, serialised and hashed.
 pub(crate) struct Context {
-    session_id: i64,
-    compaction_id: Option<i64>,
+    session_id: SessionId,
+    compaction_id: Option<CompactionId>,
     /// `(turn idx, step idx)`: the array holds everything before step `at.1`
     /// of turn `at.0`, that turn's input included.
     at: (i64, i64),
@@ -66,8 +67,8 @@ impl Context {
     /// compaction `compaction_id`.
     pub(crate) fn continues_to(
         &self,
-        session_id: i64,
-        compaction_id: Option<i64>,
+        session_id: SessionId,
+        compaction_id: Option<CompactionId>,
         at: (i64, i64),
     ) -> bool {
         self.session_id == session_id && self.compaction_id == compaction_id && self.at <= at
@@ -162,7 +163,7 @@ pub(crate) struct ContextCache {
 
 #[derive(Default)]
 struct CacheInner {
-    entries: HashMap<i64, (u64, Context)>,
+    entries: HashMap<SessionId, (u64, Context)>,
     clock: u64,
     weight: usize,
 }
@@ -177,7 +178,7 @@ impl ContextCache {
     }
 
     /// Takes the session's context out (a turn owns it while it runs).
-    pub(crate) fn take(&self, session_id: i64) -> Option<Context> {
+    pub(crate) fn take(&self, session_id: SessionId) -> Option<Context> {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let (_, ctx) = inner.entries.remove(&session_id)?;
         inner.weight -= ctx.weight();
@@ -216,7 +217,7 @@ mod tests {
     #[test]
     fn the_cache_keeps_the_budget_and_evicts_the_least_recently_used() {
         let ctx = |session_id: i64, n: usize| Context {
-            session_id,
+            session_id: SessionId(session_id),
             compaction_id: None,
             at: (0, 0),
             messages: Vec::new(),
@@ -227,11 +228,11 @@ mod tests {
         cache.put(ctx(1, 20)); // weight 40
         cache.put(ctx(2, 20)); // 80
         cache.put(ctx(3, 20)); // 120 > 100: session 1 goes
-        assert!(cache.take(1).is_none());
-        assert!(cache.take(2).is_some());
-        assert!(cache.take(3).is_some());
+        assert!(cache.take(SessionId(1)).is_none());
+        assert!(cache.take(SessionId(2)).is_some());
+        assert!(cache.take(SessionId(3)).is_some());
         cache.put(ctx(4, 60)); // larger than the budget: not kept
-        assert!(cache.take(4).is_none());
+        assert!(cache.take(SessionId(4)).is_none());
         assert_eq!(cache.inner.lock().unwrap().weight, 0);
     }
 }

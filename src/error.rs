@@ -4,6 +4,7 @@
 //! variant say what it means for a retry: whether calling again (resuming the turn,
 //! reopening the store) can succeed.
 
+use crate::ids::{CompactionId, SessionId, StepId, TurnId};
 use std::path::PathBuf;
 
 /// Result alias used across the crate.
@@ -103,24 +104,24 @@ pub enum Error {
 
     /// No turn with that id.
     #[error("unknown turn {0}")]
-    UnknownTurn(i64),
+    UnknownTurn(TurnId),
 
     /// No step with that id.
     #[error("unknown step {0}")]
-    UnknownStep(i64),
+    UnknownStep(StepId),
 
     /// The step has no recorded response (it never executed); nothing to rebuild.
     #[error("step {0} was never executed (no recorded response)")]
-    StepNotExecuted(i64),
+    StepNotExecuted(StepId),
 
     /// The step records a compaction that is not completed: a G4 violation
     /// (only possible by tampering with the store).
     #[error("step {step_id} read compaction {compaction_id}, which is not completed")]
     ReadNonCompleted {
         /// The step.
-        step_id: i64,
+        step_id: StepId,
         /// The compaction.
-        compaction_id: i64,
+        compaction_id: CompactionId,
     },
 
     /// `create_session` found the external id with a different model or system prompt.
@@ -136,7 +137,7 @@ pub enum Error {
     #[error("a turn of this session is still running (turn {running_idx})")]
     TurnRunning {
         /// The session.
-        session_id: i64,
+        session_id: SessionId,
         /// The running turn's index.
         running_idx: i64,
     },
@@ -146,7 +147,7 @@ pub enum Error {
     #[error("turn {idx}: {reason}")]
     TurnConflict {
         /// The session.
-        session_id: i64,
+        session_id: SessionId,
         /// The index asked for.
         idx: i64,
         /// What differs.
@@ -157,7 +158,7 @@ pub enum Error {
     #[error("turn {turn_id} is already {status}")]
     TurnFinished {
         /// The turn.
-        turn_id: i64,
+        turn_id: TurnId,
         /// Its final status.
         status: String,
     },
@@ -166,7 +167,7 @@ pub enum Error {
     #[error("turn {turn_id} is leased by {owner} until {expires_at}")]
     LeaseHeld {
         /// The turn.
-        turn_id: i64,
+        turn_id: TurnId,
         /// The live holder.
         owner: String,
         /// When its lease runs out (ms since epoch).
@@ -178,7 +179,7 @@ pub enum Error {
     #[error("lease on turn {turn_id} lost (epoch {epoch} was taken over); write refused")]
     LeaseLost {
         /// The turn.
-        turn_id: i64,
+        turn_id: TurnId,
         /// The epoch this runner held.
         epoch: i64,
     },
@@ -187,7 +188,7 @@ pub enum Error {
     #[error("reached max_steps ({max_steps}) without a final answer")]
     MaxSteps {
         /// The turn.
-        turn_id: i64,
+        turn_id: TurnId,
         /// The configured limit.
         max_steps: u32,
     },
@@ -197,7 +198,7 @@ pub enum Error {
     #[error("model returned an empty response")]
     EmptyResponse {
         /// The step.
-        step_id: i64,
+        step_id: StepId,
     },
 
     /// The model response was malformed in a way no tool result can express
@@ -205,7 +206,7 @@ pub enum Error {
     #[error("invalid model response: {reason}")]
     InvalidResponse {
         /// The step.
-        step_id: i64,
+        step_id: StepId,
         /// What was wrong.
         reason: String,
     },
@@ -214,7 +215,7 @@ pub enum Error {
     #[error("model call failed: {message}")]
     Model {
         /// The step.
-        step_id: i64,
+        step_id: StepId,
         /// The last error.
         message: String,
     },
@@ -224,9 +225,9 @@ pub enum Error {
     #[error("compaction up to turn {boundary} failed: {message}")]
     CompactionFailed {
         /// The row.
-        compaction_id: i64,
+        compaction_id: CompactionId,
         /// The session.
-        session_id: i64,
+        session_id: SessionId,
         /// Its boundary.
         boundary: i64,
         /// The last error.
@@ -238,7 +239,7 @@ pub enum Error {
     #[error("compaction {compaction_id} is held by {owner}; gave up waiting")]
     CompactionWaitTimeout {
         /// The row.
-        compaction_id: i64,
+        compaction_id: CompactionId,
         /// The live holder.
         owner: String,
     },
@@ -254,7 +255,7 @@ pub enum Error {
     )]
     NothingToCompact {
         /// The session.
-        session_id: i64,
+        session_id: SessionId,
     },
 
     /// A session key a user typed is both an external id and another
@@ -264,7 +265,7 @@ pub enum Error {
         /// The key as typed.
         key: String,
         /// The numeric id of the session whose external id is `key`.
-        external_of: i64,
+        external_of: SessionId,
     },
 
     /// A configuration value out of range. Raised when the config is built.

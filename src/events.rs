@@ -4,6 +4,7 @@
 //! wants to react (a progress indicator, a metrics exporter). Sending never
 //! blocks: a slow subscriber misses events (tokio broadcast semantics).
 
+use crate::ids::{CompactionId, SessionId};
 use serde::Serialize;
 use tokio::sync::broadcast;
 
@@ -15,11 +16,11 @@ pub enum Event {
     /// A compaction row was claimed (or taken over) and the summariser is running.
     Compacting {
         /// Session id.
-        session_id: i64,
+        session_id: SessionId,
         /// Turns 0..=boundary are being summarised.
         boundary: i64,
         /// The row.
-        compaction_id: i64,
+        compaction_id: CompactionId,
         /// Claims and takeovers of the row so far.
         attempt: i64,
         /// The measure that triggered it.
@@ -28,11 +29,11 @@ pub enum Event {
     /// A compaction completed.
     Compacted {
         /// Session id.
-        session_id: i64,
+        session_id: SessionId,
         /// Boundary.
         boundary: i64,
         /// The row.
-        compaction_id: i64,
+        compaction_id: CompactionId,
         /// Tokens of what the summary replaces.
         tokens_before: i64,
         /// Tokens of the summary.
@@ -47,11 +48,11 @@ pub enum Event {
     /// A summariser attempt failed; `last` is true when the row is now failed.
     CompactionFailed {
         /// Session id.
-        session_id: i64,
+        session_id: SessionId,
         /// Boundary.
         boundary: i64,
         /// The row.
-        compaction_id: i64,
+        compaction_id: CompactionId,
         /// The error.
         error: String,
         /// True after the last attempt.
@@ -62,11 +63,11 @@ pub enum Event {
     /// compaction's `wait_timeout`. Sent once per wait.
     CompactionWaiting {
         /// Session id.
-        session_id: i64,
+        session_id: SessionId,
         /// Boundary.
         boundary: i64,
         /// The row.
-        compaction_id: i64,
+        compaction_id: CompactionId,
         /// The owner name of the claim being waited on.
         holder: String,
     },

@@ -3,6 +3,7 @@
 //! model sees, never what the store holds).
 
 use crate::error::{Error, Result};
+use crate::ids::{SessionId, StepId};
 use crate::message::{ModelResponse, ResponseBlock};
 use crate::store::{self, CompactionRow, SessionCounts, SessionRow, TurnRow};
 use rusqlite::Connection;
@@ -26,7 +27,7 @@ pub struct TurnSummary {
     /// Steps.
     pub steps: i64,
     /// The steps' ids, in order (what `abridge replay --step` takes).
-    pub step_ids: Vec<i64>,
+    pub step_ids: Vec<StepId>,
 }
 
 /// One session in detail.
@@ -49,7 +50,7 @@ pub fn resolve_session(conn: &Connection, key: &str) -> Result<SessionRow> {
     let unknown = || Error::UnknownSession(key.into());
     let by_id = |text: &str| -> Result<Option<SessionRow>> {
         match text.trim().parse::<i64>() {
-            Ok(id) => match store::get_session(conn, id) {
+            Ok(id) => match store::get_session(conn, SessionId(id)) {
                 Ok(row) => Ok(Some(row)),
                 Err(Error::UnknownSession(_)) => Ok(None),
                 Err(e) => Err(e),
@@ -92,7 +93,7 @@ pub fn session_detail(conn: &Connection, key: &str) -> Result<SessionDetail> {
     let turns = store::list_turns(conn, s.id)?
         .into_iter()
         .map(|t| {
-            let step_ids: Vec<i64> = store::list_steps(conn, t.id)?
+            let step_ids: Vec<StepId> = store::list_steps(conn, t.id)?
                 .iter()
                 .map(|s| s.id)
                 .collect();
@@ -114,12 +115,12 @@ pub fn session_detail(conn: &Connection, key: &str) -> Result<SessionDetail> {
 }
 
 /// Ids of every executed step (with a recorded hash).
-pub fn executed_step_ids(conn: &Connection) -> Result<Vec<i64>> {
+pub fn executed_step_ids(conn: &Connection) -> Result<Vec<StepId>> {
     store::executed_step_ids(conn, None)
 }
 
 /// Ids of one session's executed steps.
-pub fn session_step_ids(conn: &Connection, session_id: i64) -> Result<Vec<i64>> {
+pub fn session_step_ids(conn: &Connection, session_id: SessionId) -> Result<Vec<StepId>> {
     store::executed_step_ids(conn, Some(session_id))
 }
 

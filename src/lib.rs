@@ -73,6 +73,7 @@ pub mod demo;
 pub mod error;
 pub mod events;
 pub mod fault;
+pub mod ids;
 pub mod inspect;
 mod legacy;
 pub mod message;
@@ -93,6 +94,7 @@ pub use compaction::{
 pub use error::{Error, Result};
 pub use events::Event;
 pub use fault::{FaultHook, FaultPoint, TestKnobs};
+pub use ids::{CompactionId, InvocationId, SessionId, StepId, TurnId};
 pub use message::{
     ContentBlock, Message, ModelRequest, ModelResponse, ResponseBlock, Role, ToolSpec, Usage,
 };

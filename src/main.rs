@@ -401,7 +401,7 @@ fn print_session(d: &inspect::SessionDetail) {
         let ids = match t.step_ids.as_slice() {
             [] => "-".to_string(),
             [one] => one.to_string(),
-            [first, .., last] if last - first + 1 == t.step_ids.len() as i64 => {
+            [first, .., last] if last.0 - first.0 + 1 == t.step_ids.len() as i64 => {
                 format!("{first}-{last}")
             }
             many => many
@@ -516,7 +516,9 @@ async fn run(cmd: Cmd) -> Result<ExitCode, Failure> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Replay { db, step, raw } => {
-            let r = abridge::store::read_only(&db, |c| abridge::replay::rebuild_step(c, step))?;
+            let r = abridge::store::read_only(&db, |c| {
+                abridge::replay::rebuild_step(c, abridge::StepId(step))
+            })?;
             if raw {
                 let mut out = std::io::stdout().lock();
                 out.write_all(&r.bytes)?;

@@ -2,6 +2,7 @@
 
 use crate::builder::{build_messages, RenderFormat, SummaryView};
 use crate::error::{Error, Result};
+use crate::ids::{SessionId, StepId};
 use crate::message::{sha256_hex, to_bytes, Message};
 use crate::store::{self, CompactionRow, CompactionStatus, SessionRow};
 use rusqlite::Connection;
@@ -10,7 +11,7 @@ use rusqlite::Connection;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rebuilt {
     /// The step.
-    pub step_id: i64,
+    pub step_id: StepId,
     /// The rebuilt message array.
     pub messages: Vec<Message>,
     /// Its serialised bytes: what the step hashed.
@@ -49,7 +50,7 @@ pub(crate) fn build_for(
 /// Rebuilds an executed step's messages, their bytes and hash, next to the hash
 /// it recorded. Errors with [`Error::StepNotExecuted`] for a step that never got
 /// a response.
-pub fn rebuild_step(conn: &Connection, step_id: i64) -> Result<Rebuilt> {
+pub fn rebuild_step(conn: &Connection, step_id: StepId) -> Result<Rebuilt> {
     let step = store::get_step(conn, step_id)?;
     let recorded = step
         .messages_sha256
@@ -95,7 +96,7 @@ pub fn rebuild_step(conn: &Connection, step_id: i64) -> Result<Rebuilt> {
 /// For previews and benchmarks; a running step uses what `ensure()` returned.
 pub fn build_at(
     conn: &Connection,
-    session_id: i64,
+    session_id: SessionId,
     turn_idx: i64,
     step_idx: i64,
 ) -> Result<Vec<Message>> {

@@ -13,6 +13,7 @@ use crate::context::{Context, ContextCache};
 use crate::error::{Error, Result};
 use crate::events::{Event, EventSink};
 use crate::fault::{self, FaultHook, FaultPoint, TestKnobs};
+use crate::ids::{InvocationId, SessionId, StepId, TurnId};
 use crate::message::{ModelRequest, ModelResponse};
 use crate::model::{ModelClient, ModelError};
 use crate::owner::{AbortOnDrop, ClaimGuard};
@@ -325,7 +326,7 @@ impl Runner {
     /// continues it, at once from this process and after the lease's expiry
     /// (`RunnerConfig::lease_ttl`) from any other. A compaction it was writing
     /// is likewise free at once here and after its lease elsewhere.
-    pub async fn run_turn(&self, session_id: i64, input: &str) -> Result<TurnOutcome> {
+    pub async fn run_turn(&self, session_id: SessionId, input: &str) -> Result<TurnOutcome> {
         self.run_turn_inner(session_id, None, input).await
     }
 
@@ -336,13 +337,18 @@ impl Runner {
     /// running the same turn gets [`Error::LeaseHeld`]: one runner per turn.
     ///
     /// Cancel safety: as [`Runner::run_turn`].
-    pub async fn run_turn_at(&self, session_id: i64, idx: i64, input: &str) -> Result<TurnOutcome> {
+    pub async fn run_turn_at(
+        &self,
+        session_id: SessionId,
+        idx: i64,
+        input: &str,
+    ) -> Result<TurnOutcome> {
         self.run_turn_inner(session_id, Some(idx), input).await
     }
 
     async fn run_turn_inner(
         &self,
-        session_id: i64,
+        session_id: SessionId,
         idx: Option<i64>,
         input: &str,
     ) -> Result<TurnOutcome> {
@@ -373,7 +379,7 @@ impl Runner {
     /// invocations are never called again.
     ///
     /// Cancel safety: as [`Runner::run_turn`].
-    pub async fn resume_turn(&self, turn_id: i64) -> Result<TurnOutcome> {
+    pub async fn resume_turn(&self, turn_id: TurnId) -> Result<TurnOutcome> {
         let claim = ClaimGuard::new(&self.inner.cfg.owner);
         let holder = claim.holder().to_string();
         let ttl = self.inner.cfg.lease_ttl.as_millis() as i64;
@@ -440,14 +446,14 @@ impl Runner {
     /// Manual compaction; see [`Compactor::compact_now`].
     pub async fn compact_now(
         &self,
-        session_id: i64,
+        session_id: SessionId,
         focus: Option<String>,
     ) -> Result<CompactionRow> {
         self.inner.compactor.compact_now(session_id, focus).await
     }
 
     /// Rebuilds an executed step's messages (G3).
-    pub async fn rebuild_step(&self, step_id: i64) -> Result<Rebuilt> {
+    pub async fn rebuild_step(&self, step_id: StepId) -> Result<Rebuilt> {
         self.inner
             .store
             .call(move |c| rebuild_step(c, step_id))
@@ -501,7 +507,7 @@ impl Runner {
 
     /// Fails the turn (policy), then returns `err` to the caller (or the error
     /// that kept it from being recorded).
-    async fn fail(&self, lease: &Lease, step_id: Option<i64>, err: Error) -> Error {
+    async fn fail(&self, lease: &Lease, step_id: Option<StepId>, err: Error) -> Error {
         match self.fail_inner(lease, step_id, err).await {
             Ok(never) => match never {},
             Err(e) => e,
@@ -511,7 +517,7 @@ impl Runner {
     async fn fail_inner(
         &self,
         lease: &Lease,
-        step_id: Option<i64>,
+        step_id: Option<StepId>,
         err: Error,
     ) -> Result<std::convert::Infallible> {
         let msg = err.to_string();
@@ -520,11 +526,11 @@ impl Runner {
             .store
             .call(move |c| store::fail_turn(c, &l, step_id, &msg))
             .await?;
-        warn!(turn = lease.turn_id, error = %err, "turn failed");
+        warn!(turn = %lease.turn_id, error = %err, "turn failed");
         Err(err)
     }
 
-    #[instrument(skip(self, turn, lease, session, first), fields(session = turn.session_id, turn = turn.idx, turn_id = turn.id))]
+    #[instrument(skip(self, turn, lease, session, first), fields(session = %turn.session_id, turn = turn.idx, turn_id = %turn.id))]
     async fn drive(
         &self,
         turn: TurnRow,
@@ -553,7 +559,7 @@ impl Runner {
         lease: &Lease,
         session: &SessionRow,
         first: Prepared,
-        at_step: &mut Option<i64>,
+        at_step: &mut Option<StepId>,
     ) -> std::result::Result<TurnOutcome, Stop> {
         let mut next = first;
         loop {
@@ -710,7 +716,7 @@ impl Runner {
         let mut response = self.call_model(request, step_id).await?;
         // What is committed must read back: nothing deeper than the parser takes.
         if response.cap_depth() > 0 {
-            warn!(step_id, "a response value nested too deep was replaced");
+            warn!(step_id = %step_id, "a response value nested too deep was replaced");
         }
         if response.is_empty() {
             return Err(Error::EmptyResponse { step_id });
@@ -744,7 +750,7 @@ impl Runner {
         Ok((response, r, ctx))
     }
 
-    async fn call_model(&self, request: ModelRequest, step_id: i64) -> Result<ModelResponse> {
+    async fn call_model(&self, request: ModelRequest, step_id: StepId) -> Result<ModelResponse> {
         let cfg = &self.inner.cfg;
         let request = Arc::new(request);
         let mut last = String::new();
@@ -765,7 +771,7 @@ impl Runner {
                 Ok(Err(p)) => last = format!("model client panicked: {}", panic_message(&p)),
                 Err(_) => last = format!("model call timed out after {:?}", cfg.model_timeout),
             }
-            warn!(step_id, attempt, error = %last, "model call failed");
+            warn!(step_id = %step_id, attempt, error = %last, "model call failed");
         }
         Err(Error::Model {
             step_id,
@@ -789,7 +795,7 @@ impl Runner {
         plan: &Arc<StepPlan>,
         from: usize,
         persist: Option<Responded>,
-        finished: Option<(i64, (bool, String))>,
+        finished: Option<(InvocationId, (bool, String))>,
     ) -> Result<Advanced> {
         let (this, plan) = (self.clone(), plan.clone());
         self.inner
@@ -804,7 +810,7 @@ impl Runner {
         plan: &StepPlan,
         from: usize,
         persist: Option<Responded>,
-        finished: Option<(i64, (bool, String))>,
+        finished: Option<(InvocationId, (bool, String))>,
     ) -> Result<Advanced> {
         let hook = &self.inner.cfg.testing.fault_hook;
         let lease = &plan.lease;
@@ -932,7 +938,7 @@ struct StepPlan {
     session: SessionRow,
     turn: TurnRow,
     lease: Lease,
-    step_id: i64,
+    step_id: StepId,
     step_idx: i64,
     /// The session's message context, handed to the next step's `prepare`.
     ctx: std::sync::Mutex<Option<Context>>,
@@ -997,7 +1003,7 @@ enum Begun {
 }
 
 fn new_invocation<'a>(
-    step_id: i64,
+    step_id: StepId,
     position: usize,
     call: &'a ToolCall,
     effect: Effect,
@@ -1047,10 +1053,10 @@ fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
 /// A reported token count as stored: counts above `i64::MAX` (SQLite's
 /// integer) are stored as `i64::MAX`, never wrapped negative (a negative
 /// measure would keep the threshold from ever firing), and said in a warning.
-fn saturating_tokens(n: u64, what: &str, step_id: i64) -> i64 {
+fn saturating_tokens(n: u64, what: &str, step_id: StepId) -> i64 {
     i64::try_from(n).unwrap_or_else(|_| {
         warn!(
-            step_id,
+            step_id = %step_id,
             reported = n,
             "{what} token count above i64::MAX stored as i64::MAX"
         );
@@ -1060,7 +1066,7 @@ fn saturating_tokens(n: u64, what: &str, step_id: i64) -> i64 {
 
 /// Tool call ids must be non-empty and unique within the response: they key the
 /// exactly-once record of each call.
-fn validate_calls(response: &ModelResponse, step_id: i64) -> Result<()> {
+fn validate_calls(response: &ModelResponse, step_id: StepId) -> Result<()> {
     let mut seen = std::collections::HashSet::new();
     for (id, name, _) in response.tool_calls() {
         if id.is_empty() || name.is_empty() {

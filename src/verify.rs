@@ -7,6 +7,7 @@
 //! with [`verify_with`] and an [`EffectCheck`].
 
 use crate::error::Result;
+use crate::ids::TurnId;
 use crate::message::sha256_hex;
 use crate::replay::rebuild_step;
 use crate::store::{self, CompactionStatus};
@@ -243,7 +244,7 @@ fn history_gaps(conn: &Connection) -> Result<(i64, Vec<String>)> {
 /// decode, a context that cannot be built): no runner could resume them.
 fn unreadable_running_turns(conn: &Connection) -> Result<(i64, Vec<String>)> {
     let mut st = conn.prepare("SELECT id FROM turns WHERE status = 'running' ORDER BY id")?;
-    let ids: Vec<i64> = st
+    let ids: Vec<TurnId> = st
         .query_map([], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
     let mut stuck = Vec::new();

@@ -255,7 +255,7 @@ async fn unknown_block_types_are_stored_but_not_sent_back() {
         .with_conn(|c| Ok(c.query_row("SELECT max(id) FROM steps", [], |r| r.get(0))?))
         .unwrap();
     let rebuilt = store
-        .with_conn(|c| abridge::replay::rebuild_step(c, last_step))
+        .with_conn(|c| abridge::replay::rebuild_step(c, abridge::StepId(last_step)))
         .unwrap();
     assert!(rebuilt.matches());
     assert!(!String::from_utf8(rebuilt.bytes)

@@ -152,7 +152,7 @@ fn latest_measure(store: &abridge::Store) -> i64 {
         .unwrap()
 }
 
-fn rows(store: &abridge::Store) -> Vec<(i64, i64, String)> {
+fn rows(store: &abridge::Store) -> Vec<(abridge::CompactionId, i64, String)> {
     store
         .with_conn(|c| {
             let mut st =
@@ -269,7 +269,10 @@ async fn keep_last_turns_stay_verbatim_after_the_summary() {
     let r = runner_with(&store, "k", extractive(), |c| {
         c.compaction.keep_last_turns = 2
     });
-    let out = r.run_turn_at(1, 6, &user_turn(SEED, 0, 6)).await.unwrap();
+    let out = r
+        .run_turn_at(abridge::SessionId(1), 6, &user_turn(SEED, 0, 6))
+        .await
+        .unwrap();
     let (row_boundary, step_id): (i64, i64) = store
         .with_conn(|c| {
             Ok(c.query_row(
@@ -282,7 +285,7 @@ async fn keep_last_turns_stay_verbatim_after_the_summary() {
         .unwrap();
     assert_eq!(row_boundary, 3);
     let rebuilt = store
-        .with_conn(|c| abridge::replay::rebuild_step(c, step_id))
+        .with_conn(|c| abridge::replay::rebuild_step(c, abridge::StepId(step_id)))
         .unwrap();
     let text = String::from_utf8(rebuilt.bytes).unwrap();
     for t in [4, 5, 6] {
@@ -758,7 +761,7 @@ async fn g4_a_step_waits_for_a_pending_compaction_and_reads_only_the_completed_r
     let out = t.await.unwrap().unwrap();
     assert_eq!(model.count() as i64, out.steps);
     // Every step of the turn read the completed row.
-    let read: Vec<Option<i64>> = store
+    let read: Vec<Option<abridge::CompactionId>> = store
         .with_conn(|c| {
             let mut st = c.prepare(
                 "SELECT s.compaction_id FROM steps s JOIN turns t ON t.id = s.turn_id \

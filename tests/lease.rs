@@ -88,14 +88,14 @@ async fn until<T, F: std::future::Future<Output = Option<T>>>(
     }
 }
 
-fn only_turn_id(store: &abridge::Store) -> i64 {
+fn only_turn_id(store: &abridge::Store) -> abridge::TurnId {
     store
-        .with_conn(|c| Ok(c.query_row("SELECT id FROM turns", [], |r| r.get::<_, i64>(0))?))
+        .with_conn(|c| Ok(c.query_row("SELECT id FROM turns", [], |r| r.get(0))?))
         .unwrap()
 }
 
 /// Whether the turn's lease has run out by the store's clock.
-fn lease_expired(store: &abridge::Store, turn_id: i64) -> bool {
+fn lease_expired(store: &abridge::Store, turn_id: abridge::TurnId) -> bool {
     let exp: Option<i64> = store
         .with_conn(move |c| {
             Ok(c.query_row(

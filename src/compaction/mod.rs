@@ -23,6 +23,7 @@ use crate::builder::SummaryView;
 use crate::error::{Error, Result};
 use crate::events::{Event, EventSink};
 use crate::fault::{self, FaultHook, FaultPoint, TestKnobs};
+use crate::ids::SessionId;
 use crate::message::sha256_hex;
 use crate::owner::{AbortOnDrop, ClaimGuard};
 use crate::store::{
@@ -152,7 +153,7 @@ impl Compactor {
     ///   re-deciding the threshold.
     /// - The measure is the newest executed step's persisted context tokens, so a
     ///   re-run decides exactly as the first run did.
-    #[instrument(skip(self, session), fields(session = session.id))]
+    #[instrument(skip(self, session), fields(session = %session.id))]
     pub async fn ensure(
         &self,
         session: &SessionRow,
@@ -221,7 +222,7 @@ impl Compactor {
     /// says so; returns the completed compaction the step reads.
     pub(crate) async fn act(
         &self,
-        sid: i64,
+        sid: SessionId,
         turn_idx: i64,
         decision: Decision,
     ) -> Result<Option<CompactionRow>> {
@@ -284,7 +285,7 @@ impl Compactor {
     /// `keep_last_turns + 1`) or the newest compaction already reaches further.
     pub async fn compact_now(
         &self,
-        session_id: i64,
+        session_id: SessionId,
         focus: Option<String>,
     ) -> Result<CompactionRow> {
         let keep = self.config.keep_last_turns as i64;
@@ -321,7 +322,7 @@ impl Compactor {
     }
 
     /// Re-arms a failed boundary; the next ensure() or compact_now() claims it.
-    pub async fn retry_failed(&self, session_id: i64, boundary: i64) -> Result<bool> {
+    pub async fn retry_failed(&self, session_id: SessionId, boundary: i64) -> Result<bool> {
         self.store
             .call(move |c| store::retry_compaction(c, session_id, boundary))
             .await
@@ -331,7 +332,7 @@ impl Compactor {
     /// [`store::claim_compaction`] for the outcomes).
     async fn claim(
         &self,
-        session_id: i64,
+        session_id: SessionId,
         boundary: i64,
         trigger: Trigger,
         focus: &Option<String>,
@@ -368,7 +369,7 @@ impl Compactor {
     /// Claims the boundary and drives the row to completed (or failed).
     async fn claim_and_finish(
         &self,
-        session_id: i64,
+        session_id: SessionId,
         boundary: i64,
         trigger: Trigger,
         focus: Option<String>,
@@ -426,7 +427,7 @@ impl Compactor {
                 }
             };
             info!(
-                session_id,
+                session_id = %session_id,
                 boundary,
                 attempt = outcome.row().attempts,
                 outcome = outcome_name(&outcome),
@@ -613,7 +614,7 @@ impl Compactor {
                     });
                 }
                 info!(
-                    session_id = sid,
+                    session_id = %sid,
                     boundary = b,
                     won,
                     tokens_before = done.tokens_before,
@@ -645,7 +646,7 @@ impl Compactor {
                     .call(move |c| store::fail_compaction(c, id, &owner, &m))
                     .await?;
                 self.store.compaction_has_settled(sid, b);
-                warn!(session_id = sid, boundary = b, error = %msg, "compaction failed");
+                warn!(session_id = %sid, boundary = b, error = %msg, "compaction failed");
                 self.events.emit(Event::CompactionFailed {
                     session_id: sid,
                     boundary: b,

@@ -3,6 +3,7 @@
 
 use super::{now_ms, write_tx};
 use crate::error::Result;
+use crate::ids::SessionId;
 use crate::message::{sha256_hex, ModelResponse, ResponseBlock, Usage};
 use rusqlite::{params, Connection};
 
@@ -31,7 +32,7 @@ pub fn peer_result_size(n: u64) -> usize {
 
 /// Writes `shape.turns` completed turns (two steps each: one tool call with its
 /// result, then a final answer) after the session's existing turns.
-pub fn seed_history(conn: &mut Connection, session_id: i64, shape: &SeedShape) -> Result<()> {
+pub fn seed_history(conn: &mut Connection, session_id: SessionId, shape: &SeedShape) -> Result<()> {
     let tx = write_tx(conn)?;
     let start: i64 = tx.query_row(
         "SELECT coalesce(max(idx) + 1, 0) FROM turns WHERE session_id = ?1",
@@ -131,7 +132,7 @@ pub fn seed_history(conn: &mut Connection, session_id: i64, shape: &SeedShape) -
 /// Deletes a session's turns from `from_idx` on (with their steps, invocations
 /// and compactions). Benchmarks only: lets a measured turn run at a fixed history
 /// length. Abridge itself never deletes history.
-pub fn truncate_from(conn: &mut Connection, session_id: i64, from_idx: i64) -> Result<()> {
+pub fn truncate_from(conn: &mut Connection, session_id: SessionId, from_idx: i64) -> Result<()> {
     let tx = write_tx(conn)?;
     tx.execute(
         "DELETE FROM compactions WHERE session_id = ?1 AND up_to_turn_index >= ?2",

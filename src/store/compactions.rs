@@ -3,6 +3,7 @@
 use super::rows::*;
 use super::{now_ms, write_tx};
 use crate::error::{Error, Result};
+use crate::ids::{CompactionId, SessionId};
 use rusqlite::{params, Connection, OptionalExtension};
 
 /// What a claim on a boundary found. Not a bool: each case asks the caller for
@@ -54,7 +55,7 @@ pub struct CompactionStats {
     pub summary_calls: i64,
 }
 
-pub(crate) fn get_compaction(conn: &Connection, id: i64) -> Result<CompactionRow> {
+pub(crate) fn get_compaction(conn: &Connection, id: CompactionId) -> Result<CompactionRow> {
     Ok(conn
         .prepare_cached(&format!(
             "SELECT {} FROM compactions WHERE id = ?1",
@@ -65,7 +66,7 @@ pub(crate) fn get_compaction(conn: &Connection, id: i64) -> Result<CompactionRow
 
 pub(crate) fn compaction_at(
     conn: &Connection,
-    session_id: i64,
+    session_id: SessionId,
     boundary: i64,
 ) -> Result<Option<CompactionRow>> {
     Ok(conn
@@ -81,7 +82,7 @@ pub(crate) fn compaction_at(
 /// what a step of that turn reads (G4: never a pending or failed row).
 pub(crate) fn latest_completed(
     conn: &Connection,
-    session_id: i64,
+    session_id: SessionId,
     turn_idx: i64,
 ) -> Result<Option<CompactionRow>> {
     Ok(conn
@@ -94,7 +95,10 @@ pub(crate) fn latest_completed(
         .optional()?)
 }
 
-pub(crate) fn list_compactions(conn: &Connection, session_id: i64) -> Result<Vec<CompactionRow>> {
+pub(crate) fn list_compactions(
+    conn: &Connection,
+    session_id: SessionId,
+) -> Result<Vec<CompactionRow>> {
     let mut st = conn.prepare(&format!(
         "SELECT {} FROM compactions WHERE session_id = ?1 ORDER BY up_to_turn_index",
         CompactionRow::COLUMNS
@@ -106,7 +110,7 @@ pub(crate) fn list_compactions(conn: &Connection, session_id: i64) -> Result<Vec
 /// A claim request.
 #[derive(Debug, Clone)]
 pub(crate) struct Claim<'a> {
-    pub session_id: i64,
+    pub session_id: SessionId,
     pub boundary: i64,
     pub owner: &'a str,
     pub ttl_ms: i64,
@@ -201,7 +205,7 @@ pub(crate) fn claim_compaction(
 /// Returns false when the row is no longer pending or held by someone else.
 pub(crate) fn renew_compaction_lease(
     conn: &mut Connection,
-    id: i64,
+    id: CompactionId,
     owner: &str,
     ttl_ms: i64,
 ) -> Result<bool> {
@@ -220,7 +224,7 @@ pub(crate) fn renew_compaction_lease(
 /// draft and gets the winner's row back. Returns (row, won).
 pub(crate) fn complete_compaction(
     conn: &mut Connection,
-    id: i64,
+    id: CompactionId,
     summary: &str,
     stats: &CompactionStats,
 ) -> Result<(CompactionRow, bool)> {
@@ -250,7 +254,7 @@ pub(crate) fn complete_compaction(
 /// Marks a pending row failed with `error`, if `owner` still holds it.
 pub(crate) fn fail_compaction(
     conn: &mut Connection,
-    id: i64,
+    id: CompactionId,
     owner: &str,
     error: &str,
 ) -> Result<CompactionRow> {
@@ -266,7 +270,11 @@ pub(crate) fn fail_compaction(
 }
 
 /// Records the last error of an attempt on a pending row (without failing it).
-pub(crate) fn note_compaction_error(conn: &mut Connection, id: i64, error: &str) -> Result<()> {
+pub(crate) fn note_compaction_error(
+    conn: &mut Connection,
+    id: CompactionId,
+    error: &str,
+) -> Result<()> {
     let tx = write_tx(conn)?;
     tx.execute(
         "UPDATE compactions SET error = ?1 WHERE id = ?2 AND status = 'pending'",
@@ -280,7 +288,7 @@ pub(crate) fn note_compaction_error(conn: &mut Connection, id: i64, error: &str)
 /// Returns false when the row was not failed.
 pub(crate) fn retry_compaction(
     conn: &mut Connection,
-    session_id: i64,
+    session_id: SessionId,
     boundary: i64,
 ) -> Result<bool> {
     let tx = write_tx(conn)?;

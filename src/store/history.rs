@@ -4,6 +4,7 @@
 //! completed steps, and those steps' finished tool invocations.
 
 use crate::error::Result;
+use crate::ids::{SessionId, StepId, TurnId};
 use rusqlite::{params, Connection};
 
 /// A completed step as the message builder sees it.
@@ -35,7 +36,7 @@ pub struct HistoryTurn {
 /// never updated), which is what makes a rebuild byte-identical (G3).
 pub(crate) fn load_history(
     conn: &Connection,
-    session_id: i64,
+    session_id: SessionId,
     after_idx: i64,
     upto_idx: i64,
     before_step_idx: i64,
@@ -55,13 +56,13 @@ pub(crate) fn load_history(
 /// inside that turn skips it.
 pub(crate) fn load_range(
     conn: &Connection,
-    session_id: i64,
+    session_id: SessionId,
     from: (i64, i64),
     to: (i64, i64),
 ) -> Result<Vec<HistoryTurn>> {
     let (from_idx, from_step) = from;
     let (upto_idx, before_step_idx) = to;
-    let mut turns: Vec<(i64, HistoryTurn)> = Vec::new();
+    let mut turns: Vec<(TurnId, HistoryTurn)> = Vec::new();
     {
         let mut st = conn.prepare_cached(
             "SELECT id, idx, input FROM turns WHERE session_id = ?1 AND idx >= ?2 AND idx <= ?3 \
@@ -84,10 +85,10 @@ pub(crate) fn load_range(
     }
     // turn id -> position in `turns`
     let first_turn = turns[0].0;
-    let pos_of = |turn_id: i64, turns: &[(i64, HistoryTurn)]| -> Option<usize> {
+    let pos_of = |turn_id: TurnId, turns: &[(TurnId, HistoryTurn)]| -> Option<usize> {
         // Turn ids grow with idx inside a session, but other sessions interleave,
         // so search rather than offset.
-        let guess = (turn_id - first_turn) as usize;
+        let guess = (turn_id.0 - first_turn.0) as usize;
         if guess < turns.len() && turns[guess].0 == turn_id {
             return Some(guess);
         }
@@ -96,7 +97,7 @@ pub(crate) fn load_range(
     // The same range bounds for the steps and their invocations.
     let bounds = params![session_id, from_idx, upto_idx, before_step_idx, from_step];
     // (step id, turn position, step position in its turn), in query order.
-    let mut step_ids: Vec<(i64, usize, usize)> = Vec::new();
+    let mut step_ids: Vec<(StepId, usize, usize)> = Vec::new();
     {
         let mut st = conn.prepare_cached(
             "SELECT s.id, s.turn_id, s.idx, s.response FROM turns t \
@@ -106,7 +107,7 @@ pub(crate) fn load_range(
         )?;
         let mut rows = st.query(bounds)?;
         while let Some(r) = rows.next()? {
-            let turn_id: i64 = r.get(1)?;
+            let turn_id: TurnId = r.get(1)?;
             if let Some(p) = pos_of(turn_id, &turns) {
                 step_ids.push((r.get(0)?, p, turns[p].1.steps.len()));
                 turns[p].1.steps.push(HistoryStep {
@@ -129,7 +130,7 @@ pub(crate) fn load_range(
         // Steps come in the same order as `step_ids`; walk both together.
         let mut cursor = 0usize;
         while let Some(r) = rows.next()? {
-            let step_id: i64 = r.get(0)?;
+            let step_id: StepId = r.get(0)?;
             while cursor < step_ids.len() && step_ids[cursor].0 != step_id {
                 cursor += 1;
             }

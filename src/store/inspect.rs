@@ -2,6 +2,7 @@
 
 use super::rows::*;
 use crate::error::Result;
+use crate::ids::{SessionId, StepId};
 use rusqlite::{params, Connection};
 
 /// Counts for one session.
@@ -25,7 +26,7 @@ pub struct SessionCounts {
     pub context_tokens: Option<i64>,
 }
 
-pub(crate) fn session_counts(conn: &Connection, session_id: i64) -> Result<SessionCounts> {
+pub(crate) fn session_counts(conn: &Connection, session_id: SessionId) -> Result<SessionCounts> {
     Ok(conn.query_row(
         "SELECT
            (SELECT count(*) FROM turns WHERE session_id = ?1),
@@ -56,7 +57,10 @@ pub(crate) fn session_counts(conn: &Connection, session_id: i64) -> Result<Sessi
 }
 
 /// Ids of every executed step (one with a recorded hash), optionally of one session.
-pub(crate) fn executed_step_ids(conn: &Connection, session_id: Option<i64>) -> Result<Vec<i64>> {
+pub(crate) fn executed_step_ids(
+    conn: &Connection,
+    session_id: Option<SessionId>,
+) -> Result<Vec<StepId>> {
     let mut st = conn.prepare(
         "SELECT s.id FROM steps s JOIN turns t ON s.turn_id = t.id \
          WHERE s.messages_sha256 IS NOT NULL AND (?1 IS NULL OR t.session_id = ?1) ORDER BY s.id",

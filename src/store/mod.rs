@@ -35,6 +35,7 @@ pub use inspect::{finished_turns, SessionCounts};
 pub(crate) use turns::*;
 
 use crate::error::{Error, Result};
+use crate::ids::SessionId;
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use std::collections::HashMap;
@@ -167,7 +168,7 @@ struct FileIdentity {
 /// waiters poll; this only spares waiters in the same process their polling
 /// delay.
 #[derive(Default)]
-struct Settled(std::sync::Mutex<HashMap<(i64, i64), Arc<tokio::sync::Notify>>>);
+struct Settled(std::sync::Mutex<HashMap<(SessionId, i64), Arc<tokio::sync::Notify>>>);
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -415,7 +416,7 @@ impl Store {
     /// looking at the row, so a settlement in between is not missed.
     pub(crate) fn compaction_settled(
         &self,
-        session_id: i64,
+        session_id: SessionId,
         boundary: i64,
     ) -> Arc<tokio::sync::Notify> {
         let mut map = self.settled.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -423,7 +424,7 @@ impl Store {
     }
 
     /// Wakes this process's waiters on the compaction of (session, boundary).
-    pub(crate) fn compaction_has_settled(&self, session_id: i64, boundary: i64) {
+    pub(crate) fn compaction_has_settled(&self, session_id: SessionId, boundary: i64) {
         let waiting = {
             let mut map = self.settled.0.lock().unwrap_or_else(|e| e.into_inner());
             map.remove(&(session_id, boundary))
@@ -435,7 +436,7 @@ impl Store {
 
     /// Drops the entry of (session, boundary) when no task of this process
     /// waits on it any more (a waiter calls it when it stops waiting).
-    pub(crate) fn forget_settled(&self, session_id: i64, boundary: i64) {
+    pub(crate) fn forget_settled(&self, session_id: SessionId, boundary: i64) {
         let mut map = self.settled.0.lock().unwrap_or_else(|e| e.into_inner());
         if map
             .get(&(session_id, boundary))

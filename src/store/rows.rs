@@ -1,5 +1,6 @@
 //! Row structs: one per table, exactly as stored. Domain logic lives elsewhere.
 
+use crate::ids::{CompactionId, InvocationId, SessionId, StepId, TurnId};
 use rusqlite::Row;
 use serde::Serialize;
 
@@ -103,7 +104,7 @@ status_enum!(
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SessionRow {
     /// Primary key.
-    pub id: i64,
+    pub id: SessionId,
     /// The host's id for the session.
     pub external_id: String,
     /// Model the steps call.
@@ -135,9 +136,9 @@ impl SessionRow {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TurnRow {
     /// Primary key.
-    pub id: i64,
+    pub id: TurnId,
     /// Owning session.
-    pub session_id: i64,
+    pub session_id: SessionId,
     /// Position in the session, from 0.
     pub idx: i64,
     /// The user's input.
@@ -185,15 +186,15 @@ impl TurnRow {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StepRow {
     /// Primary key.
-    pub id: i64,
+    pub id: StepId,
     /// Owning turn.
-    pub turn_id: i64,
+    pub turn_id: TurnId,
     /// Position in the turn, from 0.
     pub idx: i64,
     /// Status.
     pub status: StepStatus,
     /// The completed compaction the step read (None: none).
-    pub compaction_id: Option<i64>,
+    pub compaction_id: Option<CompactionId>,
     /// SHA-256 of the exact message bytes sent.
     pub messages_sha256: Option<String>,
     /// The model response, JSON of [`crate::ModelResponse`].
@@ -240,9 +241,9 @@ impl StepRow {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct InvocationRow {
     /// Primary key.
-    pub id: i64,
+    pub id: InvocationId,
     /// Owning step.
-    pub step_id: i64,
+    pub step_id: StepId,
     /// Position of the call in the response.
     pub position: i64,
     /// The model's call id.
@@ -287,15 +288,15 @@ impl InvocationRow {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CompactionRow {
     /// Primary key.
-    pub id: i64,
+    pub id: CompactionId,
     /// Owning session.
-    pub session_id: i64,
+    pub session_id: SessionId,
     /// Turns `0..=up_to_turn_index` are replaced by the summary.
     pub up_to_turn_index: i64,
     /// The id of that turn.
-    pub up_to_turn_id: i64,
+    pub up_to_turn_id: TurnId,
     /// The completed compaction folded in.
-    pub previous_id: Option<i64>,
+    pub previous_id: Option<CompactionId>,
     /// Status.
     pub status: CompactionStatus,
     /// The summary (completed rows only).

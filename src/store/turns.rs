@@ -3,13 +3,14 @@
 use super::rows::*;
 use super::{now_ms, write_tx};
 use crate::error::{Error, Result};
+use crate::ids::{CompactionId, InvocationId, SessionId, StepId, TurnId};
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
 /// A held turn lease: the right to write one turn's steps while `epoch` is current.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
     /// The turn.
-    pub turn_id: i64,
+    pub turn_id: TurnId,
     /// Who holds it.
     pub owner: String,
     /// Fencing epoch; a takeover increments it.
@@ -56,7 +57,7 @@ fn check_lease(tx: &Transaction<'_>, lease: &Lease, renew_below: i64) -> Result<
     Ok(())
 }
 
-pub(crate) fn get_session(conn: &Connection, id: i64) -> Result<SessionRow> {
+pub(crate) fn get_session(conn: &Connection, id: SessionId) -> Result<SessionRow> {
     conn.prepare_cached(&format!(
         "SELECT {} FROM sessions WHERE id = ?1",
         SessionRow::COLUMNS
@@ -124,7 +125,7 @@ pub(crate) fn create_session(
     Ok(row)
 }
 
-pub(crate) fn get_turn(conn: &Connection, id: i64) -> Result<TurnRow> {
+pub(crate) fn get_turn(conn: &Connection, id: TurnId) -> Result<TurnRow> {
     conn.prepare_cached(&format!(
         "SELECT {} FROM turns WHERE id = ?1",
         TurnRow::COLUMNS
@@ -134,7 +135,7 @@ pub(crate) fn get_turn(conn: &Connection, id: i64) -> Result<TurnRow> {
     .ok_or(Error::UnknownTurn(id))
 }
 
-pub(crate) fn list_turns(conn: &Connection, session_id: i64) -> Result<Vec<TurnRow>> {
+pub(crate) fn list_turns(conn: &Connection, session_id: SessionId) -> Result<Vec<TurnRow>> {
     let mut st = conn.prepare(&format!(
         "SELECT {} FROM turns WHERE session_id = ?1 ORDER BY idx",
         TurnRow::COLUMNS
@@ -164,7 +165,7 @@ pub(crate) fn running_turns(conn: &mut Connection) -> Result<Vec<TurnRow>> {
 /// [`Error::TurnRunning`].
 pub(crate) fn begin_turn(
     conn: &mut Connection,
-    session_id: i64,
+    session_id: SessionId,
     idx: Option<i64>,
     input: &str,
     owner: &str,
@@ -225,7 +226,7 @@ pub(crate) fn begin_turn(
          lease_expires_at, created_at) VALUES (?1, ?2, ?3, 'running', ?4, 1, ?5, ?6)",
     )?
     .execute(params![session_id, idx, input, owner, now + ttl_ms, now])?;
-    let id = tx.last_insert_rowid();
+    let id = TurnId(tx.last_insert_rowid());
     // Step 0 is claimed with its turn: the first step needs no write of its own.
     insert_step(&tx, id, 0, now)?;
     let row = get_turn(&tx, id)?;
@@ -275,7 +276,7 @@ fn take_lease(
 /// Claim semantics: the epoch increments, fencing every earlier holder.
 pub(crate) fn acquire_lease(
     conn: &mut Connection,
-    turn_id: i64,
+    turn_id: TurnId,
     owner: &str,
     ttl_ms: i64,
     owner_is_dead: &dyn Fn(&str) -> bool,
@@ -306,7 +307,7 @@ pub(crate) fn renew_lease(conn: &mut Connection, lease: &Lease) -> Result<bool> 
     Ok(ok)
 }
 
-pub(crate) fn get_step(conn: &Connection, id: i64) -> Result<StepRow> {
+pub(crate) fn get_step(conn: &Connection, id: StepId) -> Result<StepRow> {
     conn.prepare_cached(&format!(
         "SELECT {} FROM steps WHERE id = ?1",
         StepRow::COLUMNS
@@ -316,7 +317,7 @@ pub(crate) fn get_step(conn: &Connection, id: i64) -> Result<StepRow> {
     .ok_or(Error::UnknownStep(id))
 }
 
-pub(crate) fn list_steps(conn: &Connection, turn_id: i64) -> Result<Vec<StepRow>> {
+pub(crate) fn list_steps(conn: &Connection, turn_id: TurnId) -> Result<Vec<StepRow>> {
     let mut st = conn.prepare_cached(&format!(
         "SELECT {} FROM steps WHERE turn_id = ?1 ORDER BY idx",
         StepRow::COLUMNS
@@ -326,7 +327,7 @@ pub(crate) fn list_steps(conn: &Connection, turn_id: i64) -> Result<Vec<StepRow>
 }
 
 /// The turn's newest step row, if any. A read: no transaction, no fence.
-pub(crate) fn last_step(conn: &Connection, turn_id: i64) -> Result<Option<StepRow>> {
+pub(crate) fn last_step(conn: &Connection, turn_id: TurnId) -> Result<Option<StepRow>> {
     Ok(conn
         .prepare_cached(&format!(
             "SELECT {} FROM steps WHERE turn_id = ?1 ORDER BY idx DESC LIMIT 1",
@@ -338,7 +339,7 @@ pub(crate) fn last_step(conn: &Connection, turn_id: i64) -> Result<Option<StepRo
 
 /// Claims step `idx` of a turn as `running` inside the caller's transaction; a
 /// row already there is left as it is.
-fn insert_step(tx: &Transaction<'_>, turn_id: i64, idx: i64, now: i64) -> Result<()> {
+fn insert_step(tx: &Transaction<'_>, turn_id: TurnId, idx: i64, now: i64) -> Result<()> {
     tx.prepare_cached(
         "INSERT INTO steps (turn_id, idx, status, created_at) VALUES (?1, ?2, 'running', ?3) \
          ON CONFLICT (turn_id, idx) DO NOTHING",
@@ -377,8 +378,8 @@ pub(crate) fn claim_step(conn: &mut Connection, lease: &Lease) -> Result<StepRow
 /// What a step persists with its response, in one transaction.
 #[derive(Debug, Clone)]
 pub(crate) struct Responded {
-    pub step_id: i64,
-    pub compaction_id: Option<i64>,
+    pub step_id: StepId,
+    pub compaction_id: Option<CompactionId>,
     pub messages_sha256: String,
     pub response_json: String,
     pub input_tokens: Option<i64>,
@@ -441,7 +442,7 @@ fn complete_turn(tx: &Transaction<'_>, lease: &Lease, output: &str, now: i64) ->
 /// A tool call to record.
 #[derive(Debug, Clone)]
 pub(crate) struct NewInvocation<'a> {
-    pub step_id: i64,
+    pub step_id: StepId,
     pub position: i64,
     pub tool_call_id: &'a str,
     pub tool_name: &'a str,
@@ -506,7 +507,7 @@ pub(crate) fn start_invocation(
 pub(crate) fn finish_invocation(
     tx: &Transaction<'_>,
     lease: &Lease,
-    id: i64,
+    id: InvocationId,
     ok: bool,
     result: &str,
 ) -> Result<()> {
@@ -566,7 +567,7 @@ pub(crate) fn run_transactional(
     }
 }
 
-pub(crate) fn list_invocations(conn: &Connection, step_id: i64) -> Result<Vec<InvocationRow>> {
+pub(crate) fn list_invocations(conn: &Connection, step_id: StepId) -> Result<Vec<InvocationRow>> {
     let mut st = conn.prepare_cached(&format!(
         "SELECT {} FROM tool_invocations WHERE step_id = ?1 ORDER BY position",
         InvocationRow::COLUMNS
@@ -582,7 +583,7 @@ pub(crate) fn list_invocations(conn: &Connection, step_id: i64) -> Result<Vec<In
 pub(crate) fn complete_step(
     tx: &Transaction<'_>,
     lease: &Lease,
-    step_id: i64,
+    step_id: StepId,
     step_idx: i64,
     final_output: Option<&str>,
 ) -> Result<Option<TurnRow>> {
@@ -605,7 +606,7 @@ pub(crate) fn complete_step(
 pub(crate) fn fail_turn(
     conn: &mut Connection,
     lease: &Lease,
-    step_id: Option<i64>,
+    step_id: Option<StepId>,
     error: &str,
 ) -> Result<()> {
     let tx = write_tx(conn)?;
@@ -631,7 +632,7 @@ pub(crate) fn fail_turn(
 /// `before_turn_idx`'s step `before_step_idx`, both inclusive bounds excluded).
 pub(crate) fn latest_context_tokens(
     conn: &Connection,
-    session_id: i64,
+    session_id: SessionId,
     turn_idx: i64,
     step_idx: i64,
 ) -> Result<Option<i64>> {

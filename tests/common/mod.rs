@@ -81,7 +81,7 @@ pub fn test_config(compact_at: Threshold, hook: Option<FaultHook>, owner: &str) 
     cfg
 }
 
-pub async fn demo_session(runner: &Runner, seed: u64, i: u64) -> i64 {
+pub async fn demo_session(runner: &Runner, seed: u64, i: u64) -> abridge::SessionId {
     runner
         .create_session(
             &abridge::demo::session_external_id(seed, i),
