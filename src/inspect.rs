@@ -1,11 +1,38 @@
-//! Read-only views of a store: sessions, turns, compactions, and the full
+//! The read API: typed, read-only views of a store, so a host never writes SQL
+//! against it. Sessions (by id or external id), their turns, each turn's steps,
+//! each step's tool invocations, the session's compactions, and the full,
 //! uncompacted transcript (nothing is ever lost: compaction changes what the
 //! model sees, never what the store holds).
+//!
+//! Two ways in, the same reads:
+//! - async methods on [`Store`] ([`Store::session`], [`Store::turns`],
+//!   [`Store::steps`], [`Store::invocations`], [`Store::compactions`],
+//!   [`Store::export`], …), for a host holding a store;
+//! - functions over a read-only [`Connection`] ([`session`], [`turns`], …),
+//!   for a snapshot such as [`crate::store::read_only`] gives (what the
+//!   `abridge` command uses).
+//!
+//! ```no_run
+//! # async fn run(store: abridge::Store) -> abridge::Result<()> {
+//! let session = store.session("user-42").await?;
+//! for turn in store.turns(session.id).await? {
+//!     for step in store.steps(turn.id).await? {
+//!         let tools = store.invocations(step.id).await?;
+//!         println!("turn {} step {}: {:?}, {} tool calls", turn.idx, step.idx, step.status, tools.len());
+//!     }
+//! }
+//! for c in store.compactions(session.id).await? {
+//!     println!("up to turn {}: {:?} {:?} -> {:?}", c.up_to_turn_index, c.status, c.tokens_before, c.tokens_after);
+//! }
+//! # Ok(()) }
+//! ```
 
 use crate::error::{Error, Result};
-use crate::ids::{SessionId, StepId};
+use crate::ids::{SessionId, StepId, TurnId};
 use crate::message::{ModelResponse, ResponseBlock};
-use crate::store::{self, CompactionRow, SessionCounts, SessionRow, TurnRow};
+use crate::store::{
+    self, CompactionRow, InvocationRow, SessionCounts, SessionRow, StepRow, Store, TurnRow,
+};
 use rusqlite::Connection;
 use serde::Serialize;
 use serde_json::json;
@@ -39,6 +66,139 @@ pub struct SessionDetail {
     pub turns: Vec<TurnSummary>,
     /// Its compactions.
     pub compactions: Vec<CompactionRow>,
+}
+
+/// A session as a host names it: its row id or its external id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionKey {
+    /// The row id.
+    Id(SessionId),
+    /// The host's own id, exactly as given to `create_session`.
+    External(String),
+}
+
+impl From<SessionId> for SessionKey {
+    fn from(id: SessionId) -> Self {
+        SessionKey::Id(id)
+    }
+}
+
+impl From<&str> for SessionKey {
+    fn from(s: &str) -> Self {
+        SessionKey::External(s.to_string())
+    }
+}
+
+impl From<String> for SessionKey {
+    fn from(s: String) -> Self {
+        SessionKey::External(s)
+    }
+}
+
+impl From<&String> for SessionKey {
+    fn from(s: &String) -> Self {
+        SessionKey::External(s.clone())
+    }
+}
+
+/// One session, by id or external id. Errors: [`Error::UnknownSession`].
+pub fn session(conn: &Connection, key: &SessionKey) -> Result<SessionRow> {
+    match key {
+        SessionKey::Id(id) => store::get_session(conn, *id),
+        SessionKey::External(ext) => {
+            store::find_session(conn, ext)?.ok_or_else(|| Error::UnknownSession(ext.clone()))
+        }
+    }
+}
+
+/// A session's turns, in order.
+pub fn turns(conn: &Connection, session: SessionId) -> Result<Vec<TurnRow>> {
+    store::list_turns(conn, session)
+}
+
+/// A turn's steps, in order: status, the compaction each read, context
+/// tokens (and whether estimated), usage, the hash of the bytes sent.
+pub fn steps(conn: &Connection, turn: TurnId) -> Result<Vec<StepRow>> {
+    store::list_steps(conn, turn)
+}
+
+/// A step's tool invocations, in the order of the calls: effect mode,
+/// status, attempts, idempotency key, result.
+pub fn invocations(conn: &Connection, step: StepId) -> Result<Vec<InvocationRow>> {
+    store::list_invocations(conn, step)
+}
+
+/// A session's compactions, oldest first: boundary, trigger and its tokens,
+/// tokens before and after, summariser model, attempts, error.
+pub fn compactions(conn: &Connection, session: SessionId) -> Result<Vec<CompactionRow>> {
+    store::list_compactions(conn, session)
+}
+
+/// The full, uncompacted transcript of a session, with compaction points marked.
+pub fn export_session(conn: &Connection, key: &SessionKey, format: ExportFormat) -> Result<String> {
+    let session = session(conn, key)?;
+    render_export(conn, &session, format)
+}
+
+/// The async read API on a store: each call is one read on a pooled connection
+/// (see the [module docs](crate::inspect)).
+impl Store {
+    /// One session, by id or external id.
+    pub async fn session(&self, key: impl Into<SessionKey>) -> Result<SessionRow> {
+        let key = key.into();
+        self.call(move |c| session(c, &key)).await
+    }
+
+    /// Every session with its counts.
+    pub async fn sessions(&self) -> Result<Vec<SessionSummary>> {
+        self.call(|c| sessions(c)).await
+    }
+
+    /// A session's turns, in order.
+    pub async fn turns(&self, session: SessionId) -> Result<Vec<TurnRow>> {
+        self.call(move |c| turns(c, session)).await
+    }
+
+    /// A turn's steps, in order.
+    pub async fn steps(&self, turn: TurnId) -> Result<Vec<StepRow>> {
+        self.call(move |c| steps(c, turn)).await
+    }
+
+    /// A step's tool invocations, in the order of the calls.
+    pub async fn invocations(&self, step: StepId) -> Result<Vec<InvocationRow>> {
+        self.call(move |c| invocations(c, step)).await
+    }
+
+    /// A session's compactions, oldest first.
+    pub async fn compactions(&self, session: SessionId) -> Result<Vec<CompactionRow>> {
+        self.call(move |c| compactions(c, session)).await
+    }
+
+    /// A session's full, uncompacted transcript.
+    pub async fn export(&self, key: impl Into<SessionKey>, format: ExportFormat) -> Result<String> {
+        let key = key.into();
+        self.call(move |c| export_session(c, &key, format)).await
+    }
+
+    /// Rebuilds an executed step's messages and compares them with the hash
+    /// recorded when it ran (G3).
+    pub async fn rebuild_step(&self, step: StepId) -> Result<crate::replay::Rebuilt> {
+        self.call(move |c| crate::replay::rebuild_step(c, step))
+            .await
+    }
+
+    /// Checks the guarantees on the whole store, with the host's effect checks.
+    pub async fn verify(
+        &self,
+        effect_checks: Vec<Box<dyn crate::verify::EffectCheck + Send>>,
+    ) -> Result<crate::verify::Report> {
+        self.call(move |c| {
+            let checks: Vec<&dyn crate::verify::EffectCheck> =
+                effect_checks.iter().map(|b| b.as_ref() as _).collect();
+            crate::verify::verify_with(c, &checks)
+        })
+        .await
+    }
 }
 
 /// Finds a session from what a user typed: `id:N` is the numeric id,
@@ -187,9 +347,15 @@ fn records(conn: &Connection, session: &SessionRow) -> Result<Vec<serde_json::Va
     Ok(out)
 }
 
-/// The full, uncompacted transcript of a session, with compaction points marked.
+/// The full, uncompacted transcript of the session a user typed (see
+/// [`resolve_session`]), with compaction points marked.
 pub fn export(conn: &Connection, key: &str, format: ExportFormat) -> Result<String> {
     let session = resolve_session(conn, key)?;
+    render_export(conn, &session, format)
+}
+
+fn render_export(conn: &Connection, session: &SessionRow, format: ExportFormat) -> Result<String> {
+    let session = session.clone();
     let recs = records(conn, &session)?;
     let mut out = String::new();
     match format {

@@ -95,6 +95,7 @@ pub use error::{Error, Result};
 pub use events::Event;
 pub use fault::{FaultHook, FaultPoint, TestKnobs};
 pub use ids::{CompactionId, InvocationId, SessionId, StepId, TurnId};
+pub use inspect::{ExportFormat, SessionKey};
 pub use message::{
     ContentBlock, Message, ModelRequest, ModelResponse, ResponseBlock, Role, ToolSpec, Usage,
 };

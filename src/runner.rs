@@ -298,6 +298,13 @@ impl Runner {
         move |holder: &str| gone(holder, &owner)
     }
 
+    /// A session by its id or the host's external id (see
+    /// [`crate::inspect::SessionKey`]); the rest of the read API is on
+    /// [`Store`](crate::Store) ([`Runner::store`]).
+    pub async fn session(&self, key: impl Into<crate::inspect::SessionKey>) -> Result<SessionRow> {
+        self.inner.store.session(key).await
+    }
+
     /// Creates a session, or returns the one with this external id.
     pub async fn create_session(
         &self,

@@ -13,6 +13,7 @@
 //! on the calling thread when a connection is idle, with SQLite's busy handler
 //! off, and through the pool otherwise.
 
+mod audit;
 #[doc(hidden)]
 #[cfg(feature = "harness")]
 pub mod bench;
@@ -20,7 +21,6 @@ mod compactions;
 #[cfg(feature = "harness")]
 pub mod demo;
 mod history;
-mod inspect;
 mod rows;
 mod turns;
 
@@ -28,10 +28,10 @@ pub use compactions::{ClaimOutcome, CompactionStats};
 pub use history::{HistoryStep, HistoryTurn};
 pub use rows::*;
 
+pub(crate) use audit::*;
+pub use audit::{finished_turns, SessionCounts};
 pub(crate) use compactions::*;
 pub(crate) use history::*;
-pub(crate) use inspect::*;
-pub use inspect::{finished_turns, SessionCounts};
 pub(crate) use turns::*;
 
 use crate::error::{Error, Result};

@@ -1,0 +1,64 @@
+//! The read API gives a host everything the store holds about a session
+//! without SQL: the same rows the store has, by id or external id.
+
+mod common;
+use abridge::{ExportFormat, SessionId, SessionKey, Threshold};
+use common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_reads_back_through_the_api_as_stored() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let runner = demo_runner(&store, 5, Threshold::Tokens(600), None);
+    let sid = demo_session(&runner, 5, 0).await;
+    for t in 0..8 {
+        runner
+            .run_turn_at(sid, t, &abridge::demo::user_turn(5, 0, t as u64))
+            .await
+            .unwrap();
+    }
+    let ext = abridge::demo::session_external_id(5, 0);
+    let by_ext = store.session(ext.as_str()).await.unwrap();
+    let by_id = runner.session(sid).await.unwrap();
+    assert_eq!(by_ext, by_id);
+    assert!(matches!(
+        store.session("no-such-session").await,
+        Err(abridge::Error::UnknownSession(s)) if s == "no-such-session"
+    ));
+    // A numeric external key is the external id, never a row id.
+    assert!(store.session("1").await.is_err());
+    assert_eq!(
+        store.session(SessionKey::Id(SessionId(1))).await.unwrap(),
+        by_id
+    );
+
+    let turns = store.turns(sid).await.unwrap();
+    assert_eq!(turns.len(), 8);
+    let (mut steps, mut calls) = (0, 0);
+    for t in &turns {
+        for s in store.steps(t.id).await.unwrap() {
+            steps += 1;
+            assert!(store.rebuild_step(s.id).await.unwrap().matches());
+            for i in store.invocations(s.id).await.unwrap() {
+                calls += 1;
+                assert_eq!(i.step_id, s.id);
+                assert_ne!(i.effect, abridge::store::Effect::None);
+            }
+        }
+    }
+    let counts = &store.sessions().await.unwrap()[0].counts;
+    assert_eq!((steps, calls), (counts.steps, counts.tool_calls));
+    let compactions = store.compactions(sid).await.unwrap();
+    assert_eq!(compactions.len() as i64, counts.compactions_completed);
+    assert!(!compactions.is_empty());
+    for c in &compactions {
+        assert!(c.tokens_after < c.tokens_before);
+        assert_eq!(c.model.as_deref(), Some("abridge-extractive"));
+    }
+    let via_api = store.export(sid, ExportFormat::Jsonl).await.unwrap();
+    let via_cli = store
+        .with_conn(move |c| abridge::inspect::export(c, &ext, ExportFormat::Jsonl))
+        .unwrap();
+    assert_eq!(via_api, via_cli);
+    assert!(store.verify(Vec::new()).await.unwrap().ok);
+}
