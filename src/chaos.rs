@@ -364,7 +364,7 @@ pub async fn run_workload(
         let mut events = runner.subscribe();
         tokio::spawn(async move {
             while let Ok(e) = events.recv().await {
-                if let crate::Event::Compacting { .. } = e {
+                if let crate::EventKind::CompactionClaimed { .. } = e.kind {
                     say("PHASE compacting");
                 }
             }

@@ -1,43 +1,201 @@
-//! The event stream hosts and UIs subscribe to.
+//! The event stream hosts and UIs subscribe to ([`crate::Runner::subscribe`]).
 //!
-//! Events are also emitted as `tracing` events; the stream is for code that
-//! wants to react (a progress indicator, a metrics exporter). Sending never
-//! blocks: a slow subscriber misses events (tokio broadcast semantics).
+//! Every event names what it is about ([`Subject`]: the session as the host
+//! named it, its model, the turn) and what happened ([`EventKind`]): a turn
+//! started, finished or failed; a step started, got its response, completed; a
+//! tool call started and completed (with its effect mode); a lease was taken
+//! over; a compaction was claimed, waited on, completed or failed.
+//!
+//! Events are also emitted as `tracing` events where they matter to an
+//! operator; the stream is for code that wants to react (a progress view, a
+//! metrics exporter). Sending never blocks: a subscriber that falls more than
+//! 1,024 events behind misses the oldest (tokio broadcast semantics,
+//! `RecvError::Lagged`).
+//!
+//! ```no_run
+//! use abridge::events::EventKind;
+//! # async fn run(runner: abridge::Runner) {
+//! let mut events = runner.subscribe();
+//! tokio::spawn(async move {
+//!     while let Ok(e) = events.recv().await {
+//!         match &e.kind {
+//!             EventKind::TurnStarted { .. } => println!("{} turn {:?}: working", e.subject.session, e.subject.turn),
+//!             EventKind::ToolStarted { tool, effect, .. } => println!("  calling {tool} ({effect:?})"),
+//!             EventKind::Compacted { tokens_before, tokens_after, summariser_model, .. } => println!(
+//!                 "{}: context {tokens_before} -> {tokens_after} tokens (by {summariser_model:?})",
+//!                 e.subject.session
+//!             ),
+//!             EventKind::TurnFailed { error, .. } => eprintln!("{}: {error}", e.subject.session),
+//!             _ => {}
+//!         }
+//!     }
+//! });
+//! # }
+//! ```
 
-use crate::ids::{CompactionId, SessionId};
+use crate::ids::{CompactionId, InvocationId, SessionId, StepId, TurnId};
+use crate::store::{Effect, SessionRow};
 use serde::Serialize;
 use tokio::sync::broadcast;
 
-/// Something a host may want to show or count.
+/// What an event is about.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Subject {
+    /// The session's row id.
+    pub session_id: SessionId,
+    /// The session as the host named it (its external id).
+    pub session: String,
+    /// The session's model.
+    pub model: String,
+    /// The turn's index, when the event belongs to one (a manual compaction
+    /// does not).
+    pub turn: Option<i64>,
+}
+
+impl Subject {
+    pub(crate) fn of(session: &SessionRow, turn: Option<i64>) -> Subject {
+        Subject {
+            session_id: session.id,
+            session: session.external_id.clone(),
+            model: session.model.clone(),
+            turn,
+        }
+    }
+}
+
+/// One event: what it is about and what happened.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Event {
+    /// The session, its model and the turn.
+    #[serde(flatten)]
+    pub subject: Subject,
+    /// What happened.
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+/// What happened.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 #[non_exhaustive]
-pub enum Event {
-    /// A compaction row was claimed (or taken over) and the summariser is running.
-    Compacting {
-        /// Session id.
-        session_id: SessionId,
+pub enum EventKind {
+    /// This runner took the turn's lease and is running it (`resumed`: the
+    /// turn had been started before, by this or another runner).
+    TurnStarted {
+        /// The turn.
+        turn_id: TurnId,
+        /// True when the turn existed already.
+        resumed: bool,
+    },
+    /// The turn ended with a final answer.
+    TurnFinished {
+        /// The turn.
+        turn_id: TurnId,
+        /// Steps it took.
+        steps: i64,
+    },
+    /// The turn ended failed (its error is stored with it).
+    TurnFailed {
+        /// The turn.
+        turn_id: TurnId,
+        /// The error.
+        error: String,
+    },
+    /// A step is about to be prepared (a compaction it needs first) and sent
+    /// to the model.
+    StepStarted {
+        /// The step.
+        step_id: StepId,
+        /// Its index in the turn.
+        step: i64,
+    },
+    /// The model answered and the response is stored.
+    StepResponded {
+        /// The step.
+        step_id: StepId,
+        /// Its index in the turn.
+        step: i64,
+        /// Tool calls in the response.
+        tool_calls: usize,
+        /// Reported input tokens.
+        input_tokens: Option<i64>,
+        /// Reported output tokens.
+        output_tokens: Option<i64>,
+    },
+    /// The step's tools all finished and the step is complete.
+    StepCompleted {
+        /// The step.
+        step_id: StepId,
+        /// Its index in the turn.
+        step: i64,
+    },
+    /// A tool call is about to run (for a transactional tool, inside the
+    /// step's transaction: it happens when that commits).
+    ToolStarted {
+        /// The step.
+        step_id: StepId,
+        /// The tool.
+        tool: String,
+        /// Its effect mode.
+        effect: Effect,
+    },
+    /// A tool call finished; `ok` is false for an error result.
+    ToolCompleted {
+        /// The step.
+        step_id: StepId,
+        /// The invocation row.
+        invocation_id: InvocationId,
+        /// The tool.
+        tool: String,
+        /// Its effect mode.
+        effect: Effect,
+        /// False when the model gets an error result.
+        ok: bool,
+    },
+    /// This runner took over a turn's lease from another holder (expired, or
+    /// provably gone).
+    LeaseTakenOver {
+        /// The turn.
+        turn_id: TurnId,
+        /// The owner name of the previous holder.
+        from: String,
+    },
+    /// A compaction row was claimed (or taken over) and the summariser runs.
+    CompactionClaimed {
+        /// The row.
+        compaction_id: CompactionId,
         /// Turns 0..=boundary are being summarised.
         boundary: i64,
-        /// The row.
-        compaction_id: CompactionId,
         /// Claims and takeovers of the row so far.
         attempt: i64,
-        /// The measure that triggered it.
+        /// The measure that triggered it (None: a manual compaction).
         trigger_tokens: Option<i64>,
     },
-    /// A compaction completed.
-    Compacted {
-        /// Session id.
-        session_id: SessionId,
-        /// Boundary.
-        boundary: i64,
+    /// The row is pending under another live claim (another task, runner or
+    /// process is summarising): this caller waits for it to settle, up to
+    /// the compaction's `wait_timeout`. Sent once per wait.
+    CompactionWaiting {
         /// The row.
         compaction_id: CompactionId,
+        /// Boundary.
+        boundary: i64,
+        /// The owner name of the claim being waited on.
+        holder: String,
+    },
+    /// A compaction completed (sent by the holder whose summary won).
+    Compacted {
+        /// The row.
+        compaction_id: CompactionId,
+        /// Turns 0..=boundary are summarised.
+        boundary: i64,
+        /// The measure that triggered it (None: a manual compaction).
+        trigger_tokens: Option<i64>,
         /// Tokens of what the summary replaces.
         tokens_before: i64,
         /// Tokens of the summary.
         tokens_after: i64,
+        /// The summariser's model.
+        summariser_model: Option<String>,
         /// Summariser input tokens.
         input_tokens: Option<i64>,
         /// Summariser output tokens.
@@ -47,29 +205,14 @@ pub enum Event {
     },
     /// A summariser attempt failed; `last` is true when the row is now failed.
     CompactionFailed {
-        /// Session id.
-        session_id: SessionId,
-        /// Boundary.
-        boundary: i64,
         /// The row.
         compaction_id: CompactionId,
+        /// Boundary.
+        boundary: i64,
         /// The error.
         error: String,
         /// True after the last attempt.
         last: bool,
-    },
-    /// The row is pending under another live claim (another task, runner or
-    /// process is summarising): this caller waits for it to settle, up to the
-    /// compaction's `wait_timeout`. Sent once per wait.
-    CompactionWaiting {
-        /// Session id.
-        session_id: SessionId,
-        /// Boundary.
-        boundary: i64,
-        /// The row.
-        compaction_id: CompactionId,
-        /// The owner name of the claim being waited on.
-        holder: String,
     },
     /// A warning a host should see once (e.g. an unknown context window).
     Warning {
@@ -94,8 +237,18 @@ impl Default for EventSink {
 
 impl EventSink {
     /// Sends an event to every current subscriber.
-    pub fn emit(&self, e: Event) {
-        let _ = self.tx.send(e);
+    pub fn emit(&self, subject: &Subject, kind: EventKind) {
+        if self.tx.receiver_count() > 0 {
+            let _ = self.tx.send(Event {
+                subject: subject.clone(),
+                kind,
+            });
+        }
+    }
+
+    /// Whether anyone subscribes.
+    pub(crate) fn listened(&self) -> bool {
+        self.tx.receiver_count() > 0
     }
 
     /// A new subscription.

@@ -92,7 +92,7 @@ pub use compaction::{
     Summariser, SummaryRequest, SummaryResponse, Threshold, TokenCounter,
 };
 pub use error::{Error, Result};
-pub use events::Event;
+pub use events::{Event, EventKind, Subject};
 pub use fault::{FaultHook, FaultPoint, TestKnobs};
 pub use ids::{CompactionId, InvocationId, SessionId, StepId, TurnId};
 pub use inspect::{ExportFormat, SessionKey};

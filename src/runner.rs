@@ -11,7 +11,7 @@
 use crate::compaction::{CompactionConfig, Compactor, Decision, ExtractiveSummariser, Summariser};
 use crate::context::{Context, ContextCache};
 use crate::error::{Error, Result};
-use crate::events::{Event, EventSink};
+use crate::events::{Event, EventKind, EventSink, Subject};
 use crate::fault::{self, FaultHook, FaultPoint, TestKnobs};
 use crate::ids::{InvocationId, SessionId, StepId, TurnId};
 use crate::message::{ModelRequest, ModelResponse};
@@ -546,8 +546,26 @@ impl Runner {
         first: Prepared,
     ) -> Result<TurnOutcome> {
         let _hb = self.heartbeat(&lease);
+        let subject = Subject::of(&session, Some(turn.idx));
+        let events = &self.inner.events;
+        if let Some(from) = &lease.taken_from {
+            events.emit(
+                &subject,
+                EventKind::LeaseTakenOver {
+                    turn_id: turn.id,
+                    from: from.clone(),
+                },
+            );
+        }
+        events.emit(
+            &subject,
+            EventKind::TurnStarted {
+                turn_id: turn.id,
+                resumed: lease.epoch > 1,
+            },
+        );
         let mut at_step = None;
-        match self
+        let out = match self
             .drive_steps(&turn, &lease, &session, first, &mut at_step)
             .await
         {
@@ -557,7 +575,25 @@ impl Runner {
             // Anything that cannot succeed on a retry (a row that does not read
             // back, a constraint refused) fails the turn: never left running.
             Err(Stop::Error(e)) => Err(self.fail(&lease, at_step, e).await),
+        };
+        match &out {
+            Ok(done) => events.emit(
+                &subject,
+                EventKind::TurnFinished {
+                    turn_id: turn.id,
+                    steps: done.steps,
+                },
+            ),
+            Err(e) if !e.is_resumable() => events.emit(
+                &subject,
+                EventKind::TurnFailed {
+                    turn_id: turn.id,
+                    error: e.to_string(),
+                },
+            ),
+            Err(_) => {}
         }
+        out
     }
 
     async fn drive_steps(
@@ -583,6 +619,15 @@ impl Runner {
                 }
                 Prepared::Run(step, work) => {
                     *at_step = Some(step.id);
+                    if self.inner.events.listened() {
+                        self.inner.events.emit(
+                            &Subject::of(session, Some(turn.idx)),
+                            EventKind::StepStarted {
+                                step_id: step.id,
+                                step: step.idx,
+                            },
+                        );
+                    }
                     match self.execute(session, turn, &step, *work).await {
                         Ok((r, persist, ctx)) => (step, r, Some(persist), Some(ctx)),
                         Err(e) if e.is_resumable() => return Err(Stop::Recorded(e)),
@@ -622,6 +667,16 @@ impl Runner {
                         row,
                         inserted,
                     } => {
+                        if self.inner.events.listened() {
+                            self.inner.events.emit(
+                                &Subject::of(session, Some(turn.idx)),
+                                EventKind::ToolStarted {
+                                    step_id: step.id,
+                                    tool: row.tool_name.clone(),
+                                    effect: row.effect,
+                                },
+                            );
+                        }
                         let result = self.run_async_tool(&plan, pos, tool, &row, inserted).await;
                         fault::check(
                             &self.inner.cfg.testing.fault_hook,
@@ -702,7 +757,7 @@ impl Runner {
                 let row = self
                     .inner
                     .compactor
-                    .act(session.id, turn.idx, decision)
+                    .act(&Subject::of(session, Some(turn.idx)), turn.idx, decision)
                     .await?;
                 let (s, at, r) = (session.clone(), (turn.idx, step_idx), row.clone());
                 let ctx = self
@@ -804,11 +859,25 @@ impl Runner {
         persist: Option<Responded>,
         finished: Option<(InvocationId, (bool, String))>,
     ) -> Result<Advanced> {
-        let (this, plan) = (self.clone(), plan.clone());
-        self.inner
+        let (this, p) = (self.clone(), plan.clone());
+        let (advanced, happened) = self
+            .inner
             .store
-            .call(move |c| this.advance_blocking(c, &plan, from, persist, finished))
-            .await
+            .call(move |c| {
+                let mut happened = Vec::new();
+                let advanced =
+                    this.advance_blocking(c, &p, from, persist, finished, &mut happened)?;
+                Ok((advanced, happened))
+            })
+            .await?;
+        // Sent once what they report has committed.
+        if !happened.is_empty() {
+            let subject = Subject::of(&plan.session, Some(plan.turn.idx));
+            for kind in happened {
+                self.inner.events.emit(&subject, kind);
+            }
+        }
+        Ok(advanced)
     }
 
     fn advance_blocking(
@@ -818,30 +887,72 @@ impl Runner {
         from: usize,
         persist: Option<Responded>,
         finished: Option<(InvocationId, (bool, String))>,
+        happened: &mut Vec<EventKind>,
     ) -> Result<Advanced> {
         let hook = &self.inner.cfg.testing.fault_hook;
         let lease = &plan.lease;
         let n = plan.calls.len();
+        // Events only when someone listens (building them costs allocations).
+        let tell = self.inner.events.listened();
         let tx = store::fenced_tx(c, lease)?;
         if let Some(r) = &persist {
             store::write_response(&tx, lease, r)?;
             fault::check(hook, FaultPoint::AfterResponseWritten)?;
+            if tell {
+                happened.push(EventKind::StepResponded {
+                    step_id: plan.step_id,
+                    step: plan.step_idx,
+                    tool_calls: n,
+                    input_tokens: r.input_tokens,
+                    output_tokens: r.output_tokens,
+                });
+            }
         }
         if let Some((id, (ok, result))) = &finished {
             store::finish_invocation(&tx, lease, *id, *ok, result)?;
+            if tell && from > 0 {
+                let call = plan.call(from - 1);
+                let effect = self.prepare_tool(&call).map_or(Effect::None, |t| t.1);
+                happened.push(EventKind::ToolCompleted {
+                    step_id: plan.step_id,
+                    invocation_id: *id,
+                    tool: call.name.clone(),
+                    effect,
+                    ok: *ok,
+                });
+            }
         }
         for pos in from..n {
             if pos > 0 {
                 fault::check(hook, FaultPoint::BetweenTools)?;
             }
             let call = plan.call(pos);
+            let ran_in_tx = |ran: Option<(InvocationId, bool)>,
+                             effect: Effect,
+                             happened: &mut Vec<EventKind>| {
+                if let (true, Some((invocation_id, ok))) = (tell, ran) {
+                    happened.push(EventKind::ToolStarted {
+                        step_id: plan.step_id,
+                        tool: call.name.clone(),
+                        effect,
+                    });
+                    happened.push(EventKind::ToolCompleted {
+                        step_id: plan.step_id,
+                        invocation_id,
+                        tool: call.name.clone(),
+                        effect,
+                        ok,
+                    });
+                }
+            };
             match self.prepare_tool(&call) {
                 Err(refusal) => {
                     // No tool runs: record the error result the model sees.
                     let inv = new_invocation(plan.step_id, pos, &call, Effect::None);
                     let body =
                         Box::new(move |_: &rusqlite::Transaction<'_>, _: &_| Ok(Err(refusal)));
-                    store::run_transactional(&tx, lease, &inv, body)?;
+                    let ran = store::run_transactional(&tx, lease, &inv, body)?;
+                    ran_in_tx(ran, Effect::None, happened);
                 }
                 Ok((ToolImpl::Transactional(tool), _)) => {
                     let inv = new_invocation(plan.step_id, pos, &call, Effect::Transactional);
@@ -856,7 +967,8 @@ impl Runner {
                         fault::check(hook, FaultPoint::InsideTransactionalTool)?;
                         Ok(out)
                     };
-                    store::run_transactional(&tx, lease, &inv, Box::new(body))?;
+                    let ran = store::run_transactional(&tx, lease, &inv, Box::new(body))?;
+                    ran_in_tx(ran, Effect::Transactional, happened);
                 }
                 Ok((ToolImpl::Async(tool), effect)) => {
                     let inv = new_invocation(plan.step_id, pos, &call, effect);
@@ -881,6 +993,12 @@ impl Runner {
         let final_output = (n == 0).then_some(plan.final_text.as_str());
         let finished = store::complete_step(&tx, lease, plan.step_id, plan.step_idx, final_output)?;
         tx.commit()?;
+        if tell {
+            happened.push(EventKind::StepCompleted {
+                step_id: plan.step_id,
+                step: plan.step_idx,
+            });
+        }
         let ctx = plan.ctx.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(turn) = finished {
             if let Some(ctx) = ctx {

@@ -5,7 +5,7 @@
 mod common;
 use abridge::compaction::{FailurePolicy, SummaryRequest, SummaryResponse};
 use abridge::demo::{demo_tools, user_turn, DEMO_MODEL};
-use abridge::{Error, Event, ModelError, Runner, RunnerConfig, Summariser, Threshold};
+use abridge::{Error, Event, EventKind, ModelError, Runner, RunnerConfig, Summariser, Threshold};
 use common::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -230,7 +230,7 @@ async fn unknown_window_means_off_and_is_said_once() {
     assert!(rows(&store).is_empty());
     let mut warnings = 0;
     while let Ok(e) = events.try_recv() {
-        if let Event::Warning { message } = e {
+        if let EventKind::Warning { message } = e.kind {
             assert!(message.contains("model-nobody-knows"));
             warnings += 1;
         }
@@ -466,7 +466,7 @@ async fn a_stale_completer_cannot_overwrite_the_winners_summary() {
     assert_eq!(won.attempts, 2, "the winner took the row over");
     wait_for_event(
         &mut winner_events,
-        |e| matches!(e, Event::CompactionWaiting { holder, .. } if holder == "stale"),
+        |e| matches!(&e.kind, EventKind::CompactionWaiting { holder, .. } if holder == "stale"),
     )
     .await;
     // Only now does the stale summariser answer: its completion is refused
@@ -488,13 +488,13 @@ async fn a_stale_completer_cannot_overwrite_the_winners_summary() {
     assert!(
         stale_saw
             .iter()
-            .any(|e| matches!(e, Event::Compacting { .. })),
+            .any(|e| matches!(e.kind, EventKind::CompactionClaimed { .. })),
         "{stale_saw:?}"
     );
     assert!(
         !stale_saw
             .iter()
-            .any(|e| matches!(e, Event::Compacted { .. })),
+            .any(|e| matches!(e.kind, EventKind::Compacted { .. })),
         "{stale_saw:?}"
     );
     assert_verified(&store);
@@ -700,11 +700,11 @@ async fn manual_compaction_racing_an_automatic_one_makes_one_row() {
     let a = tokio::spawn(async move { auto.run_turn_at(sid, 5, &input).await });
     // The automatic one has reached the same row and waits on it: a race.
     let waited = wait_for_event(&mut auto_events, |e| {
-        matches!(e, Event::CompactionWaiting { .. })
+        matches!(e.kind, EventKind::CompactionWaiting { .. })
     })
     .await;
     assert!(
-        matches!(&waited, Event::CompactionWaiting { boundary: 4, holder, .. } if holder == "manual"),
+        matches!(&waited.kind, EventKind::CompactionWaiting { boundary: 4, holder, .. } if holder == "manual"),
         "{waited:?}"
     );
     manual_summariser.open();
@@ -750,7 +750,7 @@ async fn g4_a_step_waits_for_a_pending_compaction_and_reads_only_the_completed_r
     let input = user_turn(SEED, 0, 5);
     let t = tokio::spawn(async move { stepper.run_turn_at(sid, 5, &input).await });
     wait_for_event(&mut events, |e| {
-        matches!(e, Event::CompactionWaiting { .. })
+        matches!(e.kind, EventKind::CompactionWaiting { .. })
     })
     .await;
     // The row is a draft (pending): the step has not called the model.
@@ -807,11 +807,14 @@ async fn manual_compaction_records_focus_and_prompt_hash_and_emits_events() {
     ));
     let got: Vec<Event> = std::iter::from_fn(|| events.try_recv().ok()).collect();
     assert!(
-        matches!(got[0], Event::Compacting { boundary: 3, .. }),
+        matches!(
+            got[0].kind,
+            EventKind::CompactionClaimed { boundary: 3, .. }
+        ),
         "{got:?}"
     );
     assert!(
-        matches!(got[1], Event::Compacted { boundary: 3, tokens_before, tokens_after, .. } if tokens_after < tokens_before)
+        matches!(&got[1].kind, EventKind::Compacted { boundary: 3, tokens_before, tokens_after, .. } if tokens_after < tokens_before)
     );
 }
 

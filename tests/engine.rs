@@ -370,3 +370,118 @@ async fn no_builder_call_discards_an_earlier_one() {
         );
     }
 }
+
+/// The runner's events, as a UI sees them: one turn's life in order, each
+/// naming the session as the host named it, its model and the turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_emits_its_life_in_order_naming_the_session() {
+    use abridge::EventKind as K;
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let (runner, _, _, _, _) = three_mode_runner(&store);
+    let mut rx = runner.subscribe();
+    let s = runner
+        .create_session("ui-session", "model-x", "sys")
+        .await
+        .unwrap();
+    runner.run_turn_at(s.id, 0, "go").await.unwrap();
+    let got: Vec<abridge::Event> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+    for e in &got {
+        assert_eq!(
+            (
+                e.subject.session.as_str(),
+                e.subject.model.as_str(),
+                e.subject.turn
+            ),
+            ("ui-session", "model-x", Some(0)),
+            "{e:?}"
+        );
+    }
+    let names: Vec<String> = got
+        .iter()
+        .map(|e| match &e.kind {
+            K::TurnStarted { resumed, .. } => format!("turn started resumed={resumed}"),
+            K::StepStarted { step, .. } => format!("step {step} started"),
+            K::StepResponded {
+                step, tool_calls, ..
+            } => format!("step {step} responded with {tool_calls} calls"),
+            K::ToolStarted { tool, effect, .. } => format!("{tool} started {effect:?}"),
+            K::ToolCompleted {
+                tool, effect, ok, ..
+            } => format!("{tool} completed {effect:?} ok={ok}"),
+            K::StepCompleted { step, .. } => format!("step {step} completed"),
+            K::TurnFinished { steps, .. } => format!("turn finished in {steps} steps"),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "turn started resumed=false",
+            "step 0 started",
+            "step 0 responded with 3 calls",
+            "note started Transactional",
+            "note completed Transactional ok=true",
+            "lookup started Idempotent",
+            "lookup completed Idempotent ok=true",
+            "send started AtMostOnce",
+            "send completed AtMostOnce ok=true",
+            "step 0 completed",
+            "step 1 started",
+            "step 1 responded with 0 calls",
+            "step 1 completed",
+            "turn finished in 2 steps",
+        ],
+        "{got:#?}"
+    );
+}
+
+/// A turn resumed after a crash says so, and names whose lease it took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_turn_reports_the_takeover_and_a_failed_turn_its_error() {
+    use abridge::EventKind as K;
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let crashing = Runner::builder(store.clone(), Arc::new(demo_model(1, &[])))
+        .config(test_config(
+            Threshold::Off,
+            Some(fail_at(abridge::FaultPoint::AfterResponseWritten, 1)),
+            "first-host",
+        ))
+        .build()
+        .unwrap();
+    let sid = demo_session(&crashing, 1, 0).await;
+    let input = abridge::demo::user_turn(1, 0, 0);
+    crashing.run_turn_at(sid, 0, &input).await.unwrap_err();
+    drop(crashing);
+    let host = demo_runner(&store, 1, Threshold::Off, None);
+    let mut rx = host.subscribe();
+    host.run_turn_at(sid, 0, &input).await.unwrap();
+    let got: Vec<K> = std::iter::from_fn(|| rx.try_recv().ok().map(|e| e.kind)).collect();
+    assert!(
+        matches!(&got[0], K::LeaseTakenOver { from, .. } if from == "first-host"),
+        "{got:?}"
+    );
+    assert!(
+        matches!(got[1], K::TurnStarted { resumed: true, .. }),
+        "{got:?}"
+    );
+
+    struct Refuses;
+    #[abridge::async_trait]
+    impl ModelClient for Refuses {
+        async fn complete(&self, _: &ModelRequest) -> Result<ModelResponse, ModelError> {
+            Err(ModelError::Permanent("no".into()))
+        }
+    }
+    let failing = Runner::builder(store.clone(), Arc::new(Refuses))
+        .build()
+        .unwrap();
+    let mut rx = failing.subscribe();
+    failing.run_turn_at(sid, 1, "hello").await.unwrap_err();
+    let got: Vec<K> = std::iter::from_fn(|| rx.try_recv().ok().map(|e| e.kind)).collect();
+    assert!(
+        matches!(got.last(), Some(K::TurnFailed { error, .. }) if error.contains("no")),
+        "{got:?}"
+    );
+}

@@ -10,6 +10,7 @@ async fn a_session_reads_back_through_the_api_as_stored() {
     let (_d, path) = temp_db();
     let store = open(&path);
     let runner = demo_runner(&store, 5, Threshold::Tokens(600), None);
+    let mut events = runner.subscribe();
     let sid = demo_session(&runner, 5, 0).await;
     for t in 0..8 {
         runner
@@ -61,4 +62,34 @@ async fn a_session_reads_back_through_the_api_as_stored() {
         .unwrap();
     assert_eq!(via_api, via_cli);
     assert!(store.verify(Vec::new()).await.unwrap().ok);
+    // Each completed compaction was announced with what triggered it, by whom,
+    // in which turn of which session.
+    let compacted: Vec<abridge::Event> = std::iter::from_fn(|| events.try_recv().ok())
+        .filter(|e| matches!(e.kind, abridge::EventKind::Compacted { .. }))
+        .collect();
+    assert_eq!(compacted.len(), compactions.len());
+    for (e, row) in compacted.iter().zip(&compactions) {
+        assert_eq!(e.subject.session, abridge::demo::session_external_id(5, 0));
+        assert!(e.subject.turn.is_some_and(|t| t > row.up_to_turn_index));
+        match &e.kind {
+            abridge::EventKind::Compacted {
+                compaction_id,
+                trigger_tokens,
+                tokens_before,
+                tokens_after,
+                summariser_model,
+                ..
+            } => {
+                assert_eq!(*compaction_id, row.id);
+                assert_eq!(*trigger_tokens, row.trigger_tokens);
+                assert!(trigger_tokens.is_some());
+                assert_eq!(
+                    (Some(*tokens_before), Some(*tokens_after)),
+                    (row.tokens_before, row.tokens_after)
+                );
+                assert_eq!(summariser_model.as_deref(), Some("abridge-extractive"));
+            }
+            _ => unreachable!(),
+        }
+    }
 }

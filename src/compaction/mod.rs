@@ -21,7 +21,7 @@ pub use summarise::{
 
 use crate::builder::SummaryView;
 use crate::error::{Error, Result};
-use crate::events::{Event, EventSink};
+use crate::events::{EventKind, EventSink, Subject};
 use crate::fault::{self, FaultHook, FaultPoint, TestKnobs};
 use crate::ids::SessionId;
 use crate::message::sha256_hex;
@@ -120,7 +120,7 @@ impl Compactor {
         &self.config
     }
 
-    fn warn_once(&self, key: String, message: String) {
+    fn warn_once(&self, subject: &Subject, key: String, message: String) {
         let first = self
             .warned
             .lock()
@@ -128,15 +128,17 @@ impl Compactor {
             .unwrap_or(false);
         if first {
             warn!(%message);
-            self.events.emit(Event::Warning { message });
+            self.events.emit(subject, EventKind::Warning { message });
         }
     }
 
     /// The threshold in tokens for `model`, None when compaction is off for it.
-    fn threshold_tokens(&self, model: &str) -> Option<u64> {
+    fn threshold_tokens(&self, session: &SessionRow, turn_idx: i64) -> Option<u64> {
+        let model = session.model.as_str();
         let window = self.config.context_window(model);
         if matches!(self.config.compact_at, Threshold::Fraction(_)) && window.is_none() {
             self.warn_once(
+                &Subject::of(session, Some(turn_idx)),
                 format!("window:{model}"),
                 format!("no context window known for model {model:?}: automatic compaction is off for it"),
             );
@@ -165,7 +167,8 @@ impl Compactor {
             .store
             .read(move |c| this.decide(c, &s, turn_idx, step_idx))
             .await?;
-        self.act(session.id, turn_idx, decision).await
+        self.act(&Subject::of(session, Some(turn_idx)), turn_idx, decision)
+            .await
     }
 
     /// The synchronous half of [`Compactor::ensure`]: reads what it needs (one
@@ -201,7 +204,7 @@ impl Compactor {
                 latest,
             }),
             None => {
-                let Some(limit) = self.threshold_tokens(&session.model) else {
+                let Some(limit) = self.threshold_tokens(session, turn_idx) else {
                     return Ok(Decision::Read(latest));
                 };
                 let measure = store::latest_context_tokens(c, sid, turn_idx, step_idx)?;
@@ -222,10 +225,11 @@ impl Compactor {
     /// says so; returns the completed compaction the step reads.
     pub(crate) async fn act(
         &self,
-        sid: SessionId,
+        subject: &Subject,
         turn_idx: i64,
         decision: Decision,
     ) -> Result<Option<CompactionRow>> {
+        let sid = subject.session_id;
         let (b, measure, latest) = match decision {
             Decision::Read(row) => return Ok(row),
             Decision::Claim {
@@ -235,7 +239,7 @@ impl Compactor {
             } => (boundary, measure, latest),
         };
         let row = self
-            .claim_and_finish(sid, b, Trigger::Auto, None, measure)
+            .claim_and_finish(subject, b, Trigger::Auto, None, measure)
             .await;
         match row {
             Ok(_row) => {
@@ -289,9 +293,10 @@ impl Compactor {
         focus: Option<String>,
     ) -> Result<CompactionRow> {
         let keep = self.config.keep_last_turns as i64;
-        let (b, existing) = self
+        let (b, existing, session) = self
             .store
             .call(move |c| {
+                let session = store::get_session(c, session_id)?;
                 let turns = store::list_turns(c, session_id)?;
                 if let Some(r) = turns
                     .iter()
@@ -309,7 +314,7 @@ impl Compactor {
                     return Err(Error::NothingToCompact { session_id });
                 }
                 // Already compacted up to exactly here: the same answer again.
-                Ok((b, store::compaction_at(c, session_id, b)?))
+                Ok((b, store::compaction_at(c, session_id, b)?, session))
             })
             .await?;
         if let Some(row) = existing {
@@ -317,8 +322,14 @@ impl Compactor {
                 return Ok(row);
             }
         }
-        self.claim_and_finish(session_id, b, Trigger::Manual, focus, None)
-            .await
+        self.claim_and_finish(
+            &Subject::of(&session, None),
+            b,
+            Trigger::Manual,
+            focus,
+            None,
+        )
+        .await
     }
 
     /// Re-arms a failed boundary; the next ensure() or compact_now() claims it.
@@ -369,12 +380,13 @@ impl Compactor {
     /// Claims the boundary and drives the row to completed (or failed).
     async fn claim_and_finish(
         &self,
-        session_id: SessionId,
+        subject: &Subject,
         boundary: i64,
         trigger: Trigger,
         focus: Option<String>,
         measure: Option<i64>,
     ) -> Result<CompactionRow> {
+        let session_id = subject.session_id;
         let deadline = tokio::time::Instant::now() + self.config.wait_timeout;
         let mut poll = Duration::from_millis(2);
         // The claim lives as long as this future: a task of this process that
@@ -436,7 +448,7 @@ impl Compactor {
             match outcome {
                 ClaimOutcome::Claimed(row) | ClaimOutcome::TakenOver(row) => {
                     fault::check(&self.fault, FaultPoint::AfterClaim)?;
-                    return self.summarise_and_complete(row, &claim).await;
+                    return self.summarise_and_complete(row, &claim, subject).await;
                 }
                 ClaimOutcome::AlreadyCompleted(row) => return Ok(row),
                 ClaimOutcome::Failed(row) => {
@@ -454,15 +466,17 @@ impl Compactor {
                     }
                     if !waiting_said {
                         waiting_said = true;
-                        self.events.emit(Event::CompactionWaiting {
-                            session_id,
-                            boundary,
-                            compaction_id: row.id,
-                            holder: crate::owner::owner_name(
-                                row.lease_owner.as_deref().unwrap_or_default(),
-                            )
-                            .to_string(),
-                        });
+                        self.events.emit(
+                            subject,
+                            EventKind::CompactionWaiting {
+                                boundary,
+                                compaction_id: row.id,
+                                holder: crate::owner::owner_name(
+                                    row.lease_owner.as_deref().unwrap_or_default(),
+                                )
+                                .to_string(),
+                            },
+                        );
                     }
                     if tokio::time::Instant::now() >= deadline {
                         return Err(Error::CompactionWaitTimeout {
@@ -512,6 +526,7 @@ impl Compactor {
         &self,
         row: CompactionRow,
         claim: &ClaimGuard,
+        subject: &Subject,
     ) -> Result<CompactionRow> {
         let sid = row.session_id;
         let b = row.up_to_turn_index;
@@ -529,13 +544,15 @@ impl Compactor {
             })
             .await?;
         let previous = prev.as_ref().and_then(|p| p.summary.clone());
-        self.events.emit(Event::Compacting {
-            session_id: sid,
-            boundary: b,
-            compaction_id: row.id,
-            attempt: row.attempts,
-            trigger_tokens: row.trigger_tokens,
-        });
+        self.events.emit(
+            subject,
+            EventKind::CompactionClaimed {
+                boundary: b,
+                compaction_id: row.id,
+                attempt: row.attempts,
+                trigger_tokens: row.trigger_tokens,
+            },
+        );
 
         let counter = &*self.config.token_counter;
         let span_msgs =
@@ -588,7 +605,7 @@ impl Compactor {
             }))
         });
         let result = self
-            .attempts(&row, &rules, previous, &span, tokens_before)
+            .attempts(&row, &rules, previous, &span, tokens_before, subject)
             .await;
         drop(hb);
 
@@ -622,16 +639,20 @@ impl Compactor {
                     "compaction completed"
                 );
                 if won {
-                    self.events.emit(Event::Compacted {
-                        session_id: sid,
-                        boundary: b,
-                        compaction_id: done.id,
-                        tokens_before: stats.tokens_before,
-                        tokens_after: stats.tokens_after,
-                        input_tokens: stats.input_tokens,
-                        output_tokens: stats.output_tokens,
-                        summary_calls: stats.summary_calls,
-                    });
+                    self.events.emit(
+                        subject,
+                        EventKind::Compacted {
+                            boundary: b,
+                            compaction_id: done.id,
+                            trigger_tokens: done.trigger_tokens,
+                            tokens_before: stats.tokens_before,
+                            tokens_after: stats.tokens_after,
+                            summariser_model: stats.model.clone(),
+                            input_tokens: stats.input_tokens,
+                            output_tokens: stats.output_tokens,
+                            summary_calls: stats.summary_calls,
+                        },
+                    );
                 }
                 Ok(done)
             }
@@ -647,13 +668,15 @@ impl Compactor {
                     .await?;
                 self.store.compaction_has_settled(sid, b);
                 warn!(session_id = %sid, boundary = b, error = %msg, "compaction failed");
-                self.events.emit(Event::CompactionFailed {
-                    session_id: sid,
-                    boundary: b,
-                    compaction_id: id,
-                    error: msg.clone(),
-                    last: true,
-                });
+                self.events.emit(
+                    subject,
+                    EventKind::CompactionFailed {
+                        boundary: b,
+                        compaction_id: id,
+                        error: msg.clone(),
+                        last: true,
+                    },
+                );
                 if failed.status == CompactionStatus::Completed {
                     // Someone else completed it meanwhile: their summary stands.
                     return Ok(failed);
@@ -677,6 +700,7 @@ impl Compactor {
         previous: Option<String>,
         span: &[crate::store::HistoryTurn],
         tokens_before: u64,
+        subject: &Subject,
     ) -> Result<(String, CompactionStats)> {
         let cfg = &self.config;
         let counter = &*cfg.token_counter;
@@ -726,13 +750,15 @@ impl Compactor {
                 Err(e) => last_err = e.to_string(),
             }
             let last = attempt == cfg.retry.max_attempts;
-            self.events.emit(Event::CompactionFailed {
-                session_id: row.session_id,
-                boundary: row.up_to_turn_index,
-                compaction_id: row.id,
-                error: last_err.clone(),
-                last: false,
-            });
+            self.events.emit(
+                subject,
+                EventKind::CompactionFailed {
+                    boundary: row.up_to_turn_index,
+                    compaction_id: row.id,
+                    error: last_err.clone(),
+                    last: false,
+                },
+            );
             if !last {
                 let id = row.id;
                 let m = last_err.clone();

@@ -17,6 +17,9 @@ pub struct Lease {
     pub epoch: i64,
     /// How long each renewal extends it, ms.
     pub ttl_ms: i64,
+    /// The owner name of the holder this lease was taken over from (None: the
+    /// turn is new, or its lease was free).
+    pub taken_from: Option<String>,
 }
 
 /// Checks the lease inside the caller's write transaction, and renews it when
@@ -236,6 +239,7 @@ pub(crate) fn begin_turn(
         owner: owner.into(),
         epoch: 1,
         ttl_ms,
+        taken_from: None,
     };
     Ok((row, Some(lease)))
 }
@@ -267,6 +271,7 @@ fn take_lease(
         owner: owner.into(),
         epoch,
         ttl_ms,
+        taken_from: holder.map(|h| crate::owner::owner_name(h).to_string()),
     })
 }
 
@@ -548,23 +553,26 @@ pub(crate) fn run_transactional(
     lease: &Lease,
     inv: &NewInvocation<'_>,
     body: Box<TxBody<'_>>,
-) -> Result<()> {
+) -> Result<Option<(InvocationId, bool)>> {
     let (row, _) = insert_or_get_invocation(tx, inv)?;
     if row.status != InvocationStatus::Started && !cfg!(feature = "broken-idempotency") {
-        return Ok(());
+        return Ok(None);
     }
     tx.prepare_cached("SAVEPOINT tool_body")?.execute([])?;
-    match body(tx, &row)? {
+    let ok = match body(tx, &row)? {
         Ok(result) => {
             tx.prepare_cached("RELEASE tool_body")?.execute([])?;
-            finish_invocation(tx, lease, row.id, true, &result)
+            finish_invocation(tx, lease, row.id, true, &result)?;
+            true
         }
         Err(msg) => {
             tx.prepare_cached("ROLLBACK TO tool_body")?.execute([])?;
             tx.prepare_cached("RELEASE tool_body")?.execute([])?;
-            finish_invocation(tx, lease, row.id, false, &msg)
+            finish_invocation(tx, lease, row.id, false, &msg)?;
+            false
         }
-    }
+    };
+    Ok(Some((row.id, ok)))
 }
 
 pub(crate) fn list_invocations(conn: &Connection, step_id: StepId) -> Result<Vec<InvocationRow>> {
