@@ -554,6 +554,12 @@ fn a_numeric_key_is_never_shadowed_by_an_external_id() {
     let db = demo_db(dir.path());
     let d = db.to_str().unwrap();
     // Session 1's external id becomes "2", which is also session 2's id.
+    let second: String = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("SELECT external_id FROM sessions WHERE id = 2", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
     tamper(&db, "UPDATE sessions SET external_id = '2' WHERE id = 1");
     fails(&["inspect", "--db", d, "2"], "write ext:2 or id:2");
     fails(
@@ -562,7 +568,7 @@ fn a_numeric_key_is_never_shadowed_by_an_external_id() {
     );
     let by_id: serde_json::Value =
         serde_json::from_str(&ok(&["inspect", "--db", d, "id:2", "--json"])).unwrap();
-    assert_eq!(by_id["summary"]["session"]["external_id"], "demo-42-1");
+    assert_eq!(by_id["summary"]["session"]["external_id"], second.as_str());
     let by_ext: serde_json::Value =
         serde_json::from_str(&ok(&["inspect", "--db", d, "ext:2", "--json"])).unwrap();
     assert_eq!(by_ext["summary"]["session"]["id"], 1);
@@ -637,18 +643,28 @@ fn errors_name_the_session_as_the_user_typed_it() {
     let dir = tempfile::tempdir().unwrap();
     let db = demo_db(dir.path());
     let d = db.to_str().unwrap();
-    // A turn left running (a host that died mid-turn).
+    // A turn left running (a host that died mid-turn). The demo creates its
+    // sessions concurrently: look the row id up by the external id.
     tamper(
         &db,
         "UPDATE turns SET status = 'running', finished_at = NULL \
-         WHERE id = (SELECT max(id) FROM turns WHERE session_id = 1)",
+         WHERE id = (SELECT max(t.id) FROM turns t JOIN sessions s ON s.id = t.session_id \
+                     WHERE s.external_id = 'demo-42-0')",
     );
+    let id: i64 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row(
+            "SELECT id FROM sessions WHERE external_id = 'demo-42-0'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
     let err = fails(
         &["compact", "--db", d, "--session", "demo-42-0"],
         "still running",
     );
     assert!(err.contains("session demo-42-0:"), "{err}");
-    assert!(!err.contains("session 1"), "{err}");
+    assert!(!err.contains(&format!("session {id}")), "{err}");
 }
 
 #[test]

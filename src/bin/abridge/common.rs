@@ -1,0 +1,68 @@
+//! What every verb shares: the error type that names a session as typed,
+//! and output helpers.
+
+use abridge::Error;
+use std::path::Path;
+
+/// An error of a verb, with the session as the user typed it when the verb
+/// was about one (errors never show a session by its row id alone).
+pub struct Failure {
+    session: Option<String>,
+    error: Error,
+}
+
+impl Failure {
+    pub fn session(typed: &str, error: Error) -> Failure {
+        Failure {
+            session: Some(typed.to_string()),
+            error,
+        }
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Failure {
+        Failure {
+            session: None,
+            error,
+        }
+    }
+}
+
+impl From<serde_json::Error> for Failure {
+    fn from(e: serde_json::Error) -> Failure {
+        Error::from(e).into()
+    }
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(e: std::io::Error) -> Failure {
+        Error::from(e).into()
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.session, &self.error) {
+            // These name the key as typed already.
+            (_, Error::UnknownSession(_) | Error::AmbiguousSession { .. }) | (None, _) => {
+                write!(f, "{}", self.error)
+            }
+            (Some(s), e) => write!(f, "session {s}: {e}"),
+        }
+    }
+}
+
+/// Fails unless a database file is at `db` (a verb that must not create one).
+pub fn must_exist(db: &Path) -> abridge::Result<()> {
+    abridge::store::check_path(db)?;
+    if db.exists() {
+        Ok(())
+    } else {
+        Err(Error::NotFound { path: db.into() })
+    }
+}
+
+pub fn print_json(v: &impl serde::Serialize) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}

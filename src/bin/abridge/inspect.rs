@@ -1,0 +1,129 @@
+//! `abridge inspect`: the sessions of a store, or one session's turns and compactions.
+
+use crate::common::{print_json, Failure};
+use abridge::inspect;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Arguments of `abridge inspect`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Database file.
+    #[arg(long)]
+    pub db: PathBuf,
+    /// Session id or external id.
+    pub session: Option<String>,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs the verb.
+pub async fn run(args: Args) -> Result<ExitCode, Failure> {
+    let Args { db, session, json } = args;
+    match session {
+        None => {
+            let all = abridge::store::read_only(&db, inspect::sessions)?;
+            if json {
+                print_json(&all);
+            } else {
+                print_sessions(&all);
+            }
+        }
+        Some(key) => {
+            let d = abridge::store::read_only(&db, |c| inspect::session_detail(c, &key))
+                .map_err(|e| Failure::session(&key, e))?;
+            if json {
+                print_json(&d);
+            } else {
+                print_session(&d);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `s` padded with spaces to `width` columns of a terminal (wide characters
+/// take two columns, combining marks none).
+fn pad(s: &str, width: usize) -> String {
+    let w = unicode_width::UnicodeWidthStr::width(s);
+    format!("{s}{}", " ".repeat(width.saturating_sub(w)))
+}
+
+fn print_sessions(all: &[inspect::SessionSummary]) {
+    println!(
+        "{:>4}  {} {} {:>6} {:>6} {:>6} {:>11} {:>9}",
+        "id",
+        pad("external id", 20),
+        pad("model", 20),
+        "turns",
+        "steps",
+        "tools",
+        "compactions",
+        "context"
+    );
+    for s in all {
+        println!(
+            "{:>4}  {} {} {:>6} {:>6} {:>6} {:>11} {:>9}",
+            s.session.id,
+            pad(&s.session.external_id, 20),
+            pad(&s.session.model, 20),
+            s.counts.turns,
+            s.counts.steps,
+            s.counts.tool_calls,
+            s.counts.compactions_completed,
+            s.counts
+                .context_tokens
+                .map_or("-".into(), |t| t.to_string())
+        );
+    }
+}
+
+fn print_session(d: &inspect::SessionDetail) {
+    let s = &d.summary.session;
+    println!("session {} (id {}), model {}", s.external_id, s.id, s.model);
+    println!("\nturns:");
+    println!(
+        "  {:>4}  {} {:<13}  input",
+        "turn",
+        pad("status", 9),
+        "step ids"
+    );
+    for t in &d.turns {
+        let ids = match t.step_ids.as_slice() {
+            [] => "-".to_string(),
+            [one] => one.to_string(),
+            [first, .., last] if last.0 - first.0 + 1 == t.step_ids.len() as i64 => {
+                format!("{first}-{last}")
+            }
+            many => many
+                .iter()
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        };
+        println!(
+            "  {:>4}  {} {:<13}  {}",
+            t.turn.idx,
+            pad(&t.turn.status.to_string(), 9),
+            ids,
+            abridge::compaction::truncate_chars(&t.turn.input.replace('\n', " "), 60)
+        );
+    }
+    println!("\ncompactions:");
+    for c in &d.compactions {
+        println!(
+            "  up to turn {:>4}  {} attempts {} trigger {} tokens {} -> {}  {}",
+            c.up_to_turn_index,
+            pad(&c.status.to_string(), 9),
+            c.attempts,
+            pad(&c.trigger, 6),
+            c.tokens_before.map_or("-".into(), |t| t.to_string()),
+            c.tokens_after.map_or("-".into(), |t| t.to_string()),
+            abridge::compaction::truncate_chars(
+                &c.summary.clone().unwrap_or_default().replace('\n', " "),
+                60
+            )
+        );
+    }
+}

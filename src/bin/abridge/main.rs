@@ -1,0 +1,157 @@
+//! The `abridge` command: run the demo, look inside a store, verify it, and run
+//! the chaos harness. One file per verb; each holds its arguments and its run.
+
+mod args;
+#[cfg(unix)]
+mod chaos;
+mod common;
+mod compact;
+mod demo;
+mod export;
+mod inspect;
+mod replay;
+mod verify;
+
+use clap::{Parser, Subcommand};
+use common::Failure;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "abridge",
+    version,
+    about = "Durable, exactly-once context compaction for LLM agent hosts, on embedded SQLite",
+    after_help = "Examples:\n  abridge demo\n  abridge inspect --db abridge-demo.db\n  abridge verify --db abridge-demo.db"
+)]
+struct Cli {
+    /// More logging (-v info, -vv debug); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run scripted customer-support sessions on an embedded store and watch them compact.
+    #[command(
+        after_help = "Example:\n  abridge demo --sessions 3 --turns 40 --compact-at 4000\n\n\
+        Killed (Ctrl-C, kill -9) and run again with the same arguments, it resumes where it stopped."
+    )]
+    Demo(demo::Args),
+    /// List sessions, or show one session's turns and compactions.
+    #[command(
+        after_help = "Examples:\n  abridge inspect --db abridge-demo.db\n  abridge inspect --db abridge-demo.db demo-42-0 --json"
+    )]
+    Inspect(inspect::Args),
+    /// Rebuild an executed step's messages and compare with the recorded hash.
+    #[command(
+        after_help = "Examples:\n  abridge replay --db abridge-demo.db --step 12\n  abridge replay --db abridge-demo.db --step 12 --raw | sha256sum"
+    )]
+    Replay(replay::Args),
+    /// Compact a session now (manual), from outside any running host.
+    #[command(
+        after_help = "Example:\n  abridge compact --db abridge-demo.db --session demo-42-0 --focus \"order numbers\""
+    )]
+    Compact(compact::Args),
+    /// Print a session's full, uncompacted transcript with compaction points marked.
+    #[command(
+        after_help = "Example:\n  abridge export --db abridge-demo.db --session demo-42-0 --format jsonl"
+    )]
+    Export(export::Args),
+    /// Kill, freeze and race worker processes on one database; check nothing is lost.
+    #[cfg(unix)]
+    #[command(
+        after_help = "Examples:\n  abridge chaos --db chaos.db --workers 4 --kills 200 --seed 1\n  abridge chaos --db enum.db --enumerate --sessions 2 --turns 4\n\n\
+        Exit status 0 only when every guarantee holds and every session matches the control run."
+    )]
+    Chaos(chaos::Args),
+    /// (internal) One chaos worker process.
+    #[cfg(unix)]
+    #[command(hide = true)]
+    ChaosWorker(chaos::WorkerArgs),
+    /// (internal) Holds the write lock now and then.
+    #[cfg(unix)]
+    #[command(hide = true)]
+    ChaosLocker(chaos::LockerArgs),
+    /// Check guarantees G1-G7 on a whole database; exit 0 only when all hold.
+    #[command(after_help = "Example:\n  abridge verify --db abridge-demo.db --json")]
+    Verify(verify::Args),
+}
+
+async fn run(cmd: Cmd) -> Result<ExitCode, Failure> {
+    match cmd {
+        Cmd::Demo(a) => demo::run(a).await,
+        Cmd::Inspect(a) => inspect::run(a).await,
+        Cmd::Replay(a) => replay::run(a).await,
+        Cmd::Compact(a) => compact::run(a).await,
+        Cmd::Export(a) => export::run(a).await,
+        #[cfg(unix)]
+        Cmd::Chaos(a) => chaos::run(a).await,
+        #[cfg(unix)]
+        Cmd::ChaosWorker(a) => chaos::worker(a).await,
+        #[cfg(unix)]
+        Cmd::ChaosLocker(a) => chaos::locker(a).await,
+        Cmd::Verify(a) => verify::run(a).await,
+    }
+}
+
+fn init_tracing(verbose: u8) {
+    let default = match verbose {
+        0 => "error",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // Colour codes only on a terminal: a log piped to a file stays plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .try_init();
+}
+
+fn main() -> ExitCode {
+    // `abridge export … | head -1`: a closed pipe ends the process quietly, as
+    // it does any Unix filter, instead of a panic from println!.
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to its default before any thread
+    // starts; no handler runs Rust code.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            // One line, like every other error; --help has the rest.
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            eprintln!(
+                "abridge: error: {} (see --help)",
+                first.trim_start_matches("error: ")
+            );
+            return ExitCode::from(2);
+        }
+    };
+    init_tracing(cli.verbose);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("abridge: error: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match rt.block_on(run(cli.cmd)) {
+        Ok(code) => code,
+        Err(f) => {
+            eprintln!("abridge: error: {f}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! `abridge replay`: rebuild an executed step's messages and compare with the recorded hash.
+
+use crate::args::row_id;
+use crate::common::Failure;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Arguments of `abridge replay`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Database file.
+    #[arg(long)]
+    pub db: PathBuf,
+    /// Step id.
+    #[arg(long, allow_negative_numbers = true, value_parser = row_id)]
+    pub step: i64,
+    /// Print exactly the hashed bytes, nothing else.
+    #[arg(long)]
+    pub raw: bool,
+}
+
+/// Runs the verb.
+pub async fn run(args: Args) -> Result<ExitCode, Failure> {
+    let Args { db, step, raw } = args;
+    let r = abridge::store::read_only(&db, |c| {
+        abridge::replay::rebuild_step(c, abridge::StepId(step))
+    })?;
+    if raw {
+        let mut out = std::io::stdout().lock();
+        out.write_all(&r.bytes)?;
+        out.flush()?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{}", serde_json::to_string_pretty(&r.messages)?);
+    println!("\nrebuilt  sha256 {}", r.sha256);
+    println!("recorded sha256 {}", r.recorded);
+    println!("{}", if r.matches() { "match" } else { "MISMATCH" });
+    Ok(if r.matches() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
