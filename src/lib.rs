@@ -75,6 +75,7 @@ pub mod events;
 pub mod fault;
 pub mod ids;
 pub mod inspect;
+mod lease;
 mod legacy;
 pub mod message;
 pub mod model;

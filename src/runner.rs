@@ -28,7 +28,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast;
-use tracing::{debug, instrument, warn};
+use tracing::{instrument, warn};
 
 /// Runner settings. Start from [`RunnerConfig::default`] and set fields (new
 /// fields may be added: the struct is `#[non_exhaustive]`).
@@ -491,25 +491,12 @@ impl Runner {
         if !self.inner.cfg.testing.heartbeat {
             return None;
         }
-        let store = self.inner.store.clone();
         let lease = lease.clone();
-        let period = self.inner.cfg.lease_ttl / 3;
-        Some(AbortOnDrop(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(period);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                let l = lease.clone();
-                if store.check_file().is_err() {
-                    break; // every later store call fails with StoreFileGone
-                }
-                match store.call(move |c| store::renew_lease(c, &l)).await {
-                    Ok(true) => {}
-                    Ok(false) => break,
-                    Err(e) => debug!(error = %e, "lease renewal failed; retrying"),
-                }
-            }
-        })))
+        Some(crate::lease::heartbeat(
+            &self.inner.store,
+            self.inner.cfg.lease_ttl,
+            move |c| store::renew_lease(c, &lease),
+        ))
     }
 
     /// Fails the turn (policy), then returns `err` to the caller (or the error

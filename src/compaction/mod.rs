@@ -25,7 +25,7 @@ use crate::events::{EventKind, EventSink, Subject};
 use crate::fault::{self, FaultHook, FaultPoint, TestKnobs};
 use crate::ids::SessionId;
 use crate::message::sha256_hex;
-use crate::owner::{AbortOnDrop, ClaimGuard};
+use crate::owner::ClaimGuard;
 use crate::store::{
     self, ClaimOutcome, CompactionRow, CompactionStats, CompactionStatus, SessionRow, Store,
 };
@@ -580,29 +580,12 @@ impl Compactor {
         // Heartbeat: keep the row's lease while this claim is alive and working.
         // Aborted when dropped, so a dropped future renews nothing.
         let hb = self.heartbeat.then(|| {
-            let store = self.store.clone();
             let owner = claim.holder().to_string();
             let ttl = self.config.lease_ttl;
-            let id = row.id;
-            AbortOnDrop(tokio::spawn(async move {
-                let mut tick = tokio::time::interval(ttl / 3);
-                tick.tick().await;
-                loop {
-                    tick.tick().await;
-                    let o = owner.clone();
-                    let ms = ttl.as_millis() as i64;
-                    if store.check_file().is_err() {
-                        break; // every later store call fails with StoreFileGone
-                    }
-                    match store
-                        .call(move |c| store::renew_compaction_lease(c, id, &o, ms))
-                        .await
-                    {
-                        Ok(true) => {}
-                        _ => break,
-                    }
-                }
-            }))
+            let (id, ms) = (row.id, ttl.as_millis() as i64);
+            crate::lease::heartbeat(&self.store, ttl, move |c| {
+                store::renew_compaction_lease(c, id, &owner, ms)
+            })
         });
         let result = self
             .attempts(&row, &rules, previous, &span, tokens_before, subject)
