@@ -21,7 +21,11 @@ mod compactions;
 #[cfg(feature = "harness")]
 pub mod demo;
 mod history;
+mod invocations;
+mod leases;
 mod rows;
+mod sessions;
+mod steps;
 mod turns;
 
 pub use compactions::{ClaimOutcome, CompactionStats};
@@ -32,6 +36,11 @@ pub(crate) use audit::*;
 pub use audit::{finished_turns, SessionCounts};
 pub(crate) use compactions::*;
 pub(crate) use history::*;
+pub(crate) use invocations::*;
+pub use leases::Lease;
+pub(crate) use leases::*;
+pub(crate) use sessions::*;
+pub(crate) use steps::*;
 pub(crate) use turns::*;
 
 use crate::error::{Error, Result};

@@ -1,0 +1,149 @@
+//! Tool invocations: claimed before an outside call, run inside the step's
+//! transaction for a transactional tool, finished with the result the model sees.
+
+use super::leases::*;
+use super::now_ms;
+use super::rows::*;
+use crate::error::{Error, Result};
+use crate::ids::{InvocationId, StepId};
+use rusqlite::{params, Connection, Transaction};
+
+/// A tool call to record.
+#[derive(Debug, Clone)]
+pub(crate) struct NewInvocation<'a> {
+    pub step_id: StepId,
+    pub position: i64,
+    pub tool_call_id: &'a str,
+    pub tool_name: &'a str,
+    pub arguments: String,
+    pub effect: Effect,
+    pub idempotency_key: &'a str,
+}
+
+pub(super) fn insert_or_get_invocation(
+    tx: &Transaction<'_>,
+    inv: &NewInvocation<'_>,
+) -> Result<(InvocationRow, bool)> {
+    let inserted =
+        tx.prepare_cached(
+            "INSERT INTO tool_invocations (step_id, position, tool_call_id, tool_name, arguments, \
+             effect, idempotency_key, status, created_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'started', ?8) \
+             ON CONFLICT (step_id, tool_call_id) DO NOTHING",
+        )?
+        .execute(params![
+            inv.step_id,
+            inv.position,
+            inv.tool_call_id,
+            inv.tool_name,
+            inv.arguments,
+            inv.effect.as_str(),
+            inv.idempotency_key,
+            now_ms()
+        ])? == 1;
+    let row = tx
+        .prepare_cached(&format!(
+            "SELECT {} FROM tool_invocations WHERE step_id = ?1 AND tool_call_id = ?2",
+            InvocationRow::COLUMNS
+        ))?
+        .query_row(
+            params![inv.step_id, inv.tool_call_id],
+            InvocationRow::from_row,
+        )?;
+    Ok((row, inserted))
+}
+
+/// Records that a tool call is about to run (or returns its row if it exists),
+/// inside the caller's fenced transaction.
+///
+/// Claim semantics: UNIQUE(step_id, tool_call_id). Returns the row and whether
+/// this call inserted it. An existing `started` row gets `attempts + 1`.
+pub(crate) fn start_invocation(
+    tx: &Transaction<'_>,
+    inv: &NewInvocation<'_>,
+) -> Result<(InvocationRow, bool)> {
+    let (mut row, inserted) = insert_or_get_invocation(tx, inv)?;
+    if !inserted && row.status == InvocationStatus::Started {
+        tx.prepare_cached("UPDATE tool_invocations SET attempts = attempts + 1 WHERE id = ?1")?
+            .execute([row.id])?;
+        row.attempts += 1;
+    }
+    Ok((row, inserted))
+}
+
+/// Records a tool's result inside the caller's fenced transaction:
+/// `started` → `completed`/`failed`.
+pub(crate) fn finish_invocation(
+    tx: &Transaction<'_>,
+    lease: &Lease,
+    id: InvocationId,
+    ok: bool,
+    result: &str,
+) -> Result<()> {
+    let status = if ok { "completed" } else { "failed" };
+    let sql = if cfg!(feature = "broken-idempotency") {
+        "UPDATE tool_invocations SET status = ?1, result = ?2, completed_at = ?3 WHERE id = ?4"
+    } else {
+        "UPDATE tool_invocations SET status = ?1, result = ?2, completed_at = ?3 \
+         WHERE id = ?4 AND status = 'started'"
+    };
+    let n = tx
+        .prepare_cached(sql)?
+        .execute(params![status, result, now_ms(), id])?;
+    if n == 0 {
+        // Completed by someone else under our feet: only possible if our lease was lost.
+        return Err(Error::LeaseLost {
+            turn_id: lease.turn_id,
+            epoch: lease.epoch,
+        });
+    }
+    Ok(())
+}
+
+/// What a transactional tool body returns: Ok(result) commits with its writes.
+pub(crate) type TxBody<'f> = dyn FnOnce(&Transaction<'_>, &InvocationRow) -> Result<std::result::Result<String, String>>
+    + 'f;
+
+/// Runs a transactional tool inside the caller's fenced transaction: claims the
+/// invocation, runs `body` and records the result, so the tool's writes and its
+/// record commit together or not at all.
+///
+/// An already-finished invocation does not run `body`. A body that returns
+/// `Ok(Err(msg))` (the tool refused) has its writes rolled back to a savepoint
+/// and the error result is recorded instead. A body returning `Err` aborts the
+/// caller's transaction (a crash: nothing recorded).
+pub(crate) fn run_transactional(
+    tx: &Transaction<'_>,
+    lease: &Lease,
+    inv: &NewInvocation<'_>,
+    body: Box<TxBody<'_>>,
+) -> Result<Option<(InvocationId, bool)>> {
+    let (row, _) = insert_or_get_invocation(tx, inv)?;
+    if row.status != InvocationStatus::Started && !cfg!(feature = "broken-idempotency") {
+        return Ok(None);
+    }
+    tx.prepare_cached("SAVEPOINT tool_body")?.execute([])?;
+    let ok = match body(tx, &row)? {
+        Ok(result) => {
+            tx.prepare_cached("RELEASE tool_body")?.execute([])?;
+            finish_invocation(tx, lease, row.id, true, &result)?;
+            true
+        }
+        Err(msg) => {
+            tx.prepare_cached("ROLLBACK TO tool_body")?.execute([])?;
+            tx.prepare_cached("RELEASE tool_body")?.execute([])?;
+            finish_invocation(tx, lease, row.id, false, &msg)?;
+            false
+        }
+    };
+    Ok(Some((row.id, ok)))
+}
+
+pub(crate) fn list_invocations(conn: &Connection, step_id: StepId) -> Result<Vec<InvocationRow>> {
+    let mut st = conn.prepare_cached(&format!(
+        "SELECT {} FROM tool_invocations WHERE step_id = ?1 ORDER BY position",
+        InvocationRow::COLUMNS
+    ))?;
+    let rows = st.query_map([step_id], InvocationRow::from_row)?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}

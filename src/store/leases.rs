@@ -1,0 +1,139 @@
+//! Turn leases: taking one (a new turn, a takeover), fencing every write of
+//! a leased turn by its epoch, renewing it.
+
+use super::rows::*;
+use super::turns::*;
+use super::{now_ms, write_tx};
+use crate::error::{Error, Result};
+use crate::ids::TurnId;
+use rusqlite::{params, Connection, OptionalExtension, Transaction};
+
+/// A held turn lease: the right to write one turn's steps while `epoch` is current.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The turn.
+    pub turn_id: TurnId,
+    /// Who holds it.
+    pub owner: String,
+    /// Fencing epoch; a takeover increments it.
+    pub epoch: i64,
+    /// How long each renewal extends it, ms.
+    pub ttl_ms: i64,
+    /// The owner name of the holder this lease was taken over from (None: the
+    /// turn is new, or its lease was free).
+    pub taken_from: Option<String>,
+}
+
+/// Checks the lease inside the caller's write transaction, and renews it when
+/// less than half its time is left.
+///
+/// Transaction behaviour: must run inside an IMMEDIATE transaction, so the check
+/// and the writes that follow are atomic; a taken-over lease matches no row and
+/// the whole transaction is refused with [`Error::LeaseLost`]. A lease with
+/// more than half its time left is only read: the heartbeat and the writes
+/// that find it past half renew it, so it never runs out while its holder
+/// works, and most steps leave the turn's row (and its page) untouched.
+pub(crate) fn fence(tx: &Transaction<'_>, lease: &Lease) -> Result<()> {
+    check_lease(tx, lease, lease.ttl_ms / 2)
+}
+
+/// Checks the lease; renews it when less than `renew_below` ms are left.
+pub(super) fn check_lease(tx: &Transaction<'_>, lease: &Lease, renew_below: i64) -> Result<()> {
+    let expires: Option<Option<i64>> = tx
+        .prepare_cached(
+            "SELECT lease_expires_at FROM turns \
+             WHERE id = ?1 AND lease_owner = ?2 AND lease_epoch = ?3 AND status = 'running'",
+        )?
+        .query_row(params![lease.turn_id, lease.owner, lease.epoch], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    let Some(expires) = expires else {
+        return Err(Error::LeaseLost {
+            turn_id: lease.turn_id,
+            epoch: lease.epoch,
+        });
+    };
+    let now = now_ms();
+    if expires.is_none_or(|e| e - now < renew_below) {
+        tx.prepare_cached("UPDATE turns SET lease_expires_at = ?1 WHERE id = ?2")?
+            .execute(params![now + lease.ttl_ms, lease.turn_id])?;
+    }
+    Ok(())
+}
+
+pub(super) fn take_lease(
+    tx: &Transaction<'_>,
+    turn: &TurnRow,
+    owner: &str,
+    ttl_ms: i64,
+    owner_is_dead: &dyn Fn(&str) -> bool,
+) -> Result<Lease> {
+    let now = now_ms();
+    let (holder, expires_at) = (turn.lease_owner.as_deref(), turn.lease_expires_at);
+    if super::lease_held_by_live_other(holder, expires_at, owner, now, owner_is_dead) {
+        return Err(Error::LeaseHeld {
+            turn_id: turn.id,
+            owner: crate::owner::owner_name(holder.unwrap_or_default()).to_string(),
+            expires_at: expires_at.unwrap_or_default(),
+        });
+    }
+    let epoch = turn.lease_epoch + 1;
+    tx.execute(
+        "UPDATE turns SET lease_owner = ?1, lease_epoch = ?2, lease_expires_at = ?3 \
+         WHERE id = ?4 AND status = 'running' AND lease_epoch = ?5",
+        params![owner, epoch, now + ttl_ms, turn.id, turn.lease_epoch],
+    )?;
+    Ok(Lease {
+        turn_id: turn.id,
+        owner: owner.into(),
+        epoch,
+        ttl_ms,
+        taken_from: holder.map(|h| crate::owner::owner_name(h).to_string()),
+    })
+}
+
+/// Takes the lease of a running turn: free, expired, held by a dead owner, or
+/// held by `owner` itself (a restarted host with a stable identity).
+///
+/// Claim semantics: the epoch increments, fencing every earlier holder.
+pub(crate) fn acquire_lease(
+    conn: &mut Connection,
+    turn_id: TurnId,
+    owner: &str,
+    ttl_ms: i64,
+    owner_is_dead: &dyn Fn(&str) -> bool,
+) -> Result<(TurnRow, Lease)> {
+    let tx = write_tx(conn)?;
+    let turn = get_turn(&tx, turn_id)?;
+    if turn.status != TurnStatus::Running {
+        return Err(Error::TurnFinished {
+            turn_id,
+            status: turn.status.to_string(),
+        });
+    }
+    let lease = take_lease(&tx, &turn, owner, ttl_ms, owner_is_dead)?;
+    let turn = get_turn(&tx, turn_id)?;
+    tx.commit()?;
+    Ok((turn, lease))
+}
+
+/// Renews the lease to its full time (heartbeat). Returns false when it was lost.
+pub(crate) fn renew_lease(conn: &mut Connection, lease: &Lease) -> Result<bool> {
+    let tx = write_tx(conn)?;
+    let ok = match check_lease(&tx, lease, i64::MAX) {
+        Ok(()) => true,
+        Err(Error::LeaseLost { .. }) => false,
+        Err(e) => return Err(e),
+    };
+    tx.commit()?;
+    Ok(ok)
+}
+
+/// Opens a fenced IMMEDIATE transaction: every write of a leased turn runs in
+/// one. The caller commits it.
+pub(crate) fn fenced_tx<'c>(conn: &'c mut Connection, lease: &Lease) -> Result<Transaction<'c>> {
+    let tx = write_tx(conn)?;
+    fence(&tx, lease)?;
+    Ok(tx)
+}

@@ -1,0 +1,148 @@
+//! Steps: claimed, given their model response, completed (claiming the next).
+
+use super::leases::*;
+use super::rows::*;
+use super::turns::*;
+use super::{now_ms, write_tx};
+use crate::error::{Error, Result};
+use crate::ids::{CompactionId, StepId, TurnId};
+use rusqlite::{params, Connection, OptionalExtension, Transaction};
+
+pub(crate) fn get_step(conn: &Connection, id: StepId) -> Result<StepRow> {
+    conn.prepare_cached(&format!(
+        "SELECT {} FROM steps WHERE id = ?1",
+        StepRow::COLUMNS
+    ))?
+    .query_row([id], StepRow::from_row)
+    .optional()?
+    .ok_or(Error::UnknownStep(id))
+}
+
+pub(crate) fn list_steps(conn: &Connection, turn_id: TurnId) -> Result<Vec<StepRow>> {
+    let mut st = conn.prepare_cached(&format!(
+        "SELECT {} FROM steps WHERE turn_id = ?1 ORDER BY idx",
+        StepRow::COLUMNS
+    ))?;
+    let rows = st.query_map([turn_id], StepRow::from_row)?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// The turn's newest step row, if any. A read: no transaction, no fence.
+pub(crate) fn last_step(conn: &Connection, turn_id: TurnId) -> Result<Option<StepRow>> {
+    Ok(conn
+        .prepare_cached(&format!(
+            "SELECT {} FROM steps WHERE turn_id = ?1 ORDER BY idx DESC LIMIT 1",
+            StepRow::COLUMNS
+        ))?
+        .query_row([turn_id], StepRow::from_row)
+        .optional()?)
+}
+
+/// Claims step `idx` of a turn as `running` inside the caller's transaction; a
+/// row already there is left as it is.
+pub(super) fn insert_step(tx: &Transaction<'_>, turn_id: TurnId, idx: i64, now: i64) -> Result<()> {
+    tx.prepare_cached(
+        "INSERT INTO steps (turn_id, idx, status, created_at) VALUES (?1, ?2, 'running', ?3) \
+         ON CONFLICT (turn_id, idx) DO NOTHING",
+    )?
+    .execute(params![turn_id, idx, now])?;
+    Ok(())
+}
+
+/// The step to run next: the turn's unfinished step if there is one (a resume,
+/// or the step claimed by the transaction that completed the previous one),
+/// otherwise a new row after the last completed step.
+///
+/// Claim semantics: the common case is a read; only a turn whose newest step is
+/// completed (a layout where completing a step did not claim the next) takes a
+/// fenced IMMEDIATE transaction to claim one under UNIQUE(turn_id, idx).
+pub(crate) fn claim_step(conn: &mut Connection, lease: &Lease) -> Result<StepRow> {
+    if let Some(s) = last_step(conn, lease.turn_id)? {
+        if s.status != StepStatus::Completed {
+            return Ok(s);
+        }
+    }
+    let tx = write_tx(conn)?;
+    fence(&tx, lease)?;
+    let row = match last_step(&tx, lease.turn_id)? {
+        Some(s) if s.status != StepStatus::Completed => s,
+        other => {
+            let idx = other.map_or(0, |s| s.idx + 1);
+            insert_step(&tx, lease.turn_id, idx, now_ms())?;
+            last_step(&tx, lease.turn_id)?.expect("row exists after insert")
+        }
+    };
+    tx.commit()?;
+    Ok(row)
+}
+
+/// What a step persists with its response, in one transaction.
+#[derive(Debug, Clone)]
+pub(crate) struct Responded {
+    pub step_id: StepId,
+    pub compaction_id: Option<CompactionId>,
+    pub messages_sha256: String,
+    pub response_json: String,
+    pub input_tokens: Option<i64>,
+    pub output_tokens: Option<i64>,
+    pub context_tokens: i64,
+    pub estimated: bool,
+}
+
+/// Writes a step's response, usage, hash, compaction read and context measure
+/// inside the caller's fenced transaction: `running` → `responded`. A step that
+/// is no longer running means the lease was lost.
+pub(crate) fn write_response(tx: &Transaction<'_>, lease: &Lease, r: &Responded) -> Result<()> {
+    let n = tx
+        .prepare_cached(
+            "UPDATE steps SET status = 'responded', compaction_id = ?1, messages_sha256 = ?2, \
+             response = ?3, input_tokens = ?4, output_tokens = ?5, context_tokens = ?6, \
+             estimated = ?7, responded_at = ?8, render_format = ?10 \
+             WHERE id = ?9 AND status = 'running'",
+        )?
+        .execute(params![
+            r.compaction_id,
+            r.messages_sha256,
+            r.response_json,
+            r.input_tokens,
+            r.output_tokens,
+            r.context_tokens,
+            r.estimated,
+            now_ms(),
+            r.step_id,
+            crate::builder::RenderFormat::CURRENT.as_i64()
+        ])?;
+    if n == 0 {
+        return Err(Error::LeaseLost {
+            turn_id: lease.turn_id,
+            epoch: lease.epoch,
+        });
+    }
+    Ok(())
+}
+
+/// Marks a responded step completed inside the caller's fenced transaction;
+/// with `final_output` also completes the turn (releasing its lease) and
+/// returns it, otherwise claims the next step (`running`), so that the next
+/// step starts with a read, not a write.
+pub(crate) fn complete_step(
+    tx: &Transaction<'_>,
+    lease: &Lease,
+    step_id: StepId,
+    step_idx: i64,
+    final_output: Option<&str>,
+) -> Result<Option<TurnRow>> {
+    let now = now_ms();
+    tx.prepare_cached(
+        "UPDATE steps SET status = 'completed', completed_at = ?1 \
+         WHERE id = ?2 AND status = 'responded'",
+    )?
+    .execute(params![now, step_id])?;
+    match final_output {
+        Some(out) => Ok(Some(complete_turn(tx, lease, out, now)?)),
+        None => {
+            insert_step(tx, lease.turn_id, step_idx + 1, now)?;
+            Ok(None)
+        }
+    }
+}
