@@ -12,6 +12,16 @@
 //! exception is a short read that cannot wait (`ensure()`'s decision): it runs
 //! on the calling thread when a connection is idle, with SQLite's busy handler
 //! off, and through the pool otherwise.
+//!
+//! # Layout
+//! One file per thing stored, each with every statement about it:
+//! `sessions`, `turns`, `leases` (taking, fencing, renewing a turn's lease),
+//! `steps`, `invocations`, `compactions`, `history` (the rows a context is
+//! built from); `rows` holds the row types; `schema` the file checks, the
+//! schema of version 1 and the numbered migrations; `tx` the transaction
+//! helpers; `snapshot` read-only access from outside a host; `audit` the
+//! counts and checks `inspect` and `verify` read. This file holds the
+//! [`Store`] itself: options, the pool, the blocking bridge.
 
 mod audit;
 #[doc(hidden)]
@@ -24,9 +34,12 @@ mod history;
 mod invocations;
 mod leases;
 mod rows;
+mod schema;
 mod sessions;
+mod snapshot;
 mod steps;
 mod turns;
+mod tx;
 
 pub use compactions::{ClaimOutcome, CompactionStats};
 pub use history::{HistoryStep, HistoryTurn};
@@ -39,31 +52,22 @@ pub(crate) use history::*;
 pub(crate) use invocations::*;
 pub use leases::Lease;
 pub(crate) use leases::*;
+use schema::{check_file, map_open_err, migrate, retry_busy};
+pub use schema::{check_path, MIGRATIONS, SCHEMA_SQL, SCHEMA_VERSION};
 pub(crate) use sessions::*;
+pub use snapshot::{open_read_only, read_only};
 pub(crate) use steps::*;
 pub(crate) use turns::*;
+pub(crate) use tx::{in_read_tx, write_tx};
 
 use crate::error::{Error, Result};
 use crate::ids::SessionId;
 use r2d2_sqlite::SqliteConnectionManager;
-use rusqlite::{Connection, OpenFlags, TransactionBehavior};
+use rusqlite::Connection;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// The schema of version 1, applied on first open; the numbered
-/// [`MIGRATIONS`] follow it.
-pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
-
-/// Schema changes after version 1, in order: `(version, sql)`. A store at
-/// version `v` gets every migration above `v`, each with its version stamp,
-/// in one IMMEDIATE transaction; a new store gets `SCHEMA_SQL` and all of
-/// them. Never edit one that has shipped: add the next.
-pub const MIGRATIONS: &[(i64, &str)] = &[(2, include_str!("migrations/0002_append_only.sql"))];
-
-/// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 2;
 
 /// How hard each commit is pushed to disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -183,117 +187,6 @@ impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store").field("path", &self.path).finish()
     }
-}
-
-fn map_open_err(path: &Path, e: rusqlite::Error) -> Error {
-    match e.sqlite_error_code() {
-        Some(rusqlite::ErrorCode::NotADatabase) => Error::NotADatabase {
-            path: path.to_path_buf(),
-        },
-        _ => Error::Sqlite(e),
-    }
-}
-
-/// Refuses, before SQLite touches it ([`Error::NotADatabase`],
-/// [`Error::NotAFilePath`]), a path that is not a regular file (a
-/// directory gives "disk I/O error", a FIFO blocks the open for ever).
-/// Also refuses what SQLite would not treat as a file path: an empty path,
-/// `:memory:`, and `file:` URIs.
-pub fn check_path(path: &Path) -> Result<()> {
-    let refuse = |reason| {
-        Err(Error::NotAFilePath {
-            path: path.to_path_buf(),
-            reason,
-        })
-    };
-    let text = path.to_string_lossy();
-    if text.is_empty() {
-        return refuse("it is empty");
-    }
-    if text == ":memory:" {
-        return refuse(
-            "an in-memory database is not durable and not shared by the pool's connections",
-        );
-    }
-    if text.starts_with("file:") {
-        return refuse(
-            "URIs are not accepted; write ./file:... for a file whose name starts with file:",
-        );
-    }
-    match std::fs::metadata(path) {
-        Ok(m) if !m.is_file() => Err(Error::NotADatabase {
-            path: path.to_path_buf(),
-        }),
-        _ => Ok(()),
-    }
-}
-
-/// Reads `user_version` and refuses files abridge cannot use. Returns the version.
-///
-/// The version and the table count are read in one statement, so one snapshot:
-/// another process migrating the same new file in between cannot make it look
-/// like a foreign database.
-fn check_file(conn: &Connection, path: &Path) -> Result<i64> {
-    let (version, tables, ours): (i64, i64, i64) = conn
-        .query_row(
-            "SELECT (SELECT user_version FROM pragma_user_version), \
-                    (SELECT count(*) FROM sqlite_master WHERE type = 'table'), \
-                    (SELECT count(*) FROM sqlite_master WHERE type = 'table' \
-                     AND name IN ('sessions', 'turns', 'steps', 'tool_invocations', 'compactions'))",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
-        .map_err(|e| map_open_err(path, e))?;
-    if version > SCHEMA_VERSION {
-        return Err(Error::SchemaTooNew {
-            found: version,
-            supported: SCHEMA_VERSION,
-        });
-    }
-    // Tables without a stamp, or a stamp without abridge's tables: not ours.
-    if (version == 0 && tables > 0) || (version > 0 && ours < 5) {
-        return Err(Error::ForeignDatabase {
-            path: path.to_path_buf(),
-        });
-    }
-    Ok(version)
-}
-
-/// Retries `f` while SQLite says busy or locked, until `timeout` has passed.
-fn retry_busy<T>(
-    timeout: Duration,
-    mut f: impl FnMut() -> rusqlite::Result<T>,
-) -> rusqlite::Result<T> {
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        match f() {
-            Err(e)
-                if matches!(
-                    e.sqlite_error_code(),
-                    Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
-                ) && std::time::Instant::now() < deadline =>
-            {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            other => return other,
-        }
-    }
-}
-
-fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    // Re-check inside the write lock: another process may have migrated first.
-    let version = check_file(&tx, path)?;
-    if version == 0 {
-        tx.execute_batch(SCHEMA_SQL)?;
-        tx.execute_batch("PRAGMA user_version = 1")?;
-    }
-    for (v, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > version.max(1)) {
-        tx.execute_batch(sql)?;
-        tx.execute_batch(&format!("PRAGMA user_version = {v}"))?;
-    }
-    tx.commit()?;
-    Ok(())
 }
 
 impl Store {
@@ -491,127 +384,6 @@ impl Store {
     }
 }
 
-/// Opens an existing abridge database read-only: for inspecting a store while a
-/// host writes to it. Never creates or modifies the file.
-pub fn open_read_only(path: impl AsRef<Path>) -> Result<Connection> {
-    let path = path.as_ref();
-    check_path(path)?;
-    if !path.exists() {
-        return Err(Error::NotFound {
-            path: path.to_path_buf(),
-        });
-    }
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(|e| map_open_err(path, e))?;
-    conn.busy_timeout(Duration::from_secs(10))?;
-    let version = check_file(&conn, path)?;
-    if version == 0 {
-        return Err(Error::ForeignDatabase {
-            path: path.to_path_buf(),
-        });
-    }
-    Ok(conn)
-}
-
-/// Runs `read` on a read-only view of the store at `path` that leaves no
-/// trace: no `-wal` or `-shm` file is created, and it works in a directory the
-/// user cannot write.
-///
-/// When the store has no `-wal` file, or an empty one (every writer closed
-/// cleanly, or checkpointed and truncated it), all its rows are in the main
-/// file: it is opened `immutable` (no locks, no
-/// shared memory) and `read` runs; if the main file's size or modification
-/// time changed meanwhile, or the `-wal` file holds frames (another process
-/// may have checkpointed into it), the read is not trusted and runs again on an ordinary read-only connection, which may
-/// create the `-shm` file (or, in an unwritable directory, fails with
-/// [`Error::ChangedWhileReading`]). When the `-wal` file holds frames, a
-/// writer is running or did not close: an ordinary read-only connection reads
-/// them (creating the `-shm` file if it is missing and the directory allows).
-///
-/// `read` may run twice; it must only read.
-pub fn read_only<T>(
-    path: impl AsRef<Path>,
-    mut read: impl FnMut(&Connection) -> Result<T>,
-) -> Result<T> {
-    let path = path.as_ref();
-    check_path(path)?;
-    if !path.exists() {
-        return Err(Error::NotFound {
-            path: path.to_path_buf(),
-        });
-    }
-    let wal = sidecar(path, "-wal");
-    // No -wal, or an empty one (checkpointed and truncated): no frames, so
-    // every committed row is in the main file.
-    let wal_empty = || std::fs::metadata(&wal).map_or(true, |m| m.len() == 0);
-    if wal_empty() {
-        let before = file_stamp(path);
-        let conn = open_immutable(path)?;
-        let out = read(&conn)?;
-        drop(conn);
-        // A checkpoint into the main file needs a writer with the -wal open,
-        // and a writer that closed meanwhile changed the file's stamp.
-        if before.is_some() && wal_empty() && file_stamp(path) == before {
-            return Ok(out);
-        }
-        return match open_read_only(path) {
-            Ok(conn) => read(&conn),
-            Err(Error::Sqlite(_)) => Err(Error::ChangedWhileReading {
-                path: path.to_path_buf(),
-            }),
-            Err(e) => Err(e),
-        };
-    }
-    let conn = open_read_only(path)?;
-    read(&conn)
-}
-
-/// `path` with `suffix` appended to its file name (`x.db` -> `x.db-wal`).
-fn sidecar(path: &Path, suffix: &str) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(suffix);
-    PathBuf::from(s)
-}
-
-/// Size and modification time: what a write into the file changes.
-fn file_stamp(path: &Path) -> Option<(u64, std::time::SystemTime)> {
-    let m = std::fs::metadata(path).ok()?;
-    Some((m.len(), m.modified().ok()?))
-}
-
-/// Opens `path` read-only with `immutable=1`: SQLite takes no lock and makes
-/// no `-shm`. Only sound while nothing writes the main file (checked by the
-/// caller).
-fn open_immutable(path: &Path) -> Result<Connection> {
-    let abs = std::path::absolute(path)?;
-    let mut uri = String::from("file:");
-    for &b in abs.as_os_str().as_encoded_bytes() {
-        if b.is_ascii_alphanumeric() || b"/._-~".contains(&b) {
-            uri.push(b as char);
-        } else {
-            uri.push_str(&format!("%{b:02X}"));
-        }
-    }
-    uri.push_str("?immutable=1");
-    let conn = Connection::open_with_flags(
-        &uri,
-        OpenFlags::SQLITE_OPEN_READ_ONLY
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX
-            | OpenFlags::SQLITE_OPEN_URI,
-    )
-    .map_err(|e| map_open_err(path, e))?;
-    let version = check_file(&conn, path)?;
-    if version == 0 {
-        return Err(Error::ForeignDatabase {
-            path: path.to_path_buf(),
-        });
-    }
-    Ok(conn)
-}
-
 /// The one rule for turn and compaction leases: a lease is held by a live
 /// other when it has a holder and an expiry, the expiry has not passed, the
 /// holder is not this very claim (`me`, a holder string), and `holder_is_gone`
@@ -635,34 +407,4 @@ pub fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
-}
-
-/// Starts an IMMEDIATE transaction: every write in abridge goes through here.
-/// Runs `f`'s reads in one read transaction: one snapshot for all of them, and
-/// SQLite takes its file and WAL-index locks once instead of once per statement
-/// (a pair of `fcntl` calls or more each). Inside a transaction already, just
-/// runs `f`.
-pub(crate) fn in_read_tx<R>(
-    conn: &Connection,
-    f: impl FnOnce(&Connection) -> Result<R>,
-) -> Result<R> {
-    if !conn.is_autocommit() {
-        return f(conn);
-    }
-    conn.prepare_cached("BEGIN")?.execute([])?;
-    let out = f(conn);
-    // A read transaction has nothing to keep: COMMIT and ROLLBACK end it alike.
-    let end = conn
-        .prepare_cached("COMMIT")
-        .and_then(|mut st| st.execute([]));
-    if end.is_err() && !conn.is_autocommit() {
-        let _ = conn.execute_batch("ROLLBACK");
-    }
-    let v = out?;
-    end?;
-    Ok(v)
-}
-
-pub(crate) fn write_tx(conn: &mut Connection) -> Result<rusqlite::Transaction<'_>> {
-    Ok(conn.transaction_with_behavior(TransactionBehavior::Immediate)?)
 }

@@ -1,0 +1,129 @@
+//! Read-only access to a store from outside any host: an ordinary read-only
+//! connection, and the trace-free snapshot the command line reads through.
+
+use super::schema::{check_file, check_path, map_open_err};
+use crate::error::{Error, Result};
+use rusqlite::{Connection, OpenFlags};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Opens an existing abridge database read-only: for inspecting a store while a
+/// host writes to it. Never creates or modifies the file.
+pub fn open_read_only(path: impl AsRef<Path>) -> Result<Connection> {
+    let path = path.as_ref();
+    check_path(path)?;
+    if !path.exists() {
+        return Err(Error::NotFound {
+            path: path.to_path_buf(),
+        });
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| map_open_err(path, e))?;
+    conn.busy_timeout(Duration::from_secs(10))?;
+    let version = check_file(&conn, path)?;
+    if version == 0 {
+        return Err(Error::ForeignDatabase {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(conn)
+}
+
+/// Runs `read` on a read-only view of the store at `path` that leaves no
+/// trace: no `-wal` or `-shm` file is created, and it works in a directory the
+/// user cannot write.
+///
+/// When the store has no `-wal` file, or an empty one (every writer closed
+/// cleanly, or checkpointed and truncated it), all its rows are in the main
+/// file: it is opened `immutable` (no locks, no
+/// shared memory) and `read` runs; if the main file's size or modification
+/// time changed meanwhile, or the `-wal` file holds frames (another process
+/// may have checkpointed into it), the read is not trusted and runs again on an ordinary read-only connection, which may
+/// create the `-shm` file (or, in an unwritable directory, fails with
+/// [`Error::ChangedWhileReading`]). When the `-wal` file holds frames, a
+/// writer is running or did not close: an ordinary read-only connection reads
+/// them (creating the `-shm` file if it is missing and the directory allows).
+///
+/// `read` may run twice; it must only read.
+pub fn read_only<T>(
+    path: impl AsRef<Path>,
+    mut read: impl FnMut(&Connection) -> Result<T>,
+) -> Result<T> {
+    let path = path.as_ref();
+    check_path(path)?;
+    if !path.exists() {
+        return Err(Error::NotFound {
+            path: path.to_path_buf(),
+        });
+    }
+    let wal = sidecar(path, "-wal");
+    // No -wal, or an empty one (checkpointed and truncated): no frames, so
+    // every committed row is in the main file.
+    let wal_empty = || std::fs::metadata(&wal).map_or(true, |m| m.len() == 0);
+    if wal_empty() {
+        let before = file_stamp(path);
+        let conn = open_immutable(path)?;
+        let out = read(&conn)?;
+        drop(conn);
+        // A checkpoint into the main file needs a writer with the -wal open,
+        // and a writer that closed meanwhile changed the file's stamp.
+        if before.is_some() && wal_empty() && file_stamp(path) == before {
+            return Ok(out);
+        }
+        return match open_read_only(path) {
+            Ok(conn) => read(&conn),
+            Err(Error::Sqlite(_)) => Err(Error::ChangedWhileReading {
+                path: path.to_path_buf(),
+            }),
+            Err(e) => Err(e),
+        };
+    }
+    let conn = open_read_only(path)?;
+    read(&conn)
+}
+
+/// `path` with `suffix` appended to its file name (`x.db` -> `x.db-wal`).
+fn sidecar(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// Size and modification time: what a write into the file changes.
+fn file_stamp(path: &Path) -> Option<(u64, std::time::SystemTime)> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.len(), m.modified().ok()?))
+}
+
+/// Opens `path` read-only with `immutable=1`: SQLite takes no lock and makes
+/// no `-shm`. Only sound while nothing writes the main file (checked by the
+/// caller).
+fn open_immutable(path: &Path) -> Result<Connection> {
+    let abs = std::path::absolute(path)?;
+    let mut uri = String::from("file:");
+    for &b in abs.as_os_str().as_encoded_bytes() {
+        if b.is_ascii_alphanumeric() || b"/._-~".contains(&b) {
+            uri.push(b as char);
+        } else {
+            uri.push_str(&format!("%{b:02X}"));
+        }
+    }
+    uri.push_str("?immutable=1");
+    let conn = Connection::open_with_flags(
+        &uri,
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI,
+    )
+    .map_err(|e| map_open_err(path, e))?;
+    let version = check_file(&conn, path)?;
+    if version == 0 {
+        return Err(Error::ForeignDatabase {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(conn)
+}
