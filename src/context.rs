@@ -15,10 +15,10 @@
 //! means a new array, built in full. [`ContextCache`] keeps contexts between
 //! turns, least recently used first out, within a byte budget.
 
-use crate::builder::{render_steps, render_turn, RenderFormat};
 use crate::error::Result;
 use crate::ids::{CompactionId, SessionId};
 use crate::message::{Message, ModelRequest};
+use crate::render::{render_steps, render_turn, RenderFormat};
 use crate::replay::build_for;
 use crate::store::{self, CompactionRow, SessionRow};
 use rusqlite::Connection;

@@ -43,7 +43,7 @@
 //! # Layout
 //! - [`store`]: every SQL statement; schema, pool, claims, leases, row structs.
 //! - [`message`]: provider-neutral messages, requests, responses; bytes and hashes.
-//! - [`builder`]: the pure message builder (rows in, message array out).
+//! - [`render`]: the message renderer, a pure function (rows in, message array out).
 //! - [`replay`]: rebuilding an executed step's messages from the store (G3).
 //! - `context`: the message context a runner extends step by step (and keeps
 //!   between turns), byte for byte what a full rebuild gives.
@@ -63,7 +63,6 @@
 
 #![warn(missing_docs)]
 
-pub mod builder;
 #[cfg(all(feature = "harness", unix))]
 pub mod chaos;
 pub mod compaction;
@@ -81,6 +80,7 @@ pub mod message;
 pub mod model;
 pub mod owner;
 mod platform;
+pub mod render;
 pub mod replay;
 pub mod retry;
 pub mod runner;

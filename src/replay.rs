@@ -1,9 +1,9 @@
 //! Rebuilding an executed step's messages from the store (G3).
 
-use crate::builder::{build_messages, RenderFormat, SummaryView};
 use crate::error::{Error, Result};
 use crate::ids::{SessionId, StepId};
 use crate::message::{sha256_hex, to_bytes, Message};
+use crate::render::{build_messages, RenderFormat, SummaryView};
 use crate::store::{self, CompactionRow, CompactionStatus, SessionRow};
 use rusqlite::Connection;
 

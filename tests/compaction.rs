@@ -908,7 +908,7 @@ async fn g7_counts_the_summary_as_the_message_steps_send() {
     let s = history(&store, 5).await;
     let r = runner_with(&store, "t", extractive(), |_| {});
     let row = r.compactor().ensure(&s, 5, 0).await.unwrap().unwrap();
-    let message = abridge::builder::summary_message(abridge::builder::SummaryView {
+    let message = abridge::render::summary_message(abridge::render::SummaryView {
         up_to_turn_index: row.up_to_turn_index,
         summary: row.summary.as_deref().unwrap(),
     });

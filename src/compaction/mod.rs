@@ -19,13 +19,13 @@ pub use summarise::{
     Summariser, SummaryRequest, SummaryResponse, PROSE_RULES, STRUCTURED_RULES,
 };
 
-use crate::builder::SummaryView;
 use crate::error::{Error, Result};
 use crate::events::{EventKind, EventSink, Subject};
 use crate::fault::{self, FaultHook, FaultPoint, TestKnobs};
 use crate::ids::SessionId;
 use crate::message::sha256_hex;
 use crate::owner::ClaimGuard;
+use crate::render::SummaryView;
 use crate::store::{
     self, ClaimOutcome, CompactionRow, CompactionStats, CompactionStatus, SessionRow, Store,
 };
@@ -556,13 +556,13 @@ impl Compactor {
 
         let counter = &*self.config.token_counter;
         let span_msgs =
-            crate::builder::build_messages("", None, &span, crate::builder::RenderFormat::CURRENT)?;
+            crate::render::build_messages("", None, &span, crate::render::RenderFormat::CURRENT)?;
         // G7 on one measure: what the summary replaces (the previous summary's
         // message and the span's) and the summary's own message, rendered as
         // a step sends them and counted by the same counter.
         let mut replaced = Vec::with_capacity(span_msgs.len());
         if let Some(p) = &prev {
-            replaced.push(crate::builder::summary_message(SummaryView {
+            replaced.push(crate::render::summary_message(SummaryView {
                 up_to_turn_index: p.up_to_turn_index,
                 summary: p.summary.as_deref().unwrap_or(""),
             }));
@@ -703,7 +703,7 @@ impl Compactor {
                     let text = clean_summary(&text, cfg.max_summary_chars);
                     let after = message_tokens(
                         counter,
-                        &[crate::builder::summary_message(SummaryView {
+                        &[crate::render::summary_message(SummaryView {
                             up_to_turn_index: row.up_to_turn_index,
                             summary: &text,
                         })],

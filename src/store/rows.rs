@@ -210,7 +210,7 @@ pub struct StepRow {
     /// Why the step failed.
     pub error: Option<String>,
     /// The message renderer its hash was computed with (see
-    /// [`crate::builder::RenderFormat`]).
+    /// [`crate::render::RenderFormat`]).
     pub render_format: i64,
 }
 

@@ -110,7 +110,7 @@ pub(crate) fn write_response(tx: &Transaction<'_>, lease: &Lease, r: &Responded)
             r.estimated,
             now_ms(),
             r.step_id,
-            crate::builder::RenderFormat::CURRENT.as_i64()
+            crate::render::RenderFormat::CURRENT.as_i64()
         ])?;
     if n == 0 {
         return Err(Error::LeaseLost {

@@ -1,4 +1,4 @@
-//! The message builder: a pure function from stored rows to the message array.
+//! The message renderer: a pure function from stored rows to the message array.
 //!
 //! No I/O and no clock: the same rows always give the same messages, and so the
 //! same bytes and hash (G3). The store guarantees the rows a step read never
