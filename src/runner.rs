@@ -300,7 +300,7 @@ impl Runner {
 
     /// A session by its id or the host's external id (see
     /// [`crate::inspect::SessionKey`]); the rest of the read API is on
-    /// [`Store`](crate::Store) ([`Runner::store`]).
+    /// [`Store`] (see [`Runner::store`]).
     pub async fn session(&self, key: impl Into<crate::inspect::SessionKey>) -> Result<SessionRow> {
         self.inner.store.session(key).await
     }
