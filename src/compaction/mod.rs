@@ -22,7 +22,7 @@ pub use summarise::{
 use crate::error::{Error, Result};
 use crate::events::{EventKind, EventSink, Subject};
 use crate::fault::{self, FaultHook, FaultPoint, TestKnobs};
-use crate::ids::SessionId;
+use crate::ids::{CompactionId, SessionId};
 use crate::message::sha256_hex;
 use crate::owner::ClaimGuard;
 use crate::render::SummaryView;
@@ -394,36 +394,9 @@ impl Compactor {
         let claim = ClaimGuard::new(&self.owner);
         let mut waiting_said = false;
         loop {
-            // A look first: a completed, failed or live-held row needs no write
-            // (after a wait, the common case); only a missing or abandoned row
-            // is claimed, in a write transaction.
-            let (me, dead) = (claim.holder().to_string(), self.gone_check());
-            let peeked = self
-                .store
-                .read(move |c| {
-                    Ok(
-                        store::compaction_at(c, session_id, boundary)?.and_then(|row| {
-                            match row.status {
-                                CompactionStatus::Completed => {
-                                    Some(ClaimOutcome::AlreadyCompleted(row))
-                                }
-                                CompactionStatus::Failed => Some(ClaimOutcome::Failed(row)),
-                                CompactionStatus::Pending
-                                    if store::held_by_live_other(
-                                        &row,
-                                        &me,
-                                        store::now_ms(),
-                                        &dead,
-                                    ) =>
-                                {
-                                    Some(ClaimOutcome::HeldByLiveOther(row))
-                                }
-                                CompactionStatus::Pending => None,
-                            }
-                        }),
-                    )
-                })
-                .await?;
+            // A look first; only a missing or abandoned row is claimed, in a
+            // write transaction.
+            let peeked = self.peek(session_id, boundary, claim.holder()).await?;
             let outcome = match peeked {
                 Some(outcome) => outcome,
                 None => {
@@ -487,37 +460,79 @@ impl Compactor {
                             .to_string(),
                         });
                     }
-                    // Woken at once by a holder in this process; a holder in
-                    // another process is polled for, with a doubling delay.
-                    let looked = {
-                        let settled = self.store.compaction_settled(session_id, boundary);
-                        let woken = settled.notified();
-                        tokio::pin!(woken);
-                        // Registered first, then the row looked at again: a settlement
-                        // between the claim and here is not missed.
-                        woken.as_mut().enable();
-                        let id = row.id;
-                        let still_pending = self
-                            .store
-                            .read(move |c| {
-                                Ok(store::get_compaction(c, id)?.status
-                                    == CompactionStatus::Pending)
-                            })
-                            .await;
-                        if let Ok(true) = still_pending {
-                            tokio::select! {
-                                _ = &mut woken => {}
-                                _ = tokio::time::sleep(poll) => {}
-                            }
-                        }
-                        still_pending
-                    };
-                    self.store.forget_settled(session_id, boundary);
-                    looked?;
+                    self.wait_for_settlement(session_id, boundary, row.id, poll)
+                        .await?;
                     poll = (poll * 2).min(Duration::from_millis(200));
                 }
             }
         }
+    }
+
+    /// A look at the row, without a write: a completed, failed or live-held
+    /// row needs none (after a wait, the common case); `None` means missing or
+    /// abandoned, to be claimed.
+    async fn peek(
+        &self,
+        session_id: SessionId,
+        boundary: i64,
+        me: &str,
+    ) -> Result<Option<ClaimOutcome>> {
+        let (me, dead) = (me.to_string(), self.gone_check());
+        self.store
+            .read(move |c| {
+                Ok(
+                    store::compaction_at(c, session_id, boundary)?.and_then(|row| {
+                        match row.status {
+                            CompactionStatus::Completed => {
+                                Some(ClaimOutcome::AlreadyCompleted(row))
+                            }
+                            CompactionStatus::Failed => Some(ClaimOutcome::Failed(row)),
+                            CompactionStatus::Pending
+                                if store::held_by_live_other(&row, &me, store::now_ms(), &dead) =>
+                            {
+                                Some(ClaimOutcome::HeldByLiveOther(row))
+                            }
+                            CompactionStatus::Pending => None,
+                        }
+                    }),
+                )
+            })
+            .await
+    }
+
+    /// Waits, up to `poll`, for the pending row `id` to settle: woken at once
+    /// by a holder in this process; a holder in another process is polled
+    /// for (the caller doubles `poll`).
+    async fn wait_for_settlement(
+        &self,
+        session_id: SessionId,
+        boundary: i64,
+        id: CompactionId,
+        poll: Duration,
+    ) -> Result<()> {
+        let looked = {
+            let settled = self.store.compaction_settled(session_id, boundary);
+            let woken = settled.notified();
+            tokio::pin!(woken);
+            // Registered first, then the row looked at again: a settlement
+            // between the claim and here is not missed.
+            woken.as_mut().enable();
+            let still_pending = self
+                .store
+                .read(
+                    move |c| Ok(store::get_compaction(c, id)?.status == CompactionStatus::Pending),
+                )
+                .await;
+            if let Ok(true) = still_pending {
+                tokio::select! {
+                    _ = &mut woken => {}
+                    _ = tokio::time::sleep(poll) => {}
+                }
+            }
+            still_pending
+        };
+        self.store.forget_settled(session_id, boundary);
+        looked.map(|_| ())
     }
 
     /// Summarises the row's span (folding the previous summary), checks G7, and
@@ -528,55 +543,18 @@ impl Compactor {
         claim: &ClaimGuard,
         subject: &Subject,
     ) -> Result<CompactionRow> {
-        let sid = row.session_id;
-        let b = row.up_to_turn_index;
-        let prev_id = row.previous_id;
-        let (prev, span) = self
-            .store
-            .call(move |c| {
-                let prev = match prev_id {
-                    Some(id) => Some(store::get_compaction(c, id)?),
-                    None => None,
-                };
-                let after = prev.as_ref().map_or(-1, |p| p.up_to_turn_index);
-                let span = store::load_history(c, sid, after, b, i64::MAX)?;
-                Ok((prev, span))
-            })
-            .await?;
-        let previous = prev.as_ref().and_then(|p| p.summary.clone());
+        let (prev, span) = self.load_span(&row).await?;
         self.events.emit(
             subject,
             EventKind::CompactionClaimed {
-                boundary: b,
+                boundary: row.up_to_turn_index,
                 compaction_id: row.id,
                 attempt: row.attempts,
                 trigger_tokens: row.trigger_tokens,
             },
         );
-
-        let counter = &*self.config.token_counter;
-        let span_msgs =
-            crate::render::build_messages("", None, &span, crate::render::RenderFormat::CURRENT)?;
-        // G7 on one measure: what the summary replaces (the previous summary's
-        // message and the span's) and the summary's own message, rendered as
-        // a step sends them and counted by the same counter.
-        let mut replaced = Vec::with_capacity(span_msgs.len());
-        if let Some(p) = &prev {
-            replaced.push(crate::render::summary_message(SummaryView {
-                up_to_turn_index: p.up_to_turn_index,
-                summary: p.summary.as_deref().unwrap_or(""),
-            }));
-        }
-        replaced.extend_from_slice(&span_msgs[1..]);
-        let tokens_before = message_tokens(counter, &replaced);
-
-        let mut rules = rules_for(&self.config.style).to_string();
-        if let Some(focus) = row.focus.as_deref().filter(|f| !f.trim().is_empty()) {
-            rules.push_str("\n\nFocus of this compaction (give it priority): ");
-            rules.push_str(&truncate_chars(focus, MAX_FOCUS_CHARS));
-        }
-        let prompt_sha256 = sha256_hex(rules.as_bytes());
-
+        let tokens_before = self.replaced_tokens(prev.as_ref(), &span)?;
+        let rules = self.rules(&row);
         // Heartbeat: keep the row's lease while this claim is alive and working.
         // Aborted when dropped, so a dropped future renews nothing.
         let hb = self.heartbeat.then(|| {
@@ -587,91 +565,163 @@ impl Compactor {
                 store::renew_compaction_lease(c, id, &owner, ms)
             })
         });
+        let previous = prev.as_ref().and_then(|p| p.summary.clone());
         let result = self
             .attempts(&row, &rules, previous, &span, tokens_before, subject)
             .await;
         drop(hb);
-
         match result {
             Ok((summary, mut stats)) => {
                 fault::check(&self.fault, FaultPoint::MidSummary)?;
-                stats.prompt_sha256 = prompt_sha256;
-                let id = row.id;
-                let (done, won) = {
-                    let stats = stats.clone();
-                    self.store
-                        .call(move |c| store::complete_compaction(c, id, &summary, &stats))
-                        .await?
-                };
-                self.store.compaction_has_settled(sid, b);
-                if done.status != CompactionStatus::Completed {
-                    // Failed by another holder after a takeover; report it as failed.
-                    return Err(Error::CompactionFailed {
-                        compaction_id: done.id,
-                        session_id: sid,
-                        boundary: b,
-                        message: done.error.clone().unwrap_or_default(),
-                    });
-                }
-                info!(
-                    session_id = %sid,
-                    boundary = b,
-                    won,
-                    tokens_before = done.tokens_before,
-                    tokens_after = done.tokens_after,
-                    "compaction completed"
-                );
-                if won {
-                    self.events.emit(
-                        subject,
-                        EventKind::Compacted {
-                            boundary: b,
-                            compaction_id: done.id,
-                            trigger_tokens: done.trigger_tokens,
-                            tokens_before: stats.tokens_before,
-                            tokens_after: stats.tokens_after,
-                            summariser_model: stats.model.clone(),
-                            input_tokens: stats.input_tokens,
-                            output_tokens: stats.output_tokens,
-                            summary_calls: stats.summary_calls,
-                        },
-                    );
-                }
-                Ok(done)
+                stats.prompt_sha256 = sha256_hex(rules.as_bytes());
+                self.complete(&row, summary, stats, subject).await
             }
             Err(Error::Injected(p)) => Err(Error::Injected(p)),
-            Err(e) => {
-                let msg = e.to_string();
-                let id = row.id;
-                let owner = claim.holder().to_string();
-                let m = msg.clone();
-                let failed = self
-                    .store
-                    .call(move |c| store::fail_compaction(c, id, &owner, &m))
-                    .await?;
-                self.store.compaction_has_settled(sid, b);
-                warn!(session_id = %sid, boundary = b, error = %msg, "compaction failed");
-                self.events.emit(
-                    subject,
-                    EventKind::CompactionFailed {
-                        boundary: b,
-                        compaction_id: id,
-                        error: msg.clone(),
-                        last: true,
-                    },
-                );
-                if failed.status == CompactionStatus::Completed {
-                    // Someone else completed it meanwhile: their summary stands.
-                    return Ok(failed);
-                }
-                Err(Error::CompactionFailed {
-                    compaction_id: id,
-                    session_id: sid,
-                    boundary: b,
-                    message: msg,
-                })
-            }
+            Err(e) => self.fail(&row, claim, e, subject).await,
         }
+    }
+
+    /// The previous completed compaction the row folds in, and the turns it
+    /// summarises.
+    async fn load_span(
+        &self,
+        row: &CompactionRow,
+    ) -> Result<(Option<CompactionRow>, Vec<crate::store::HistoryTurn>)> {
+        let (sid, b, prev_id) = (row.session_id, row.up_to_turn_index, row.previous_id);
+        self.store
+            .call(move |c| {
+                let prev = match prev_id {
+                    Some(id) => Some(store::get_compaction(c, id)?),
+                    None => None,
+                };
+                let after = prev.as_ref().map_or(-1, |p| p.up_to_turn_index);
+                let span = store::load_history(c, sid, after, b, i64::MAX)?;
+                Ok((prev, span))
+            })
+            .await
+    }
+
+    /// G7's "before", on one measure: the tokens of what the summary replaces
+    /// (the previous summary's message and the span's messages), rendered as a
+    /// step sends them and counted by the counter the summary is counted with.
+    fn replaced_tokens(
+        &self,
+        prev: Option<&CompactionRow>,
+        span: &[crate::store::HistoryTurn],
+    ) -> Result<u64> {
+        let span_msgs =
+            crate::render::build_messages("", None, span, crate::render::RenderFormat::CURRENT)?;
+        let mut replaced = Vec::with_capacity(span_msgs.len());
+        if let Some(p) = prev {
+            replaced.push(crate::render::summary_message(SummaryView {
+                up_to_turn_index: p.up_to_turn_index,
+                summary: p.summary.as_deref().unwrap_or(""),
+            }));
+        }
+        replaced.extend_from_slice(&span_msgs[1..]);
+        Ok(message_tokens(&*self.config.token_counter, &replaced))
+    }
+
+    /// The summariser's rules: the style's, and a manual compaction's focus.
+    fn rules(&self, row: &CompactionRow) -> String {
+        let mut rules = rules_for(&self.config.style).to_string();
+        if let Some(focus) = row.focus.as_deref().filter(|f| !f.trim().is_empty()) {
+            rules.push_str("\n\nFocus of this compaction (give it priority): ");
+            rules.push_str(&truncate_chars(focus, MAX_FOCUS_CHARS));
+        }
+        rules
+    }
+
+    /// Completes the row with `summary`; the first completion wins (G2), a
+    /// later one gets the winner's row back.
+    async fn complete(
+        &self,
+        row: &CompactionRow,
+        summary: String,
+        stats: CompactionStats,
+        subject: &Subject,
+    ) -> Result<CompactionRow> {
+        let (sid, b, id) = (row.session_id, row.up_to_turn_index, row.id);
+        let (done, won) = {
+            let stats = stats.clone();
+            self.store
+                .call(move |c| store::complete_compaction(c, id, &summary, &stats))
+                .await?
+        };
+        self.store.compaction_has_settled(sid, b);
+        if done.status != CompactionStatus::Completed {
+            // Failed by another holder after a takeover; report it as failed.
+            return Err(Error::CompactionFailed {
+                compaction_id: done.id,
+                session_id: sid,
+                boundary: b,
+                message: done.error.clone().unwrap_or_default(),
+            });
+        }
+        info!(
+            session_id = %sid,
+            boundary = b,
+            won,
+            tokens_before = done.tokens_before,
+            tokens_after = done.tokens_after,
+            "compaction completed"
+        );
+        if won {
+            self.events.emit(
+                subject,
+                EventKind::Compacted {
+                    boundary: b,
+                    compaction_id: done.id,
+                    trigger_tokens: done.trigger_tokens,
+                    tokens_before: stats.tokens_before,
+                    tokens_after: stats.tokens_after,
+                    summariser_model: stats.model.clone(),
+                    input_tokens: stats.input_tokens,
+                    output_tokens: stats.output_tokens,
+                    summary_calls: stats.summary_calls,
+                },
+            );
+        }
+        Ok(done)
+    }
+
+    /// Fails the row after its last attempt (unless another holder completed
+    /// it meanwhile: their summary stands).
+    async fn fail(
+        &self,
+        row: &CompactionRow,
+        claim: &ClaimGuard,
+        err: Error,
+        subject: &Subject,
+    ) -> Result<CompactionRow> {
+        let (sid, b, id) = (row.session_id, row.up_to_turn_index, row.id);
+        let msg = err.to_string();
+        let owner = claim.holder().to_string();
+        let m = msg.clone();
+        let failed = self
+            .store
+            .call(move |c| store::fail_compaction(c, id, &owner, &m))
+            .await?;
+        self.store.compaction_has_settled(sid, b);
+        warn!(session_id = %sid, boundary = b, error = %msg, "compaction failed");
+        self.events.emit(
+            subject,
+            EventKind::CompactionFailed {
+                boundary: b,
+                compaction_id: id,
+                error: msg.clone(),
+                last: true,
+            },
+        );
+        if failed.status == CompactionStatus::Completed {
+            return Ok(failed);
+        }
+        Err(Error::CompactionFailed {
+            compaction_id: id,
+            session_id: sid,
+            boundary: b,
+            message: msg,
+        })
     }
 
     /// Up to `retry.max_attempts` runs of the whole (possibly chunked) summary, with
