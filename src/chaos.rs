@@ -626,32 +626,7 @@ pub async fn run_chaos(o: &ChaosOptions) -> Result<ChaosReport> {
     let mut report = ChaosReport::default();
     let mut rng = Rng::new(o.seed ^ 0xC4A05);
 
-    let locker = Command::new(&exe)
-        .args(["chaos-locker", "--db"])
-        .arg(&o.db)
-        .args(["--seed", &o.seed.to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let mut locker = Worker {
-        child: locker,
-        killed_by_us: true,
-        id: u64::MAX,
-    };
-    {
-        let stderr = locker.child.stderr.take().expect("piped");
-        let tally = tally.clone();
-        std::thread::spawn(move || {
-            for _ in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
-                *tally
-                    .lock()
-                    .expect("tally")
-                    .entry("fault:write_lock_held".into())
-                    .or_default() += 1;
-            }
-        });
-    }
+    let mut locker = spawn_locker(&exe, o, &tally)?;
 
     let mut workers: Vec<Option<Worker>> = Vec::new();
     for id in 0..o.workers {
@@ -666,33 +641,8 @@ pub async fn run_chaos(o: &ChaosOptions) -> Result<ChaosReport> {
             break;
         }
         tokio::time::sleep(Duration::from_millis(5 + rng.below(40))).await;
-        // Reap: a worker that exited by itself finished the workload; one that
-        // died by SIGKILL without us killed itself at a fault point.
-        let mut all_done = true;
-        for slot in workers.iter_mut() {
-            let Some(wk) = slot else { continue };
-            match wk.child.try_wait()? {
-                None => all_done = false,
-                Some(st) if st.success() => *slot = None,
-                Some(st) => {
-                    use std::os::unix::process::ExitStatusExt;
-                    if st.signal() == Some(libc::SIGKILL) {
-                        if wk.killed_by_us {
-                            random_kills += 1;
-                        }
-                        let id = wk.id;
-                        *slot = Some(spawn_worker(&exe, o, &w, id, &tally)?);
-                        report.recoveries += 1;
-                        all_done = false;
-                    } else {
-                        report
-                            .violations
-                            .push(format!("worker {} exited with {st}", wk.id));
-                        *slot = None;
-                    }
-                }
-            }
-        }
+        let (all_done, killed_by_us) = reap(&mut workers, &exe, o, &w, &tally, &mut report)?;
+        random_kills += killed_by_us;
         let point_kills: u64 = tally
             .lock()
             .expect("tally")
@@ -724,19 +674,7 @@ pub async fn run_chaos(o: &ChaosOptions) -> Result<ChaosReport> {
             continue;
         }
         let pick = live[rng.below(live.len() as u64) as usize];
-        let wk = workers[pick].as_mut().expect("live");
-        if rng.below(100) < 8 {
-            // Freeze past the turn lease (but not the compaction lease): others
-            // take its turn over and meet its pending compaction.
-            let pid = wk.child.id();
-            signal(pid, libc::SIGSTOP);
-            tokio::time::sleep(Duration::from_millis(600 + rng.below(400))).await;
-            signal(pid, libc::SIGCONT);
-            report.freezes += 1;
-        } else {
-            wk.killed_by_us = true;
-            let _ = wk.child.kill();
-        }
+        disturb(workers[pick].as_mut().expect("live"), &mut rng, &mut report).await;
     }
     let _ = locker.child.kill();
     let _ = locker.child.wait();
@@ -745,8 +683,106 @@ pub async fn run_chaos(o: &ChaosOptions) -> Result<ChaosReport> {
         let _ = wk.child.wait();
     }
 
-    let t = tally.lock().expect("tally").clone();
-    for (k, v) in &t {
+    tally_into(&tally.lock().expect("tally"), random_kills, &mut report);
+    report.kills = report.kills_by_point.values().sum();
+    report.epochs = w.epochs;
+    if report.violations.is_empty() {
+        compare_with_control(o, &w, &mut report).await?;
+    }
+    report.wall_seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// The lock-holder process; each line it prints is one write lock held.
+fn spawn_locker(
+    exe: &Path,
+    o: &ChaosOptions,
+    tally: &Arc<Mutex<BTreeMap<String, u64>>>,
+) -> Result<Worker> {
+    let child = Command::new(exe)
+        .args(["chaos-locker", "--db"])
+        .arg(&o.db)
+        .args(["--seed", &o.seed.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let mut locker = Worker {
+        child,
+        killed_by_us: true,
+        id: u64::MAX,
+    };
+    let stderr = locker.child.stderr.take().expect("piped");
+    let tally = tally.clone();
+    std::thread::spawn(move || {
+        for _ in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+            *tally
+                .lock()
+                .expect("tally")
+                .entry("fault:write_lock_held".into())
+                .or_default() += 1;
+        }
+    });
+    Ok(locker)
+}
+
+/// Reaps the workers: one that exited by itself finished the workload; one
+/// that died by SIGKILL (ours, or its own at a fault point) is restarted.
+/// Returns whether all are done and how many of the kills were ours.
+fn reap(
+    workers: &mut [Option<Worker>],
+    exe: &Path,
+    o: &ChaosOptions,
+    w: &Workload,
+    tally: &Arc<Mutex<BTreeMap<String, u64>>>,
+    report: &mut ChaosReport,
+) -> Result<(bool, u64)> {
+    use std::os::unix::process::ExitStatusExt;
+    let (mut all_done, mut ours) = (true, 0);
+    for slot in workers.iter_mut() {
+        let Some(wk) = slot else { continue };
+        match wk.child.try_wait()? {
+            None => all_done = false,
+            Some(st) if st.success() => *slot = None,
+            Some(st) if st.signal() == Some(libc::SIGKILL) => {
+                if wk.killed_by_us {
+                    ours += 1;
+                }
+                let id = wk.id;
+                *slot = Some(spawn_worker(exe, o, w, id, tally)?);
+                report.recoveries += 1;
+                all_done = false;
+            }
+            Some(st) => {
+                report
+                    .violations
+                    .push(format!("worker {} exited with {st}", wk.id));
+                *slot = None;
+            }
+        }
+    }
+    Ok((all_done, ours))
+}
+
+/// Freezes the worker past the turn lease (but not the compaction lease:
+/// others take its turn over and meet its pending compaction), or kills it.
+async fn disturb(wk: &mut Worker, rng: &mut Rng, report: &mut ChaosReport) {
+    if rng.below(100) < 8 {
+        let pid = wk.child.id();
+        signal(pid, libc::SIGSTOP);
+        tokio::time::sleep(Duration::from_millis(600 + rng.below(400))).await;
+        signal(pid, libc::SIGCONT);
+        report.freezes += 1;
+    } else {
+        wk.killed_by_us = true;
+        let _ = wk.child.kill();
+    }
+}
+
+/// What the workers reported (kills at named points, faults, races), into the
+/// report.
+fn tally_into(t: &BTreeMap<String, u64>, random_kills: u64, report: &mut ChaosReport) {
+    for (k, v) in t {
         if let Some(p) = k.strip_prefix("kill:") {
             report.kills_by_point.insert(p.to_string(), *v);
         } else if let Some(f) = k.strip_prefix("fault:") {
@@ -760,13 +796,6 @@ pub async fn run_chaos(o: &ChaosOptions) -> Result<ChaosReport> {
             .kills_by_point
             .insert("random_time".into(), random_kills);
     }
-    report.kills = report.kills_by_point.values().sum();
-    report.epochs = w.epochs;
-    if report.violations.is_empty() {
-        compare_with_control(o, &w, &mut report).await?;
-    }
-    report.wall_seconds = started.elapsed().as_secs_f64();
-    Ok(report)
 }
 
 /// Per session: (transcript, step hashes).
