@@ -88,7 +88,12 @@ pub fn verify_with(conn: &Connection, effect_checks: &[&dyn EffectCheck]) -> Res
         "G1 one row per boundary",
         compactions.len() as i64,
         dups.iter()
-            .map(|(s, b, n)| format!("session {s} boundary {b} has {n} compaction rows"))
+            .map(|d| {
+                format!(
+                    "session {} boundary {} has {} compaction rows",
+                    d.session_id, d.boundary, d.rows
+                )
+            })
             .collect(),
     ));
 
@@ -146,12 +151,17 @@ pub fn verify_with(conn: &Connection, effect_checks: &[&dyn EffectCheck]) -> Res
         steps.len() as i64,
         drafts
             .iter()
-            .map(|(s, c, st)| format!("step {s} read compaction {c}, which is {st}"))
+            .map(|d| {
+                format!(
+                    "step {} read compaction {}, which is {}",
+                    d.step_id, d.compaction_id, d.status
+                )
+            })
             .collect(),
     ));
 
     let anomalies = store::invocation_anomalies(conn)?;
-    let (_, invocations, _) = store::totals(conn)?;
+    let invocations = store::invocation_count(conn)?;
     let mut g5: Vec<String> = anomalies
         .unfinished
         .iter()

@@ -1,8 +1,8 @@
-//! Read-only queries for inspection, export and verification.
+//! Counts and checks over whole tables, for `inspect` and `verify`.
 
 use super::rows::*;
 use crate::error::Result;
-use crate::ids::{SessionId, StepId};
+use crate::ids::{CompactionId, InvocationId, SessionId, StepId};
 use rusqlite::{params, Connection};
 
 /// Counts for one session.
@@ -81,22 +81,48 @@ pub(crate) fn all_compactions(conn: &Connection) -> Result<Vec<CompactionRow>> {
 
 /// (session_id, up_to_turn_index, count) groups with more than one row: only
 /// possible if the unique index was dropped.
-pub(crate) fn duplicate_boundaries(conn: &Connection) -> Result<Vec<(i64, i64, i64)>> {
+pub(crate) fn duplicate_boundaries(conn: &Connection) -> Result<Vec<DuplicateBoundary>> {
     let mut st = conn.prepare(
         "SELECT session_id, up_to_turn_index, count(*) FROM compactions \
          GROUP BY session_id, up_to_turn_index HAVING count(*) > 1",
     )?;
-    let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    let rows = st.query_map([], |r| {
+        Ok(DuplicateBoundary {
+            session_id: r.get(0)?,
+            boundary: r.get(1)?,
+            rows: r.get(2)?,
+        })
+    })?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
-/// Steps that recorded a compaction which is not completed: (step, compaction, status).
-pub(crate) fn steps_reading_non_completed(conn: &Connection) -> Result<Vec<(i64, i64, String)>> {
+/// A boundary with more than one compaction row (a G1 violation).
+pub(crate) struct DuplicateBoundary {
+    pub session_id: SessionId,
+    pub boundary: i64,
+    pub rows: i64,
+}
+
+/// A step that recorded a compaction which is not completed (a G4 violation).
+pub(crate) struct DraftRead {
+    pub step_id: StepId,
+    pub compaction_id: CompactionId,
+    pub status: String,
+}
+
+/// Steps that recorded a compaction which is not completed.
+pub(crate) fn steps_reading_non_completed(conn: &Connection) -> Result<Vec<DraftRead>> {
     let mut st = conn.prepare(
         "SELECT s.id, c.id, c.status FROM steps s JOIN compactions c ON s.compaction_id = c.id \
          WHERE c.status <> 'completed'",
     )?;
-    let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    let rows = st.query_map([], |r| {
+        Ok(DraftRead {
+            step_id: r.get(0)?,
+            compaction_id: r.get(1)?,
+            status: r.get(2)?,
+        })
+    })?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
@@ -104,9 +130,9 @@ pub(crate) fn steps_reading_non_completed(conn: &Connection) -> Result<Vec<(i64,
 #[derive(Debug, Default)]
 pub(crate) struct InvocationAnomalies {
     /// Invocations of completed steps that never finished.
-    pub unfinished: Vec<i64>,
+    pub unfinished: Vec<InvocationId>,
     /// (step, call id) recorded more than once.
-    pub duplicated: Vec<(i64, String)>,
+    pub duplicated: Vec<(StepId, String)>,
 }
 
 /// Tool invocations of completed steps that never finished (a completed step
@@ -132,13 +158,8 @@ pub(crate) fn invocation_anomalies(conn: &Connection) -> Result<InvocationAnomal
 }
 
 /// Counts: (steps executed, tool invocations).
-pub(crate) fn totals(conn: &Connection) -> Result<(i64, i64, i64)> {
-    Ok(conn.query_row(
-        "SELECT (SELECT count(*) FROM steps WHERE messages_sha256 IS NOT NULL), \
-                (SELECT count(*) FROM tool_invocations), (SELECT count(*) FROM turns)",
-        [],
-        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-    )?)
+pub(crate) fn invocation_count(conn: &Connection) -> Result<i64> {
+    Ok(conn.query_row("SELECT count(*) FROM tool_invocations", [], |r| r.get(0))?)
 }
 
 /// `PRAGMA integrity_check`: the lines it reports ("ok" when sound).

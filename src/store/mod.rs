@@ -286,6 +286,12 @@ impl Store {
     }
 
     /// Runs `f` on a pooled connection on the current thread (blocking).
+    ///
+    /// An escape hatch: the connection bypasses leases and fencing, so a
+    /// write through it is not protected by any of abridge's guarantees (the
+    /// schema still refuses changes to finished history). No documented task
+    /// needs it: reads have the read API ([`crate::inspect`]), writes go
+    /// through a [`crate::Runner`] or a transactional tool.
     pub fn with_conn<R>(&self, f: impl FnOnce(&mut Connection) -> Result<R>) -> Result<R> {
         self.fail_if_gone()?;
         let mut conn = self.pool.get()?;
