@@ -17,6 +17,7 @@
 //! process, so the control run meets the same faults: a turn that fails by
 //! policy fails the same way in both.
 
+use crate::compaction::{CompactionConfig, Threshold};
 use crate::compaction::{Summariser, SummaryRequest, SummaryResponse};
 use crate::demo::{
     demo_tools, stable_hash, user_turn, Rng, ScriptedModel, SlowSummariser, DEMO_MODEL,
@@ -26,7 +27,8 @@ use crate::error::{Error, Result};
 use crate::fault::{FaultHook, FaultPoint};
 use crate::message::{sha256_hex, to_bytes, ModelRequest, ModelResponse};
 use crate::model::{ModelClient, ModelError};
-use crate::{CompactionConfig, Runner, RunnerConfig, Store, Threshold};
+use crate::runner::{Runner, RunnerConfig};
+use crate::store::Store;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Write};
@@ -364,7 +366,7 @@ pub async fn run_workload(
         let mut events = runner.subscribe();
         tokio::spawn(async move {
             while let Ok(e) = events.recv().await {
-                if let crate::EventKind::CompactionClaimed { .. } = e.kind {
+                if let crate::events::EventKind::CompactionClaimed { .. } = e.kind {
                     say("PHASE compacting");
                 }
             }

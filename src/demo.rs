@@ -440,7 +440,7 @@ impl Tool for DemoExternalTool {
             self.name,
             call.input.to_string(),
         );
-        tokio::task::spawn_blocking(move || -> crate::Result<()> {
+        tokio::task::spawn_blocking(move || -> crate::error::Result<()> {
             let mut conn = rusqlite::Connection::open(db)?;
             conn.busy_timeout(Duration::from_secs(30))?;
             append_external(&mut conn, &key, name, &args)
@@ -542,7 +542,7 @@ pub struct DemoOptions {
     /// Turns per session.
     pub turns: u64,
     /// Compaction threshold.
-    pub compact_at: crate::Threshold,
+    pub compact_at: crate::compaction::Threshold,
     /// Seed of the script.
     pub seed: u64,
     /// Simulated model latency.
@@ -560,7 +560,7 @@ impl Default for DemoOptions {
             db: PathBuf::from("abridge-demo.db"),
             sessions: 3,
             turns: 40,
-            compact_at: crate::Threshold::Tokens(4_000),
+            compact_at: crate::compaction::Threshold::Tokens(4_000),
             seed: 42,
             model_latency: Duration::ZERO,
             summary_latency: Duration::ZERO,
@@ -625,19 +625,22 @@ pub struct DemoReport {
 }
 
 /// The demo runner for `opts` over `store`.
-pub fn demo_runner(store: &crate::Store, opts: &DemoOptions) -> crate::Result<crate::Runner> {
+pub fn demo_runner(
+    store: &crate::store::Store,
+    opts: &DemoOptions,
+) -> crate::error::Result<crate::runner::Runner> {
     let mut cfg = crate::RunnerConfig::default();
     if let Some(o) = &opts.owner {
         cfg.owner = o.clone();
     } else {
         cfg.owner = crate::owner::process_owner("demo");
     }
-    cfg.compaction = crate::CompactionConfig::default()
+    cfg.compaction = crate::compaction::CompactionConfig::default()
         .with_compact_at(opts.compact_at)
         .with_context_window(DEMO_MODEL, 32_000);
     let mut model = ScriptedModel::new(opts.seed);
     model.latency = opts.model_latency;
-    crate::Runner::builder(store.clone(), std::sync::Arc::new(model))
+    crate::runner::Runner::builder(store.clone(), std::sync::Arc::new(model))
         .tools(demo_tools(None, Duration::ZERO))
         .summariser(SlowSummariser {
             latency: opts.summary_latency,
@@ -651,9 +654,9 @@ pub fn demo_runner(store: &crate::Store, opts: &DemoOptions) -> crate::Result<cr
 pub async fn run_demo(
     opts: &DemoOptions,
     progress: impl Fn(&Progress) + Send + Sync + 'static,
-) -> crate::Result<DemoReport> {
+) -> crate::error::Result<DemoReport> {
     let started = std::time::Instant::now();
-    let store = crate::Store::open(&opts.db)?;
+    let store = crate::store::Store::open(&opts.db)?;
     store.with_conn(crate::store::demo::create_demo_tables)?;
     let runner = demo_runner(&store, opts)?;
     let progress = std::sync::Arc::new(progress);
@@ -672,11 +675,11 @@ pub async fn run_demo(
                     match runner.run_turn_at(session.id, t as i64, &input).await {
                         Ok(o) => break Some(o),
                         // Another live process runs this turn: wait for it.
-                        Err(crate::Error::LeaseHeld { .. })
-                        | Err(crate::Error::LeaseLost { .. }) => {
+                        Err(crate::error::Error::LeaseHeld { .. })
+                        | Err(crate::error::Error::LeaseLost { .. }) => {
                             tokio::time::sleep(Duration::from_millis(50)).await
                         }
-                        Err(crate::Error::TurnFinished { .. }) => break None, // failed by policy
+                        Err(crate::error::Error::TurnFinished { .. }) => break None, // failed by policy
                         Err(e) if !e.is_resumable() => break None,
                         Err(e) => return Err(e),
                     }
@@ -694,11 +697,11 @@ pub async fn run_demo(
                     compactions: counts.compactions_completed,
                 });
             }
-            Ok::<_, crate::Error>(())
+            Ok::<_, crate::error::Error>(())
         });
     }
     while let Some(r) = tasks.join_next().await {
-        r.map_err(|e| crate::Error::Task(e.to_string()))??;
+        r.map_err(|e| crate::error::Error::Task(e.to_string()))??;
     }
     let seed = opts.seed;
     let n = opts.sessions;

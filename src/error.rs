@@ -317,3 +317,15 @@ impl Error {
         )
     }
 }
+
+/// Calls the fault hook at `point`, turning its refusal into
+/// [`Error::Injected`] (a crash at that point, for tests).
+pub(crate) fn check_fault(
+    hook: &Option<crate::fault::FaultHook>,
+    point: crate::fault::FaultPoint,
+) -> Result<()> {
+    match hook {
+        Some(h) => h(point).map_err(Error::Injected),
+        None => Ok(()),
+    }
+}

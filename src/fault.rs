@@ -115,11 +115,3 @@ impl fmt::Debug for TestKnobs {
             .finish()
     }
 }
-
-/// Calls the hook, turning its refusal into [`crate::Error::Injected`].
-pub(crate) fn check(hook: &Option<FaultHook>, point: FaultPoint) -> crate::Result<()> {
-    match hook {
-        Some(h) => h(point).map_err(crate::Error::Injected),
-        None => Ok(()),
-    }
-}

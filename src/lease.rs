@@ -14,7 +14,7 @@ use tracing::debug;
 /// thirds leave room for it.
 pub(crate) fn heartbeat<F>(store: &Store, ttl: Duration, renew: F) -> AbortOnDrop
 where
-    F: Fn(&mut Connection) -> crate::Result<bool> + Clone + Send + Sync + 'static,
+    F: Fn(&mut Connection) -> crate::error::Result<bool> + Clone + Send + Sync + 'static,
 {
     let store = store.clone();
     AbortOnDrop(tokio::spawn(async move {

@@ -12,7 +12,7 @@ use crate::compaction::{CompactionConfig, Compactor, Decision, ExtractiveSummari
 use crate::context::{Context, ContextCache};
 use crate::error::{Error, Result};
 use crate::events::{Event, EventKind, EventSink, Subject};
-use crate::fault::{self, FaultHook, FaultPoint, TestKnobs};
+use crate::fault::{FaultHook, FaultPoint, TestKnobs};
 use crate::ids::{InvocationId, SessionId, StepId, TurnId};
 use crate::message::{ModelRequest, ModelResponse};
 use crate::model::{ModelClient, ModelError};
@@ -665,7 +665,7 @@ impl Runner {
                             );
                         }
                         let result = self.run_async_tool(&plan, pos, tool, &row, inserted).await;
-                        fault::check(
+                        crate::error::check_fault(
                             &self.inner.cfg.testing.fault_hook,
                             FaultPoint::AfterToolEffect,
                         )?;
@@ -755,7 +755,7 @@ impl Runner {
                 (row, ctx)
             }
         };
-        fault::check(
+        crate::error::check_fault(
             &self.inner.cfg.testing.fault_hook,
             FaultPoint::BeforeModelCall,
         )?;
@@ -884,7 +884,7 @@ impl Runner {
         let tx = store::fenced_tx(c, lease)?;
         if let Some(r) = &persist {
             store::write_response(&tx, lease, r)?;
-            fault::check(hook, FaultPoint::AfterResponseWritten)?;
+            crate::error::check_fault(hook, FaultPoint::AfterResponseWritten)?;
             if tell {
                 happened.push(EventKind::StepResponded {
                     step_id: plan.step_id,
@@ -911,7 +911,7 @@ impl Runner {
         }
         for pos in from..n {
             if pos > 0 {
-                fault::check(hook, FaultPoint::BetweenTools)?;
+                crate::error::check_fault(hook, FaultPoint::BetweenTools)?;
             }
             let call = plan.call(pos);
             let ran_in_tx = |ran: Option<(InvocationId, bool)>,
@@ -951,7 +951,7 @@ impl Runner {
                             Ok(Err(e)) => Err(e.0),
                             Err(p) => Err(format!("tool panicked: {}", panic_message(&p))),
                         };
-                        fault::check(hook, FaultPoint::InsideTransactionalTool)?;
+                        crate::error::check_fault(hook, FaultPoint::InsideTransactionalTool)?;
                         Ok(out)
                     };
                     let ran = store::run_transactional(&tx, lease, &inv, Box::new(body))?;
@@ -976,7 +976,7 @@ impl Runner {
                 }
             }
         }
-        fault::check(hook, FaultPoint::BeforeStepComplete)?;
+        crate::error::check_fault(hook, FaultPoint::BeforeStepComplete)?;
         let final_output = (n == 0).then_some(plan.final_text.as_str());
         let finished = store::complete_step(&tx, lease, plan.step_id, plan.step_idx, final_output)?;
         tx.commit()?;

@@ -21,7 +21,7 @@ pub use summarise::{
 
 use crate::error::{Error, Result};
 use crate::events::{EventKind, EventSink, Subject};
-use crate::fault::{self, FaultHook, FaultPoint, TestKnobs};
+use crate::fault::{FaultHook, FaultPoint, TestKnobs};
 use crate::ids::{CompactionId, SessionId};
 use crate::message::sha256_hex;
 use crate::owner::ClaimGuard;
@@ -243,7 +243,7 @@ impl Compactor {
             .await;
         match row {
             Ok(_row) => {
-                fault::check(&self.fault, FaultPoint::AfterCompactionComplete)?;
+                crate::error::check_fault(&self.fault, FaultPoint::AfterCompactionComplete)?;
                 #[cfg(feature = "broken-draft-read")]
                 if _row.status != CompactionStatus::Completed {
                     return Ok(Some(_row));
@@ -420,7 +420,7 @@ impl Compactor {
             );
             match outcome {
                 ClaimOutcome::Claimed(row) | ClaimOutcome::TakenOver(row) => {
-                    fault::check(&self.fault, FaultPoint::AfterClaim)?;
+                    crate::error::check_fault(&self.fault, FaultPoint::AfterClaim)?;
                     return self.summarise_and_complete(row, &claim, subject).await;
                 }
                 ClaimOutcome::AlreadyCompleted(row) => return Ok(row),
@@ -572,7 +572,7 @@ impl Compactor {
         drop(hb);
         match result {
             Ok((summary, mut stats)) => {
-                fault::check(&self.fault, FaultPoint::MidSummary)?;
+                crate::error::check_fault(&self.fault, FaultPoint::MidSummary)?;
                 stats.prompt_sha256 = sha256_hex(rules.as_bytes());
                 self.complete(&row, summary, stats, subject).await
             }

@@ -2,7 +2,6 @@
 //! a leased turn by its epoch, renewing it.
 
 use super::rows::*;
-use super::turns::*;
 use super::{now_ms, write_tx};
 use crate::error::{Error, Result};
 use crate::ids::TurnId;
@@ -91,31 +90,6 @@ pub(super) fn take_lease(
         ttl_ms,
         taken_from: holder.map(|h| crate::owner::owner_name(h).to_string()),
     })
-}
-
-/// Takes the lease of a running turn: free, expired, held by a dead owner, or
-/// held by `owner` itself (a restarted host with a stable identity).
-///
-/// Claim semantics: the epoch increments, fencing every earlier holder.
-pub(crate) fn acquire_lease(
-    conn: &mut Connection,
-    turn_id: TurnId,
-    owner: &str,
-    ttl_ms: i64,
-    owner_is_dead: &dyn Fn(&str) -> bool,
-) -> Result<(TurnRow, Lease)> {
-    let tx = write_tx(conn)?;
-    let turn = get_turn(&tx, turn_id)?;
-    if turn.status != TurnStatus::Running {
-        return Err(Error::TurnFinished {
-            turn_id,
-            status: turn.status.to_string(),
-        });
-    }
-    let lease = take_lease(&tx, &turn, owner, ttl_ms, owner_is_dead)?;
-    let turn = get_turn(&tx, turn_id)?;
-    tx.commit()?;
-    Ok((turn, lease))
 }
 
 /// Renews the lease to its full time (heartbeat). Returns false when it was lost.

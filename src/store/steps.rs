@@ -38,17 +38,6 @@ pub(crate) fn last_step(conn: &Connection, turn_id: TurnId) -> Result<Option<Ste
         .optional()?)
 }
 
-/// Claims step `idx` of a turn as `running` inside the caller's transaction; a
-/// row already there is left as it is.
-pub(super) fn insert_step(tx: &Transaction<'_>, turn_id: TurnId, idx: i64, now: i64) -> Result<()> {
-    tx.prepare_cached(
-        "INSERT INTO steps (turn_id, idx, status, created_at) VALUES (?1, ?2, 'running', ?3) \
-         ON CONFLICT (turn_id, idx) DO NOTHING",
-    )?
-    .execute(params![turn_id, idx, now])?;
-    Ok(())
-}
-
 /// The step to run next: the turn's unfinished step if there is one (a resume,
 /// or the step claimed by the transaction that completed the previous one),
 /// otherwise a new row after the last completed step.

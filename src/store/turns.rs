@@ -3,7 +3,6 @@
 use super::leases::*;
 use super::rows::*;
 use super::sessions::*;
-use super::steps::*;
 use super::{now_ms, write_tx};
 use crate::error::{Error, Result};
 use crate::ids::{SessionId, StepId, TurnId};
@@ -184,4 +183,40 @@ pub(crate) fn latest_context_tokens(
         )?
         .query_row(params![session_id, turn_idx, step_idx], |r| r.get(0))
         .optional()?)
+}
+
+/// Takes the lease of a running turn: free, expired, held by a dead owner, or
+/// held by `owner` itself (a restarted host with a stable identity).
+///
+/// Claim semantics: the epoch increments, fencing every earlier holder.
+pub(crate) fn acquire_lease(
+    conn: &mut Connection,
+    turn_id: TurnId,
+    owner: &str,
+    ttl_ms: i64,
+    owner_is_dead: &dyn Fn(&str) -> bool,
+) -> Result<(TurnRow, Lease)> {
+    let tx = write_tx(conn)?;
+    let turn = get_turn(&tx, turn_id)?;
+    if turn.status != TurnStatus::Running {
+        return Err(Error::TurnFinished {
+            turn_id,
+            status: turn.status.to_string(),
+        });
+    }
+    let lease = take_lease(&tx, &turn, owner, ttl_ms, owner_is_dead)?;
+    let turn = get_turn(&tx, turn_id)?;
+    tx.commit()?;
+    Ok((turn, lease))
+}
+
+/// Claims step `idx` of a turn as `running` inside the caller's transaction; a
+/// row already there is left as it is.
+pub(super) fn insert_step(tx: &Transaction<'_>, turn_id: TurnId, idx: i64, now: i64) -> Result<()> {
+    tx.prepare_cached(
+        "INSERT INTO steps (turn_id, idx, status, created_at) VALUES (?1, ?2, 'running', ?3) \
+         ON CONFLICT (turn_id, idx) DO NOTHING",
+    )?
+    .execute(params![turn_id, idx, now])?;
+    Ok(())
 }
