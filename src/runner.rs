@@ -913,67 +913,20 @@ impl Runner {
             if pos > 0 {
                 crate::error::check_fault(hook, FaultPoint::BetweenTools)?;
             }
-            let call = plan.call(pos);
-            let ran_in_tx = |ran: Option<(InvocationId, bool)>,
-                             effect: Effect,
-                             happened: &mut Vec<EventKind>| {
-                if let (true, Some((invocation_id, ok))) = (tell, ran) {
-                    happened.push(EventKind::ToolStarted {
-                        step_id: plan.step_id,
-                        tool: call.name.clone(),
-                        effect,
-                    });
-                    happened.push(EventKind::ToolCompleted {
-                        step_id: plan.step_id,
-                        invocation_id,
-                        tool: call.name.clone(),
-                        effect,
-                        ok,
-                    });
-                }
-            };
-            match self.prepare_tool(&call) {
-                Err(refusal) => {
-                    // No tool runs: record the error result the model sees.
-                    let inv = new_invocation(plan.step_id, pos, &call, Effect::None);
-                    let body =
-                        Box::new(move |_: &rusqlite::Transaction<'_>, _: &_| Ok(Err(refusal)));
-                    let ran = store::run_transactional(&tx, lease, &inv, body)?;
-                    ran_in_tx(ran, Effect::None, happened);
-                }
-                Ok((ToolImpl::Transactional(tool), _)) => {
-                    let inv = new_invocation(plan.step_id, pos, &call, Effect::Transactional);
-                    let tc = call.clone();
-                    let body = move |tx: &rusqlite::Transaction<'_>, _: &store::InvocationRow| {
-                        let r = std::panic::catch_unwind(AssertUnwindSafe(|| tool.call(tx, &tc)));
-                        let out = match r {
-                            Ok(Ok(v)) => render_result(v),
-                            Ok(Err(e)) => Err(e.0),
-                            Err(p) => Err(format!("tool panicked: {}", panic_message(&p))),
-                        };
-                        crate::error::check_fault(hook, FaultPoint::InsideTransactionalTool)?;
-                        Ok(out)
-                    };
-                    let ran = store::run_transactional(&tx, lease, &inv, Box::new(body))?;
-                    ran_in_tx(ran, Effect::Transactional, happened);
-                }
-                Ok((ToolImpl::Async(tool), effect)) => {
-                    let inv = new_invocation(plan.step_id, pos, &call, effect);
-                    let (row, inserted) = store::start_invocation(&tx, &inv)?;
-                    if row.status == InvocationStatus::Started
-                        || cfg!(feature = "broken-idempotency")
-                    {
-                        // Everything so far is durable before the outside effect.
-                        tx.commit()?;
-                        return Ok(Advanced::Async {
-                            pos,
-                            tool,
-                            row,
-                            inserted,
-                        });
-                    }
-                    // Completed earlier: its stored result is reused (G5).
-                }
+            if let ToolStep::Outside {
+                tool,
+                row,
+                inserted,
+            } = self.tool_in_tx(&tx, plan, pos, tell, happened)?
+            {
+                // Everything so far is durable before the outside effect.
+                tx.commit()?;
+                return Ok(Advanced::Async {
+                    pos,
+                    tool,
+                    row,
+                    inserted,
+                });
             }
         }
         crate::error::check_fault(hook, FaultPoint::BeforeStepComplete)?;
@@ -995,6 +948,78 @@ impl Runner {
         }
         let next = self.prepare(c, &plan.session, &plan.turn, lease, ctx)?;
         Ok(Advanced::Next(next))
+    }
+
+    /// Tool call `pos` of the step, inside the step's transaction: a refusal
+    /// or a transactional tool runs here (its write and result commit with the
+    /// step); an outside tool's invocation is claimed and handed back to run
+    /// once this transaction has committed; one completed before is skipped
+    /// (its stored result is reused, G5).
+    fn tool_in_tx(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        plan: &StepPlan,
+        pos: usize,
+        tell: bool,
+        happened: &mut Vec<EventKind>,
+    ) -> Result<ToolStep> {
+        let hook = &self.inner.cfg.testing.fault_hook;
+        let lease = &plan.lease;
+        let call = plan.call(pos);
+        let (ran, effect) = match self.prepare_tool(&call) {
+            Err(refusal) => {
+                // No tool runs: record the error result the model sees.
+                let inv = new_invocation(plan.step_id, pos, &call, Effect::None);
+                let body = Box::new(move |_: &rusqlite::Transaction<'_>, _: &_| Ok(Err(refusal)));
+                (
+                    store::run_transactional(tx, lease, &inv, body)?,
+                    Effect::None,
+                )
+            }
+            Ok((ToolImpl::Transactional(tool), _)) => {
+                let inv = new_invocation(plan.step_id, pos, &call, Effect::Transactional);
+                let tc = call.clone();
+                let body = move |tx: &rusqlite::Transaction<'_>, _: &store::InvocationRow| {
+                    let r = std::panic::catch_unwind(AssertUnwindSafe(|| tool.call(tx, &tc)));
+                    let out = match r {
+                        Ok(Ok(v)) => render_result(v),
+                        Ok(Err(e)) => Err(e.0),
+                        Err(p) => Err(format!("tool panicked: {}", panic_message(&p))),
+                    };
+                    crate::error::check_fault(hook, FaultPoint::InsideTransactionalTool)?;
+                    Ok(out)
+                };
+                let ran = store::run_transactional(tx, lease, &inv, Box::new(body))?;
+                (ran, Effect::Transactional)
+            }
+            Ok((ToolImpl::Async(tool), effect)) => {
+                let inv = new_invocation(plan.step_id, pos, &call, effect);
+                let (row, inserted) = store::start_invocation(tx, &inv)?;
+                if row.status == InvocationStatus::Started || cfg!(feature = "broken-idempotency") {
+                    return Ok(ToolStep::Outside {
+                        tool,
+                        row,
+                        inserted,
+                    });
+                }
+                return Ok(ToolStep::Ran);
+            }
+        };
+        if let (true, Some((invocation_id, ok))) = (tell, ran) {
+            happened.push(EventKind::ToolStarted {
+                step_id: plan.step_id,
+                tool: call.name.clone(),
+                effect,
+            });
+            happened.push(EventKind::ToolCompleted {
+                step_id: plan.step_id,
+                invocation_id,
+                tool: call.name.clone(),
+                effect,
+                ok,
+            });
+        }
+        Ok(ToolStep::Ran)
     }
 
     /// The registered tool for a call, or the refusal the model sees instead.
@@ -1104,6 +1129,18 @@ enum Advanced {
     Finished(TurnRow, String),
     /// The step is completed; the next one is prepared.
     Next(Prepared),
+}
+
+/// What [`Runner::tool_in_tx`] did with a tool call.
+enum ToolStep {
+    /// Ran in the step's transaction (or had run before): go on.
+    Ran,
+    /// An outside tool whose invocation is claimed: commit, then call it.
+    Outside {
+        tool: Arc<dyn crate::tools::Tool>,
+        row: store::InvocationRow,
+        inserted: bool,
+    },
 }
 
 /// What the turn's first blocking call found.
