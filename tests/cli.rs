@@ -698,3 +698,29 @@ fn the_readme_sample_output_is_what_the_demo_prints() {
     }
     assert!(checked >= 12, "{checked}");
 }
+
+#[test]
+fn verbose_logs_carry_no_colour_codes_off_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("v.db");
+    let out = abridge(&[
+        "-v",
+        "demo",
+        "--db",
+        db.to_str().unwrap(),
+        "--sessions",
+        "1",
+        "--turns",
+        "6",
+        "--compact-at",
+        "800",
+    ]);
+    assert!(out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    // -v logs the compactions (info), to stderr, which is a pipe here.
+    assert!(err.contains("compaction completed"), "{err}");
+    assert!(
+        !err.contains('\u{1b}'),
+        "colour codes in a piped log: {err:?}"
+    );
+}
