@@ -379,3 +379,55 @@ fn a_read_only_snapshot_reads_a_live_writers_wal() {
     assert_eq!(n, 1);
     drop(w);
 }
+
+/// Regression: the benchmarks keep the history fixed by dropping each
+/// measured turn; the append-only triggers of schema 2 refused it, and
+/// `cargo bench --bench step` panicked. The bench truncation lifts the
+/// delete guards for its own transaction only.
+#[test]
+fn the_bench_truncation_removes_turns_and_leaves_the_guards_in_place() {
+    use abridge::store::bench::{seed_history, truncate_from, SeedShape};
+    let (_d, p) = tmp();
+    let store = Store::open(&p).unwrap();
+    let count_turns = |store: &Store| -> i64 {
+        store
+            .with_conn(|c| Ok(c.query_row("SELECT count(*) FROM turns", [], |r| r.get(0))?))
+            .unwrap()
+    };
+    let triggers = |store: &Store| -> Vec<String> {
+        store
+            .with_conn(|c| {
+                let mut st = c.prepare(
+                    "SELECT sql FROM sqlite_master WHERE type = 'trigger' ORDER BY name",
+                )?;
+                let v = st.query_map([], |r| r.get(0))?;
+                Ok(v.collect::<rusqlite::Result<Vec<String>>>()?)
+            })
+            .unwrap()
+    };
+    let before = triggers(&store);
+    let sid = store
+        .with_conn(|c| {
+            c.execute(
+                "INSERT INTO sessions (external_id, model, system_prompt, created_at) \
+                 VALUES ('b', 'm', 's', 0)",
+                [],
+            )?;
+            Ok(abridge::SessionId(c.last_insert_rowid()))
+        })
+        .unwrap();
+    let shape = SeedShape {
+        turns: 10,
+        tool_result_bytes: vec![100],
+        compact_every: Some(4),
+        tool_steps: 1,
+    };
+    store.with_conn(|c| seed_history(c, sid, &shape)).unwrap();
+    assert_eq!(count_turns(&store), 10);
+    store.with_conn(|c| truncate_from(c, sid, 6)).unwrap();
+    assert_eq!(count_turns(&store), 6);
+    assert_eq!(triggers(&store), before, "the guards are back as they were");
+    // And they still guard.
+    let refused = store.with_conn(|c| Ok(c.execute("DELETE FROM turns", [])?));
+    assert!(refused.is_err());
+}

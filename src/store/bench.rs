@@ -132,8 +132,23 @@ pub fn seed_history(conn: &mut Connection, session_id: SessionId, shape: &SeedSh
 /// Deletes a session's turns from `from_idx` on (with their steps, invocations
 /// and compactions). Benchmarks only: lets a measured turn run at a fixed history
 /// length. Abridge itself never deletes history.
+///
+/// History is append-only (the schema's `*_never_deleted` triggers): this
+/// lifts those guards inside its own transaction and puts them back as they
+/// were before it commits. For benchmarks only.
 pub fn truncate_from(conn: &mut Connection, session_id: SessionId, from_idx: i64) -> Result<()> {
     let tx = write_tx(conn)?;
+    let guards: Vec<(String, String)> = {
+        let mut st = tx.prepare(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' \
+             AND name LIKE '%never_deleted' ORDER BY name",
+        )?;
+        let v = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        v.collect::<rusqlite::Result<_>>()?
+    };
+    for (name, _) in &guards {
+        tx.execute_batch(&format!("DROP TRIGGER {name}"))?;
+    }
     tx.execute(
         "DELETE FROM compactions WHERE session_id = ?1 AND up_to_turn_index >= ?2",
         params![session_id, from_idx],
@@ -151,6 +166,9 @@ pub fn truncate_from(conn: &mut Connection, session_id: SessionId, from_idx: i64
         "DELETE FROM turns WHERE session_id = ?1 AND idx >= ?2",
         params![session_id, from_idx],
     )?;
+    for (_, sql) in &guards {
+        tx.execute_batch(sql)?;
+    }
     tx.commit()?;
     Ok(())
 }
