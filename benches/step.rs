@@ -322,10 +322,7 @@ fn bench_claim_race(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
                     races.set(races.get() + 1);
                     // Remove the row (untimed) so the next race claims afresh.
                     f.store
-                        .with_conn(|c| {
-                            c.execute("DELETE FROM compactions", [])?;
-                            Ok(())
-                        })
+                        .with_conn(abridge::store::bench::clear_compactions)
                         .unwrap();
                 }
                 record(key, timed, iters);

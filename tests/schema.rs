@@ -430,4 +430,12 @@ fn the_bench_truncation_removes_turns_and_leaves_the_guards_in_place() {
     // And they still guard.
     let refused = store.with_conn(|c| Ok(c.execute("DELETE FROM turns", [])?));
     assert!(refused.is_err());
+    store
+        .with_conn(abridge::store::bench::clear_compactions)
+        .unwrap();
+    let left: i64 = store
+        .with_conn(|c| Ok(c.query_row("SELECT count(*) FROM compactions", [], |r| r.get(0))?))
+        .unwrap();
+    assert_eq!(left, 0);
+    assert_eq!(triggers(&store), before);
 }

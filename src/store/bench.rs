@@ -132,11 +132,45 @@ pub fn seed_history(conn: &mut Connection, session_id: SessionId, shape: &SeedSh
 /// Deletes a session's turns from `from_idx` on (with their steps, invocations
 /// and compactions). Benchmarks only: lets a measured turn run at a fixed history
 /// length. Abridge itself never deletes history.
-///
-/// History is append-only (the schema's `*_never_deleted` triggers): this
-/// lifts those guards inside its own transaction and puts them back as they
-/// were before it commits. For benchmarks only.
 pub fn truncate_from(conn: &mut Connection, session_id: SessionId, from_idx: i64) -> Result<()> {
+    lifting_delete_guards(conn, |tx| {
+        tx.execute(
+            "DELETE FROM compactions WHERE session_id = ?1 AND up_to_turn_index >= ?2",
+            params![session_id, from_idx],
+        )?;
+        tx.execute(
+            "DELETE FROM tool_invocations WHERE step_id IN (SELECT s.id FROM steps s JOIN turns t \
+             ON s.turn_id = t.id WHERE t.session_id = ?1 AND t.idx >= ?2)",
+            params![session_id, from_idx],
+        )?;
+        tx.execute(
+            "DELETE FROM steps WHERE turn_id IN (SELECT id FROM turns WHERE session_id = ?1 AND idx >= ?2)",
+            params![session_id, from_idx],
+        )?;
+        tx.execute(
+            "DELETE FROM turns WHERE session_id = ?1 AND idx >= ?2",
+            params![session_id, from_idx],
+        )?;
+        Ok(())
+    })
+}
+
+/// Deletes every compaction of the store (no step may have read one).
+/// Benchmarks only: lets a measured compaction be claimed afresh.
+pub fn clear_compactions(conn: &mut Connection) -> Result<()> {
+    lifting_delete_guards(conn, |tx| {
+        tx.execute("DELETE FROM compactions", [])?;
+        Ok(())
+    })
+}
+
+/// Runs `f` in one write transaction with the schema's append-only delete
+/// guards (the `*_never_deleted` triggers) lifted, and puts them back as
+/// they were before it commits.
+fn lifting_delete_guards(
+    conn: &mut Connection,
+    f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<()>,
+) -> Result<()> {
     let tx = write_tx(conn)?;
     let guards: Vec<(String, String)> = {
         let mut st = tx.prepare(
@@ -149,23 +183,7 @@ pub fn truncate_from(conn: &mut Connection, session_id: SessionId, from_idx: i64
     for (name, _) in &guards {
         tx.execute_batch(&format!("DROP TRIGGER {name}"))?;
     }
-    tx.execute(
-        "DELETE FROM compactions WHERE session_id = ?1 AND up_to_turn_index >= ?2",
-        params![session_id, from_idx],
-    )?;
-    tx.execute(
-        "DELETE FROM tool_invocations WHERE step_id IN (SELECT s.id FROM steps s JOIN turns t \
-         ON s.turn_id = t.id WHERE t.session_id = ?1 AND t.idx >= ?2)",
-        params![session_id, from_idx],
-    )?;
-    tx.execute(
-        "DELETE FROM steps WHERE turn_id IN (SELECT id FROM turns WHERE session_id = ?1 AND idx >= ?2)",
-        params![session_id, from_idx],
-    )?;
-    tx.execute(
-        "DELETE FROM turns WHERE session_id = ?1 AND idx >= ?2",
-        params![session_id, from_idx],
-    )?;
+    f(&tx)?;
     for (_, sql) in &guards {
         tx.execute_batch(sql)?;
     }
