@@ -7,7 +7,7 @@ use crate::model::{ModelClient, ModelError};
 use crate::store::HistoryTurn;
 use async_trait::async_trait;
 use std::sync::Arc;
-use unicode_segmentation::UnicodeSegmentation;
+use unicode_segmentation::{GraphemeCursor, UnicodeSegmentation};
 
 /// Built-in prose rules.
 pub const PROSE_RULES: &str = "\
@@ -180,7 +180,48 @@ impl Summariser for ModelSummariser {
 /// a reader sees as one character: a letter with its marks, a Devanagari
 /// syllable's vowel sign, a flag, a ZWJ emoji sequence) from the start of `s`
 /// that holds at most `n_chars` chars.
+///
+/// Found at the cut itself: the `n_chars`-th char boundary, moved back to the
+/// cluster boundary at or before it (the text before the cut is not walked
+/// cluster by cluster).
 fn head_cut(s: &str, n_chars: usize) -> usize {
+    let idx = s.char_indices().nth(n_chars).map_or(s.len(), |(i, _)| i);
+    let mut cursor = GraphemeCursor::new(idx, s.len(), true);
+    match cursor.is_boundary(s, 0) {
+        Ok(true) => idx,
+        Ok(false) => match cursor.prev_boundary(s, 0) {
+            Ok(Some(b)) => b,
+            Ok(None) => 0,
+            Err(_) => head_cut_walking(s, n_chars),
+        },
+        Err(_) => head_cut_walking(s, n_chars),
+    }
+}
+
+/// Byte offset of the start of the longest run of whole grapheme clusters at
+/// the end of `s` that holds at most `n_chars` chars (found at the cut, as
+/// [`head_cut`]).
+fn tail_cut(s: &str, n_chars: usize) -> usize {
+    let idx = if n_chars == 0 {
+        s.len()
+    } else {
+        s.char_indices().nth_back(n_chars - 1).map_or(0, |(i, _)| i)
+    };
+    let mut cursor = GraphemeCursor::new(idx, s.len(), true);
+    match cursor.is_boundary(s, 0) {
+        Ok(true) => idx,
+        Ok(false) => match cursor.next_boundary(s, 0) {
+            Ok(Some(b)) => b,
+            Ok(None) => s.len(),
+            Err(_) => tail_cut_walking(s, n_chars),
+        },
+        Err(_) => tail_cut_walking(s, n_chars),
+    }
+}
+
+/// [`head_cut`] by walking the clusters from the start (the reference the
+/// fast path is tested against).
+fn head_cut_walking(s: &str, n_chars: usize) -> usize {
     let (mut chars, mut end) = (0, 0);
     for (i, g) in s.grapheme_indices(true) {
         chars += g.chars().count();
@@ -192,9 +233,8 @@ fn head_cut(s: &str, n_chars: usize) -> usize {
     end
 }
 
-/// Byte offset of the start of the longest run of whole grapheme clusters at
-/// the end of `s` that holds at most `n_chars` chars.
-fn tail_cut(s: &str, n_chars: usize) -> usize {
+/// [`tail_cut`] by walking the clusters from the end.
+fn tail_cut_walking(s: &str, n_chars: usize) -> usize {
     let (mut chars, mut start) = (0, s.len());
     for (i, g) in s.grapheme_indices(true).rev() {
         chars += g.chars().count();
@@ -402,6 +442,25 @@ mod tests {
             assert_eq!(t.chars().count() % 2, 0, "{cap}: a flag cut in the tail");
         }
         assert_eq!(truncate_chars("🇫🇷🇯🇵", 3), "🇫🇷");
+    }
+
+    /// The cut found at the cut point equals the one found by walking every
+    /// cluster, on mixed scripts and at every length.
+    #[test]
+    fn cutting_at_the_cut_point_equals_walking_the_clusters() {
+        let texts = [
+            "plain ascii text, with\r\nCRLF line ends\r\n".repeat(3),
+            "नमस्ते दुनिया 🇫🇷🇯🇵 e\u{301}te\u{301} 👩\u{200D}👩\u{200D}👧 漢字 ".repeat(4),
+            "\u{301}\u{301}leading marks, then 🏳️‍🌈 and 👍🏽".to_string(),
+            String::new(),
+        ];
+        for t in &texts {
+            let n = t.chars().count();
+            for k in 0..=n + 1 {
+                assert_eq!(super::head_cut(t, k), super::head_cut_walking(t, k), "head {k} of {t:?}");
+                assert_eq!(super::tail_cut(t, k), super::tail_cut_walking(t, k), "tail {k} of {t:?}");
+            }
+        }
     }
 
     #[test]
