@@ -451,14 +451,21 @@ fn read_only_verbs_create_no_wal_or_shm_file() {
 fn read_only_verbs_work_in_a_directory_the_user_cannot_write() {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
-    let dir = tempfile::tempdir().unwrap();
+    // Under /tmp (world-traversable), whatever TMPDIR says: the unprivileged
+    // user must reach the directory to be refused writing in it.
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
     let db = demo_db(dir.path());
+    // A copy of the binary the unprivileged user can run, wherever the
+    // checkout lives (a build under a private home is not theirs to execute).
+    let bin = dir.path().join("abridge");
+    std::fs::copy(BIN, &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o555)).unwrap();
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     for verb in read_verbs(db.to_str().unwrap()) {
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(&bin);
         cmd.args(&verb);
         if root {
             // Root writes anywhere: run as an unprivileged user instead.

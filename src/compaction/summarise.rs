@@ -457,8 +457,16 @@ mod tests {
         for t in &texts {
             let n = t.chars().count();
             for k in 0..=n + 1 {
-                assert_eq!(super::head_cut(t, k), super::head_cut_walking(t, k), "head {k} of {t:?}");
-                assert_eq!(super::tail_cut(t, k), super::tail_cut_walking(t, k), "tail {k} of {t:?}");
+                assert_eq!(
+                    super::head_cut(t, k),
+                    super::head_cut_walking(t, k),
+                    "head {k} of {t:?}"
+                );
+                assert_eq!(
+                    super::tail_cut(t, k),
+                    super::tail_cut_walking(t, k),
+                    "tail {k} of {t:?}"
+                );
             }
         }
     }
