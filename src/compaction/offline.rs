@@ -35,12 +35,31 @@ fn is_id_like(w: &str) -> bool {
         && !w.contains(':')
 }
 
+/// The words of `s`: split on whitespace and punctuation, except a comma
+/// between two digits (a thousands separator: "1,250" is one figure).
 fn words(s: &str) -> impl Iterator<Item = &str> {
-    s.split(|c: char| {
-        c.is_whitespace() || matches!(c, ',' | ';' | '"' | '(' | ')' | '{' | '}' | '[' | ']')
-    })
-    .map(|w| w.trim_matches(|c: char| matches!(c, '.' | ':' | '!' | '?' | '\'')))
-    .filter(|w| !w.is_empty())
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut prev: Option<char> = None;
+    let mut chars = s.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        let next = chars.peek().map(|&(_, n)| n);
+        let separator = c == ','
+            && prev.is_some_and(|p| p.is_ascii_digit())
+            && next.is_some_and(|n| n.is_ascii_digit());
+        let split = !separator
+            && (c.is_whitespace()
+                || matches!(c, ',' | ';' | '"' | '(' | ')' | '{' | '}' | '[' | ']'));
+        if split {
+            out.push(&s[start..i]);
+            start = i + c.len_utf8();
+        }
+        prev = Some(c);
+    }
+    out.push(&s[start..]);
+    out.into_iter()
+        .map(|w| w.trim_matches(|c: char| matches!(c, '.' | ':' | '!' | '?' | '\'')))
+        .filter(|w| !w.is_empty())
 }
 
 fn parse_previous(prev: &str) -> [Vec<String>; 5] {
@@ -203,6 +222,28 @@ mod tests {
         ] {
             assert!(s.contains(want), "missing {want}: {s}");
         }
+    }
+
+    /// Regression: "1,250" was split at its thousands separator and only
+    /// "250" kept.
+    #[test]
+    fn a_figure_with_thousands_separators_is_kept_whole() {
+        let got: Vec<&str> = words("budget 1,250 or €12,500.50, then 3, 4 (5,6)").collect();
+        assert_eq!(
+            got,
+            [
+                "budget",
+                "1,250",
+                "or",
+                "€12,500.50",
+                "then",
+                "3",
+                "4",
+                "5,6"
+            ]
+        );
+        let s = extract(&req(None, "[turn 0] user: my budget is 1,250 EUR\n"));
+        assert!(s.contains("1,250"), "{s}");
     }
 
     #[test]
