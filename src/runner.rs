@@ -499,6 +499,13 @@ impl Runner {
         ))
     }
 
+    /// Sends an event about `session`'s turn, built only when someone listens.
+    fn tell(&self, session: &SessionRow, turn: Option<i64>, kind: impl FnOnce() -> EventKind) {
+        if self.inner.events.listened() {
+            self.inner.events.emit(&Subject::of(session, turn), kind());
+        }
+    }
+
     /// Fails the turn (policy), then returns `err` to the caller (or the error
     /// that kept it from being recorded).
     async fn fail(&self, lease: &Lease, step_id: Option<StepId>, err: Error) -> Error {
@@ -533,24 +540,17 @@ impl Runner {
         first: Prepared,
     ) -> Result<TurnOutcome> {
         let _hb = self.heartbeat(&lease);
-        let subject = Subject::of(&session, Some(turn.idx));
-        let events = &self.inner.events;
+        let turn_idx = Some(turn.idx);
         if let Some(from) = &lease.taken_from {
-            events.emit(
-                &subject,
-                EventKind::LeaseTakenOver {
-                    turn_id: turn.id,
-                    from: from.clone(),
-                },
-            );
-        }
-        events.emit(
-            &subject,
-            EventKind::TurnStarted {
+            self.tell(&session, turn_idx, || EventKind::LeaseTakenOver {
                 turn_id: turn.id,
-                resumed: lease.epoch > 1,
-            },
-        );
+                from: from.clone(),
+            });
+        }
+        self.tell(&session, turn_idx, || EventKind::TurnStarted {
+            turn_id: turn.id,
+            resumed: lease.epoch > 1,
+        });
         let mut at_step = None;
         let out = match self
             .drive_steps(&turn, &lease, &session, first, &mut at_step)
@@ -564,20 +564,16 @@ impl Runner {
             Err(Stop::Error(e)) => Err(self.fail(&lease, at_step, e).await),
         };
         match &out {
-            Ok(done) => events.emit(
-                &subject,
-                EventKind::TurnFinished {
-                    turn_id: turn.id,
-                    steps: done.steps,
-                },
-            ),
-            Err(e) if !e.is_resumable() => events.emit(
-                &subject,
-                EventKind::TurnFailed {
+            Ok(done) => self.tell(&session, turn_idx, || EventKind::TurnFinished {
+                turn_id: turn.id,
+                steps: done.steps,
+            }),
+            Err(e) if !e.is_resumable() => {
+                self.tell(&session, turn_idx, || EventKind::TurnFailed {
                     turn_id: turn.id,
                     error: e.to_string(),
-                },
-            ),
+                })
+            }
             Err(_) => {}
         }
         out
@@ -606,15 +602,10 @@ impl Runner {
                 }
                 Prepared::Run(step, work) => {
                     *at_step = Some(step.id);
-                    if self.inner.events.listened() {
-                        self.inner.events.emit(
-                            &Subject::of(session, Some(turn.idx)),
-                            EventKind::StepStarted {
-                                step_id: step.id,
-                                step: step.idx,
-                            },
-                        );
-                    }
+                    self.tell(session, Some(turn.idx), || EventKind::StepStarted {
+                        step_id: step.id,
+                        step: step.idx,
+                    });
                     match self.execute(session, turn, &step, *work).await {
                         Ok((r, persist, ctx)) => (step, r, Some(persist), Some(ctx)),
                         Err(e) if e.is_resumable() => return Err(Stop::Recorded(e)),
@@ -654,16 +645,11 @@ impl Runner {
                         row,
                         inserted,
                     } => {
-                        if self.inner.events.listened() {
-                            self.inner.events.emit(
-                                &Subject::of(session, Some(turn.idx)),
-                                EventKind::ToolStarted {
-                                    step_id: step.id,
-                                    tool: row.tool_name.clone(),
-                                    effect: row.effect,
-                                },
-                            );
-                        }
+                        self.tell(session, Some(turn.idx), || EventKind::ToolStarted {
+                            step_id: step.id,
+                            tool: row.tool_name.clone(),
+                            effect: row.effect,
+                        });
                         let result = self.run_async_tool(&plan, pos, tool, &row, inserted).await;
                         crate::error::check_fault(
                             &self.inner.cfg.testing.fault_hook,
