@@ -125,18 +125,7 @@ fn extractive() -> Arc<dyn Summariser> {
 
 /// A session with `turns` completed turns and no compaction.
 async fn history(store: &abridge::Store, turns: u64) -> abridge::store::SessionRow {
-    let r = runner_with(store, "setup", extractive(), |c| {
-        c.compaction.compact_at = Threshold::Off
-    });
-    let sid = demo_session(&r, SEED, 0).await;
-    for t in 0..turns {
-        r.run_turn_at(sid, t as i64, &user_turn(SEED, 0, t))
-            .await
-            .unwrap();
-    }
-    store
-        .with_conn(move |c| Ok(abridge::inspect::sessions(c)?.remove(0).session))
-        .unwrap()
+    uncompacted_history(store, SEED, turns).await
 }
 
 fn latest_measure(store: &abridge::Store) -> i64 {

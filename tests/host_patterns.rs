@@ -51,23 +51,8 @@ fn default_owner_runner(store: &Store, summariser: Arc<dyn Summariser>) -> Runne
 }
 
 /// A session with `turns` completed turns and no compaction.
-async fn history(store: &Store, turns: u64) -> abridge::store::SessionRow {
-    let mut cfg = test_config(Threshold::Off, None, "setup");
-    cfg.compaction.compact_at = Threshold::Off;
-    let r = Runner::builder(store.clone(), Arc::new(demo_model(SEED, &[])))
-        .tools(demo_tools(None, Duration::ZERO))
-        .config(cfg)
-        .build()
-        .unwrap();
-    let sid = demo_session(&r, SEED, 0).await;
-    for t in 0..turns {
-        r.run_turn_at(sid, t as i64, &user_turn(SEED, 0, t))
-            .await
-            .unwrap();
-    }
-    store
-        .with_conn(move |c| Ok(abridge::inspect::sessions(c)?.remove(0).session))
-        .unwrap()
+async fn history(store: &abridge::Store, turns: u64) -> abridge::store::SessionRow {
+    uncompacted_history(store, SEED, turns).await
 }
 
 fn compaction_rows(store: &Store) -> Vec<(String, i64)> {

@@ -81,6 +81,30 @@ pub fn test_config(compact_at: Threshold, hook: Option<FaultHook>, owner: &str) 
     cfg
 }
 
+/// A session of the demo workload (seed `seed`) with `turns` completed turns
+/// and no compaction, run by a setup runner (demo model and tools, offline
+/// summariser).
+pub async fn uncompacted_history(
+    store: &Store,
+    seed: u64,
+    turns: u64,
+) -> abridge::store::SessionRow {
+    let r = Runner::builder(store.clone(), Arc::new(demo_model(seed, &[])))
+        .tools(demo_tools(None, Duration::ZERO))
+        .config(test_config(Threshold::Off, None, "setup"))
+        .build()
+        .unwrap();
+    let sid = demo_session(&r, seed, 0).await;
+    for t in 0..turns {
+        r.run_turn_at(sid, t as i64, &abridge::demo::user_turn(seed, 0, t))
+            .await
+            .unwrap();
+    }
+    store
+        .with_conn(move |c| Ok(abridge::inspect::sessions(c)?.remove(0).session))
+        .unwrap()
+}
+
 pub async fn demo_session(runner: &Runner, seed: u64, i: u64) -> abridge::SessionId {
     runner
         .create_session(
