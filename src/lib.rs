@@ -85,6 +85,7 @@ pub mod replay;
 pub mod retry;
 pub mod runner;
 pub mod store;
+pub mod text;
 pub mod tools;
 pub mod verify;
 
