@@ -213,6 +213,7 @@ fn chaos_config(owner: String, hook: Option<FaultHook>, compact_at: u64) -> Runn
         take_over_dead_local_owners: true,
         context_cache_bytes: 64 << 20,
         compaction,
+        pin_extractor: Some(Arc::new(crate::pins::RuleExtractor)),
         testing: crate::fault::TestKnobs {
             fault_hook: hook,
             heartbeat: true,

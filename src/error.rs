@@ -81,6 +81,22 @@ pub enum Error {
         supported: i64,
     },
 
+    /// A read-only open of a store written by an older abridge: its schema
+    /// must be migrated first, which needs a write ([`crate::Store::open`], or
+    /// `abridge upgrade --db FILE`). Nothing was written.
+    #[error(
+        "{path}: schema version {found} is older than this build's ({supported}); \
+         migrate it first with `abridge upgrade --db {path}` (or Store::open), which keeps every row"
+    )]
+    SchemaTooOld {
+        /// The file.
+        path: PathBuf,
+        /// `PRAGMA user_version` of the file.
+        found: i64,
+        /// The version this build reads.
+        supported: i64,
+    },
+
     /// An SQLite error. `SQLITE_BUSY` past the busy timeout lands here and is
     /// worth a retry; constraint violations are bugs or tampering.
     #[error("sqlite: {0}")]

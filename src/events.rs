@@ -202,6 +202,24 @@ pub enum EventKind {
         output_tokens: Option<i64>,
         /// Summariser calls.
         summary_calls: i64,
+        /// Live pins stated at or before the boundary (all in the summary, G8).
+        pins_live: i64,
+        /// Of those, how many the guard appended because the summariser's
+        /// text lacked them.
+        pins_added: i64,
+    },
+    /// The pinned facts the guard appended to a summary did not fit the pins
+    /// budget even without their sentences; they were all kept (a live pin
+    /// is never dropped).
+    PinsOverBudget {
+        /// The row.
+        compaction_id: CompactionId,
+        /// Pins appended.
+        pins: usize,
+        /// Chars of the block.
+        chars: usize,
+        /// The budget, chars.
+        budget: usize,
     },
     /// A summariser attempt failed; `last` is true when the row is now failed.
     CompactionFailed {

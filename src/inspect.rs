@@ -134,6 +134,23 @@ pub fn compactions(conn: &Connection, session: SessionId) -> Result<Vec<Compacti
     store::list_compactions(conn, session)
 }
 
+/// A session's pinned facts, oldest first, superseded ones included (each
+/// names the pin it superseded).
+pub fn pins(conn: &Connection, session: SessionId) -> Result<Vec<crate::pins::Pin>> {
+    store::list_pins(conn, session)
+}
+
+/// The pins live at turn `boundary`: every pin without a slot stated at or
+/// before it, and the newest value of each slot; what a compaction at that
+/// boundary carries (G8).
+pub fn live_pins(
+    conn: &Connection,
+    session: SessionId,
+    boundary: i64,
+) -> Result<Vec<crate::pins::Pin>> {
+    store::live_pins(conn, session, boundary)
+}
+
 /// The full, uncompacted transcript of a session, with compaction points marked.
 pub fn export_session(conn: &Connection, key: &SessionKey, format: ExportFormat) -> Result<String> {
     let session = session(conn, key)?;
@@ -172,6 +189,11 @@ impl Store {
     /// A session's compactions, oldest first.
     pub async fn compactions(&self, session: SessionId) -> Result<Vec<CompactionRow>> {
         self.call(move |c| compactions(c, session)).await
+    }
+
+    /// A session's pinned facts, oldest first.
+    pub async fn pins(&self, session: SessionId) -> Result<Vec<crate::pins::Pin>> {
+        self.call(move |c| pins(c, session)).await
     }
 
     /// A session's full, uncompacted transcript.

@@ -79,6 +79,7 @@ mod legacy;
 pub mod message;
 pub mod model;
 pub mod owner;
+pub mod pins;
 mod platform;
 pub mod render;
 pub mod replay;

@@ -17,6 +17,7 @@ use crate::ids::{InvocationId, SessionId, StepId, TurnId};
 use crate::message::{ModelRequest, ModelResponse};
 use crate::model::{ModelClient, ModelError};
 use crate::owner::{AbortOnDrop, ClaimGuard};
+use crate::pins::{Fact, PinExtractor, RuleExtractor};
 use crate::replay::{rebuild_step, Rebuilt};
 use crate::retry::RetryPolicy;
 use crate::store::{
@@ -59,6 +60,10 @@ pub struct RunnerConfig {
     pub context_cache_bytes: usize,
     /// Compaction settings.
     pub compaction: CompactionConfig,
+    /// Finds the facts a compaction must never lose (G8) when a turn is
+    /// stored. Default the built-in [`crate::pins::RuleExtractor`]; None
+    /// pins only what the host pins ([`Runner::pin`]).
+    pub pin_extractor: Option<Arc<dyn PinExtractor>>,
     /// Crash-test knobs (fault injection, a frozen heartbeat); leave at the
     /// default outside tests.
     pub testing: TestKnobs,
@@ -100,6 +105,7 @@ impl Default for RunnerConfig {
             take_over_dead_local_owners: true,
             context_cache_bytes: 64 << 20,
             compaction: CompactionConfig::default(),
+            pin_extractor: Some(Arc::new(RuleExtractor)),
             testing: TestKnobs::default(),
         }
     }
@@ -506,6 +512,40 @@ impl Runner {
         }
     }
 
+    /// Pins the facts of turn `turn_idx` inside the transaction that finishes it.
+    fn pin_turn(&self, tx: &rusqlite::Transaction<'_>, session: &SessionRow, turn_idx: i64) -> Result<()> {
+        if let Some(extractor) = &self.inner.cfg.pin_extractor {
+            store::pin_turn(tx, session.id, turn_idx, &**extractor)?;
+        }
+        Ok(())
+    }
+
+    /// Pins a fact the host states for a session (`slot`: a newer value of the
+    /// same slot supersedes it). Every compaction from the session's next turn
+    /// on carries it (G8). Returns the turn index it counts as stated in.
+    ///
+    /// ```no_run
+    /// # async fn f(runner: abridge::Runner, id: abridge::SessionId) -> abridge::Result<()> {
+    /// use abridge::pins::Fact;
+    /// runner.pin(id, Fact::host(Some("ship-to address"), "12 Rue de Rivoli, 75001 Paris")).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn pin(&self, session_id: SessionId, fact: Fact) -> Result<i64> {
+        if fact.value.trim().is_empty() {
+            return Err(Error::Config("a pinned fact must not be empty".into()));
+        }
+        self.inner
+            .store
+            .call(move |c| {
+                let tx = store::write_tx(c)?;
+                store::get_session(&tx, session_id)?;
+                let at = store::pin_host_fact(&tx, session_id, &fact)?;
+                tx.commit()?;
+                Ok(at)
+            })
+            .await
+    }
+
     /// Fails the turn (policy), then returns `err` to the caller (or the error
     /// that kept it from being recorded).
     async fn fail(&self, lease: &Lease, step_id: Option<StepId>, err: Error) -> Error {
@@ -523,9 +563,10 @@ impl Runner {
     ) -> Result<std::convert::Infallible> {
         let msg = err.to_string();
         let l = lease.clone();
+        let pins = self.inner.cfg.pin_extractor.clone();
         self.inner
             .store
-            .call(move |c| store::fail_turn(c, &l, step_id, &msg))
+            .call(move |c| store::fail_turn(c, &l, step_id, &msg, pins.as_deref()))
             .await?;
         warn!(turn = %lease.turn_id, error = %err, "turn failed");
         Err(err)
@@ -918,6 +959,9 @@ impl Runner {
         crate::error::check_fault(hook, FaultPoint::BeforeStepComplete)?;
         let final_output = (n == 0).then_some(plan.final_text.as_str());
         let finished = store::complete_step(&tx, lease, plan.step_id, plan.step_idx, final_output)?;
+        if finished.is_some() {
+            self.pin_turn(&tx, &plan.session, plan.turn.idx)?;
+        }
         tx.commit()?;
         if tell {
             happened.push(EventKind::StepCompleted {

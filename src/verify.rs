@@ -1,4 +1,4 @@
-//! Whole-database checks of the guarantees G1-G7.
+//! Whole-database checks of the guarantees G1-G8.
 //!
 //! Each check reads the store and lists its violations; [`verify`] runs them all.
 //! Used by `abridge verify`, by the chaos harness at the end of every run, and by
@@ -193,10 +193,46 @@ pub fn verify_with(conn: &Connection, effect_checks: &[&dyn EffectCheck]) -> Res
 
     checks.push(check("G7 compaction shrinks", completed, g7));
 
+    let (pairs, g8) = pins_carried(conn, &compactions)?;
+    checks.push(check("G8 no pinned fact lost", pairs, g8));
+
     Ok(Report {
         ok: checks.iter().all(|c| c.ok),
         checks,
     })
+}
+
+/// G8: every live pin stated at or before a completed compaction's boundary
+/// is in its summary, verbatim. Compactions completed before pins existed
+/// (`pins_live` NULL: a store written by an older build) are not checked.
+fn pins_carried(
+    conn: &Connection,
+    compactions: &[store::CompactionRow],
+) -> Result<(i64, Vec<String>)> {
+    let mut checked = 0;
+    let mut lost = Vec::new();
+    for c in compactions
+        .iter()
+        .filter(|c| c.status == CompactionStatus::Completed && c.pins_live.is_some())
+    {
+        let summary = c.summary.as_deref().unwrap_or("");
+        for pin in store::live_pins(conn, c.session_id, c.up_to_turn_index)? {
+            checked += 1;
+            if !summary.contains(&pin.value) {
+                lost.push(format!(
+                    "compaction {} (session {}, up to turn {}) lost pin {} ({}: {:?}, turn {})",
+                    c.id,
+                    c.session_id,
+                    c.up_to_turn_index,
+                    pin.id,
+                    pin.label(),
+                    crate::text::truncate_chars(&pin.value, 80),
+                    pin.turn_index
+                ));
+            }
+        }
+    }
+    Ok((checked, lost))
 }
 
 /// Rows missing from the history: a gap in a session's turn numbering or a

@@ -193,6 +193,15 @@ pub struct CompactionConfig {
     pub wait_timeout: Duration,
     /// What a step does after the last failed attempt.
     pub on_failure: FailurePolicy,
+    /// Chars the guard's pinned-facts block should stay within: past it the
+    /// pins' sentences are left out, and past it still a
+    /// [`crate::EventKind::PinsOverBudget`] event is sent (every live pin is
+    /// kept regardless). Default 4,000.
+    pub pins_budget_chars: usize,
+    /// Ask the summariser once more, naming the pinned facts its summary
+    /// left out, before the guard appends what is still missing. Costs one
+    /// more summariser call when something is missing. Default false.
+    pub reask_missing_pins: bool,
 }
 
 impl std::fmt::Debug for CompactionConfig {
@@ -223,6 +232,8 @@ impl Default for CompactionConfig {
             lease_ttl: Duration::from_secs(60),
             wait_timeout: Duration::from_secs(300),
             on_failure: FailurePolicy::ProceedUncompacted,
+            pins_budget_chars: 4_000,
+            reask_missing_pins: false,
         }
     }
 }

@@ -16,7 +16,8 @@ pub use config::{
 pub use offline::{extract, ExtractiveSummariser};
 pub use summarise::{
     cap_block, chunk_entries, rules_for, transcript_entries, truncate_chars, ModelSummariser,
-    Summariser, SummaryRequest, SummaryResponse, PROSE_RULES, STRUCTURED_RULES,
+    Summariser, SummaryRequest, SummaryResponse, PROSE_RULES, PROSE_UPDATE_RULES, STRUCTURED_RULES,
+    STRUCTURED_UPDATE_RULES,
 };
 
 use crate::error::{Error, Result};
@@ -25,6 +26,7 @@ use crate::fault::{FaultHook, FaultPoint, TestKnobs};
 use crate::ids::{CompactionId, SessionId};
 use crate::message::sha256_hex;
 use crate::owner::ClaimGuard;
+use crate::pins::Pin;
 use crate::render::SummaryView;
 use crate::store::{
     self, ClaimOutcome, CompactionRow, CompactionStats, CompactionStatus, SessionRow, Store,
@@ -543,7 +545,11 @@ impl Compactor {
         claim: &ClaimGuard,
         subject: &Subject,
     ) -> Result<CompactionRow> {
-        let (prev, span) = self.load_span(&row).await?;
+        let Span {
+            prev,
+            turns: span,
+            pins,
+        } = self.load_span(&row).await?;
         self.events.emit(
             subject,
             EventKind::CompactionClaimed {
@@ -554,7 +560,11 @@ impl Compactor {
             },
         );
         let tokens_before = self.replaced_tokens(prev.as_ref(), &span)?;
-        let rules = self.rules(&row);
+        let rules = Rules {
+            first: self.rules(&row, false),
+            update: self.rules(&row, true),
+            focus: row.focus.clone().filter(|f| !f.trim().is_empty()),
+        };
         // Heartbeat: keep the row's lease while this claim is alive and working.
         // Aborted when dropped, so a dropped future renews nothing.
         let hb = self.heartbeat.then(|| {
@@ -566,14 +576,16 @@ impl Compactor {
             })
         });
         let previous = prev.as_ref().and_then(|p| p.summary.clone());
+        let previous_present = previous.is_some();
         let result = self
-            .attempts(&row, &rules, previous, &span, tokens_before, subject)
+            .attempts(&row, &rules, previous, &span, &pins, tokens_before, subject)
             .await;
         drop(hb);
         match result {
             Ok((summary, mut stats)) => {
                 crate::error::check_fault(&self.fault, FaultPoint::MidSummary)?;
-                stats.prompt_sha256 = sha256_hex(rules.as_bytes());
+                let used = rules.for_request(previous_present);
+                stats.prompt_sha256 = sha256_hex(used.as_bytes());
                 self.complete(&row, summary, stats, subject).await
             }
             Err(Error::Injected(p)) => Err(Error::Injected(p)),
@@ -583,10 +595,7 @@ impl Compactor {
 
     /// The previous completed compaction the row folds in, and the turns it
     /// summarises.
-    async fn load_span(
-        &self,
-        row: &CompactionRow,
-    ) -> Result<(Option<CompactionRow>, Vec<crate::store::HistoryTurn>)> {
+    async fn load_span(&self, row: &CompactionRow) -> Result<Span> {
         let (sid, b, prev_id) = (row.session_id, row.up_to_turn_index, row.previous_id);
         self.store
             .call(move |c| {
@@ -595,8 +604,9 @@ impl Compactor {
                     None => None,
                 };
                 let after = prev.as_ref().map_or(-1, |p| p.up_to_turn_index);
-                let span = store::load_history(c, sid, after, b, i64::MAX)?;
-                Ok((prev, span))
+                let turns = store::load_history(c, sid, after, b, i64::MAX)?;
+                let pins = store::live_pins(c, sid, b)?;
+                Ok(Span { prev, turns, pins })
             })
             .await
     }
@@ -622,9 +632,10 @@ impl Compactor {
         Ok(message_tokens(&*self.config.token_counter, &replaced))
     }
 
-    /// The summariser's rules: the style's, and a manual compaction's focus.
-    fn rules(&self, row: &CompactionRow) -> String {
-        let mut rules = rules_for(&self.config.style).to_string();
+    /// The summariser's rules: the style's (its first or its update variant),
+    /// and a manual compaction's focus.
+    fn rules(&self, row: &CompactionRow, update: bool) -> String {
+        let mut rules = rules_for(&self.config.style, update).to_string();
         if let Some(focus) = row.focus.as_deref().filter(|f| !f.trim().is_empty()) {
             rules.push_str("\n\nFocus of this compaction (give it priority): ");
             rules.push_str(&truncate_chars(focus, MAX_FOCUS_CHARS));
@@ -679,6 +690,8 @@ impl Compactor {
                     input_tokens: stats.input_tokens,
                     output_tokens: stats.output_tokens,
                     summary_calls: stats.summary_calls,
+                    pins_live: stats.pins_live,
+                    pins_added: stats.pins_added,
                 },
             );
         }
@@ -729,9 +742,10 @@ impl Compactor {
     async fn attempts(
         &self,
         row: &CompactionRow,
-        rules: &str,
+        rules: &Rules,
         previous: Option<String>,
         span: &[crate::store::HistoryTurn],
+        pins: &[Pin],
         tokens_before: u64,
         subject: &Subject,
     ) -> Result<(String, CompactionStats)> {
@@ -740,7 +754,7 @@ impl Compactor {
         let entries = transcript_entries(span, cfg.text_cap, cfg.tool_result_cap);
         // The budget left for the transcript once the rules, the running summary
         // (at most max_summary_chars) and the framing are in.
-        let fixed = cfg.fixed_request_tokens(rules);
+        let fixed = cfg.fixed_request_tokens(&rules.update);
         let chunk_budget = cfg.input_budget_tokens.saturating_sub(fixed).max(64);
         let chunks = chunk_entries(entries, chunk_budget, counter);
         let mut last_err = String::from("no attempt made");
@@ -751,6 +765,12 @@ impl Compactor {
             match self.one_attempt(rules, previous.clone(), &chunks).await {
                 Ok((text, input, output, calls)) => {
                     let text = clean_summary(&text, cfg.max_summary_chars);
+                    let (text, pins_added, calls) = if text.is_empty() {
+                        (text, 0, calls)
+                    } else {
+                        let r = rules.for_request(true);
+                        self.guard(row, r, text, pins, calls, subject).await?
+                    };
                     let after = message_tokens(
                         counter,
                         &[crate::render::summary_message(SummaryView {
@@ -775,6 +795,8 @@ impl Compactor {
                                 input_tokens: input,
                                 output_tokens: output,
                                 summary_calls: calls,
+                                pins_live: pins.len() as i64,
+                                pins_added: pins_added as i64,
                             },
                         ));
                     }
@@ -803,10 +825,82 @@ impl Compactor {
         Err(Error::Summary(last_err))
     }
 
+    /// G8: the summary as stored is the summariser's `text` plus a block of
+    /// every live pin it lacks (after asking the summariser once more, when
+    /// configured). Returns the text, the pins appended and the calls made.
+    async fn guard(
+        &self,
+        row: &CompactionRow,
+        rules: &str,
+        text: String,
+        pins: &[Pin],
+        calls: i64,
+        subject: &Subject,
+    ) -> Result<(String, usize, i64)> {
+        let cfg = &self.config;
+        let mut text = text;
+        let mut calls = calls;
+        if cfg.reask_missing_pins && !crate::pins::missing(pins, &text).is_empty() {
+            let list: Vec<String> = crate::pins::missing(pins, &text)
+                .iter()
+                .map(|p| p.line(false))
+                .collect();
+            let req = SummaryRequest {
+                rules: format!(
+                    "{rules}\n\nThe summary below leaves out facts that must survive. Rewrite it \
+                     so that it contains each of these values verbatim, changing nothing else:\n{}",
+                    list.join("\n")
+                ),
+                previous: Some(text.clone()),
+                transcript: String::new(),
+                max_chars: cfg.max_summary_chars,
+                focus: None,
+            };
+            let again = tokio::time::timeout(cfg.attempt_timeout, self.summariser.summarise(&req));
+            if let Ok(Ok(resp)) = again.await {
+                calls += 1;
+                let better = clean_summary(&resp.text, cfg.max_summary_chars);
+                if !better.is_empty()
+                    && crate::pins::missing(pins, &better).len()
+                        < crate::pins::missing(pins, &text).len()
+                {
+                    text = better;
+                }
+            }
+        }
+        let missing = crate::pins::missing(pins, &text);
+        let (block, over) = crate::pins::render_block(&missing, cfg.pins_budget_chars);
+        if over {
+            let chars = block.chars().count();
+            warn!(
+                compaction_id = %row.id,
+                pins = missing.len(),
+                chars,
+                budget = cfg.pins_budget_chars,
+                "pinned facts exceed their budget; all kept"
+            );
+            self.events.emit(
+                subject,
+                EventKind::PinsOverBudget {
+                    compaction_id: row.id,
+                    pins: missing.len(),
+                    chars,
+                    budget: cfg.pins_budget_chars,
+                },
+            );
+        }
+        let added = missing.len();
+        if !block.is_empty() {
+            text.push_str("\n\n");
+            text.push_str(&block);
+        }
+        Ok((text, added, calls))
+    }
+
     /// One pass over the chunks, each folded into the running summary.
     async fn one_attempt(
         &self,
-        rules: &str,
+        rules: &Rules,
         previous: Option<String>,
         chunks: &[String],
     ) -> Result<(String, Option<i64>, Option<i64>, i64)> {
@@ -819,9 +913,11 @@ impl Compactor {
             chunks.iter().map(String::as_str).collect()
         };
         for chunk in chunks {
+            let previous = running.take();
             let req = SummaryRequest {
-                rules: rules.to_string(),
-                previous: running.take(),
+                rules: rules.for_request(previous.is_some()).to_string(),
+                focus: rules.focus.clone(),
+                previous,
                 transcript: chunk.to_string(),
                 max_chars: self.config.max_summary_chars,
             };
@@ -851,6 +947,32 @@ impl Compactor {
         }
         Ok((running.unwrap_or_default(), input, output, calls))
     }
+}
+
+/// What a compaction summarises: the previous completed row it folds in, the
+/// turns after it up to the boundary, and the live pins it must carry.
+/// The rules of one compaction: the first and the update variant (a request
+/// with a running summary to fold in gets the update one), and its focus.
+struct Rules {
+    first: String,
+    update: String,
+    focus: Option<String>,
+}
+
+impl Rules {
+    fn for_request(&self, has_previous: bool) -> &str {
+        if has_previous {
+            &self.update
+        } else {
+            &self.first
+        }
+    }
+}
+
+struct Span {
+    prev: Option<CompactionRow>,
+    turns: Vec<crate::store::HistoryTurn>,
+    pins: Vec<Pin>,
 }
 
 /// Tokens of messages as a step sends them (their JSON bytes).

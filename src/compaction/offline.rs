@@ -1,87 +1,194 @@
 //! The built-in offline summariser: deterministic, extractive, no model needed.
 //!
-//! It keeps, from the span: every number and identifier, the user's stated facts,
-//! each tool call's name and the head of its result, the assistant's
-//! commitments, and what is still open; and it folds the previous summary in
-//! section by section, so a fact from the first turn survives every
-//! re-compaction. The same request always gives the same summary, which makes it
-//! the default wherever no model endpoint is configured, and a real choice for
-//! desktop apps and tests.
+//! It writes labelled sections, most critical first (a summary cut at its
+//! cap loses its tail): the focus of a manual compaction; the facts the user
+//! stated, each with its label, turn and sentence, the newest value of each
+//! slot current and older ones listed as superseded; the rules the user
+//! stated, verbatim; any previous summary it did not write, verbatim; what is
+//! still open; the assistant's commitments; tool results and the identifiers
+//! in them (newest kept); the user's recent requests. It folds the previous
+//! summary in section by section (and keeps one written by a model or a
+//! host's summariser whole), so a fact from the first turn survives every
+//! re-compaction. The same request always gives the same summary, which makes
+//! it the default wherever no model endpoint is configured, and a real choice
+//! for desktop apps and tests.
 
-use super::summarise::{truncate_chars, Summariser, SummaryRequest, SummaryResponse};
+use super::summarise::{Summariser, SummaryRequest, SummaryResponse};
 use crate::message::Usage;
 use crate::model::ModelError;
+use crate::pins::{FactKind, FactSource, PinExtractor, RuleExtractor, BLOCK_HEADING};
+use crate::text::truncate_chars;
 use async_trait::async_trait;
-
-const SECTIONS: [&str; 5] = [
-    "Figures and ids",
-    "User facts",
-    "Tool results",
-    "Commitments",
-    "Open",
-];
-/// Most entries kept per section (newest kept); ids are kept oldest first.
-const PER_SECTION: [usize; 5] = [200, 12, 8, 8, 6];
+use regex::Regex;
+use std::sync::LazyLock;
 
 /// The offline extractive summariser.
 #[derive(Debug, Clone, Default)]
 pub struct ExtractiveSummariser;
 
-fn is_id_like(w: &str) -> bool {
-    // Times of day and timestamps are noise next to order numbers and amounts.
-    w.chars().any(|c| c.is_ascii_digit())
-        && w.chars().count() >= 2
-        && w.len() <= 40
-        && !w.contains(':')
+const FOCUS: &str = "## Focus";
+const FACTS: &str = "## Facts";
+const SUPERSEDED: &str = "## Superseded";
+const EARLIER: &str = "## Earlier summary";
+const OPEN: &str = "## Open";
+const COMMITMENTS: &str = "## Commitments";
+const TOOL_RESULTS: &str = "## Tool results";
+const TOOL_IDS: &str = "## Identifiers from tools";
+const REQUESTS: &str = "## Recent requests";
+
+/// Most entries kept per list section (the newest).
+const MAX_FACTS: usize = 80;
+const MAX_SUPERSEDED: usize = 12;
+const MAX_FOCUS: usize = 8;
+const MAX_COMMITMENTS: usize = 8;
+const MAX_TOOL_RESULTS: usize = 8;
+const MAX_TOOL_IDS: usize = 120;
+const MAX_REQUESTS: usize = 6;
+
+/// One labelled fact as a summary line.
+#[derive(Debug, Clone, PartialEq)]
+struct FactLine {
+    turn: i64,
+    label: String,
+    slotted: bool,
+    value: String,
+    replaces: Option<String>,
+    sentence: String,
 }
 
-/// The words of `s`: split on whitespace and punctuation, except a comma
-/// between two digits (a thousands separator: "1,250" is one figure).
-fn words(s: &str) -> impl Iterator<Item = &str> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    let mut prev: Option<char> = None;
-    let mut chars = s.char_indices().peekable();
-    while let Some((i, c)) = chars.next() {
-        let next = chars.peek().map(|&(_, n)| n);
-        let separator = c == ','
-            && prev.is_some_and(|p| p.is_ascii_digit())
-            && next.is_some_and(|n| n.is_ascii_digit());
-        let split = !separator
-            && (c.is_whitespace()
-                || matches!(c, ',' | ';' | '"' | '(' | ')' | '{' | '}' | '[' | ']'));
-        if split {
-            out.push(&s[start..i]);
-            start = i + c.len_utf8();
+impl FactLine {
+    fn render(&self) -> String {
+        let mut s = format!("- [turn {}] {}: {}", self.turn, self.label, self.value);
+        if let Some(old) = &self.replaces {
+            s.push_str(&format!(" (replaces {old})"));
         }
-        prev = Some(c);
+        if !self.sentence.is_empty() && self.sentence != self.value {
+            s.push_str(&format!(" | \"{}\"", self.sentence));
+        }
+        s
     }
-    out.push(&s[start..]);
-    out.into_iter()
-        .map(|w| w.trim_matches(|c: char| matches!(c, '.' | ':' | '!' | '?' | '\'')))
-        .filter(|w| !w.is_empty())
 }
 
-fn parse_previous(prev: &str) -> [Vec<String>; 5] {
-    let mut out: [Vec<String>; 5] = Default::default();
-    let mut cur: Option<usize> = None;
-    for line in prev.lines() {
-        if let Some(h) = line.strip_prefix("## ") {
-            cur = SECTIONS.iter().position(|s| *s == h.trim());
-            continue;
+static FACT_LINE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r#"^- \[turn (-?\d+)\] ([^:]+): (.*?)(?: \(replaces (.*?)\))?(?: \| "(.*)")?$"#)
+        .expect("static regex")
+});
+
+fn parse_fact(line: &str) -> Option<FactLine> {
+    let c = FACT_LINE.captures(line)?;
+    let label = c[2].to_string();
+    Some(FactLine {
+        turn: c[1].parse().ok()?,
+        slotted: FactKind::parse(&label).is_none(),
+        label,
+        value: c[3].to_string(),
+        replaces: c.get(4).map(|m| m.as_str().to_string()),
+        sentence: c.get(5).map_or(String::new(), |m| m.as_str().to_string()),
+    })
+}
+
+/// The summary being built.
+#[derive(Debug, Default)]
+struct Sections {
+    facts: Vec<FactLine>,
+    superseded: Vec<String>,
+    earlier: Vec<String>,
+    open: Vec<String>,
+    commitments: Vec<String>,
+    tool_results: Vec<String>,
+    tool_ids: Vec<String>,
+    requests: Vec<String>,
+}
+
+impl Sections {
+    /// Adds a fact: a new value of a slot replaces the current one (listed
+    /// as superseded); a value already carried is not repeated.
+    fn add_fact(&mut self, f: FactLine) {
+        if f.slotted {
+            if let Some(i) = self
+                .facts
+                .iter()
+                .position(|x| x.slotted && x.label == f.label)
+            {
+                if self.facts[i].value == f.value {
+                    return;
+                }
+                let old = self.facts.remove(i);
+                self.superseded.push(format!(
+                    "- [turn {}] {}: {} (superseded at turn {})",
+                    old.turn, old.label, old.value, f.turn
+                ));
+                let mut f = f;
+                f.replaces = Some(old.value);
+                self.facts.push(f);
+                return;
+            }
+        } else if self.facts.iter().any(|x| x.value == f.value) {
+            return;
         }
-        let Some(i) = cur else { continue };
-        if i == 0 {
-            out[0].extend(
-                line.split(", ")
-                    .filter(|w| !w.is_empty())
-                    .map(str::to_string),
-            );
-        } else if let Some(item) = line.strip_prefix("- ") {
-            out[i].push(item.to_string());
-        }
+        self.facts.push(f);
     }
-    out
+
+    fn parse_previous(prev: &str) -> Sections {
+        let mut s = Sections::default();
+        let mut cur: Option<&str> = None;
+        let known = [
+            FOCUS,
+            FACTS,
+            BLOCK_HEADING,
+            SUPERSEDED,
+            EARLIER,
+            OPEN,
+            COMMITMENTS,
+            TOOL_RESULTS,
+            TOOL_IDS,
+            REQUESTS,
+        ];
+        for line in prev.lines() {
+            if line.starts_with("## ") {
+                if let Some(k) = known.iter().find(|k| line.trim_end() == **k) {
+                    cur = Some(k);
+                    continue;
+                }
+                // A heading abridge did not write: the previous summary came
+                // from elsewhere; kept whole.
+                cur = None;
+            }
+            match cur {
+                Some(FACTS) | Some(BLOCK_HEADING) => match parse_fact(line) {
+                    Some(f) => s.add_fact(f),
+                    None if !line.trim().is_empty() => s.earlier.push(line.to_string()),
+                    None => {}
+                },
+                Some(SUPERSEDED) => push_item(&mut s.superseded, line),
+                Some(EARLIER) => s.earlier.push(line.to_string()),
+                // The previous focus and open list belong to the previous span.
+                Some(FOCUS) | Some(OPEN) => {}
+                Some(COMMITMENTS) => push_item(&mut s.commitments, line),
+                Some(TOOL_RESULTS) => push_item(&mut s.tool_results, line),
+                Some(TOOL_IDS) => s.tool_ids.extend(
+                    line.split(", ")
+                        .filter(|w| !w.trim().is_empty())
+                        .map(str::to_string),
+                ),
+                Some(REQUESTS) => push_item(&mut s.requests, line),
+                _ => s.earlier.push(line.to_string()),
+            }
+        }
+        while s.earlier.first().is_some_and(|l| l.trim().is_empty()) {
+            s.earlier.remove(0);
+        }
+        while s.earlier.last().is_some_and(|l| l.trim().is_empty()) {
+            s.earlier.pop();
+        }
+        s
+    }
+}
+
+fn push_item(list: &mut Vec<String>, line: &str) {
+    if line.starts_with("- ") {
+        list.push(line.to_string());
+    }
 }
 
 fn commitment(text: &str) -> bool {
@@ -101,77 +208,190 @@ fn commitment(text: &str) -> bool {
     .any(|k| l.contains(k))
 }
 
+/// A transcript entry: `[turn N] kind: body`, possibly over several lines.
+struct Entry<'a> {
+    turn: i64,
+    tag: &'a str,
+    body: String,
+}
+
+fn entries(transcript: &str) -> Vec<Entry<'_>> {
+    let mut out: Vec<Entry<'_>> = Vec::new();
+    for line in transcript.lines() {
+        let head = line
+            .strip_prefix("[turn ")
+            .and_then(|r| r.split_once("] "))
+            .and_then(|(n, rest)| Some((n.parse::<i64>().ok()?, rest)));
+        match head {
+            Some((turn, rest)) => out.push(Entry {
+                turn,
+                tag: &line[..line.len() - rest.len() - 1],
+                body: rest.to_string(),
+            }),
+            None => {
+                if let Some(e) = out.last_mut() {
+                    e.body.push('\n');
+                    e.body.push_str(line);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Lowercased focus terms (words of four letters or more).
+fn focus_terms(focus: &str) -> Vec<String> {
+    focus
+        .split(|c: char| !c.is_alphanumeric() && c != '-' && c != '_')
+        .filter(|w| w.chars().count() >= 4)
+        .map(str::to_lowercase)
+        .collect()
+}
+
+fn one_line(s: &str, n: usize) -> String {
+    truncate_chars(&s.split_whitespace().collect::<Vec<_>>().join(" "), n)
+}
+
+fn keep_newest(list: &mut Vec<String>, n: usize) {
+    if list.len() > n {
+        list.drain(..list.len() - n);
+    }
+}
+
 /// Builds the summary text from a request (pure).
 pub fn extract(request: &SummaryRequest) -> String {
     let mut sec = request
         .previous
         .as_deref()
-        .map(parse_previous)
+        .map(Sections::parse_previous)
         .unwrap_or_default();
+    let entries = entries(&request.transcript);
     let mut open_now: Vec<String> = Vec::new();
-    for line in request.transcript.lines() {
-        let Some((tag, body)) = line.split_once("] ") else {
-            continue;
-        };
-        let tag = format!("{tag}]");
-        for w in words(body) {
-            if is_id_like(w) && !sec[0].iter().any(|x| x == w) {
-                sec[0].push(w.to_string());
+    let last_turn = entries.iter().map(|e| e.turn).max();
+    let mut answered_in: Vec<i64> = Vec::new();
+    for e in &entries {
+        if let Some(t) = e.body.strip_prefix("user: ") {
+            for f in RuleExtractor.extract(t, FactSource::User) {
+                sec.add_fact(FactLine {
+                    turn: e.turn,
+                    label: f.label().to_string(),
+                    slotted: f.slot.is_some(),
+                    sentence: if f.kind == FactKind::Rule {
+                        String::new()
+                    } else {
+                        f.sentence.clone()
+                    },
+                    value: f.value,
+                    replaces: None,
+                });
             }
-        }
-        let head = |s: &str, n| truncate_chars(s.trim(), n);
-        if let Some(t) = body.strip_prefix("user: ") {
-            sec[1].push(format!("{tag} {}", head(t, 160)));
-            if t.trim_end().ends_with('?') {
-                open_now.push(format!("{tag} {}", head(t, 120)));
+            sec.requests
+                .push(format!("- {} {}", e.tag, one_line(t, 160)));
+        } else if let Some(t) = e
+            .body
+            .strip_prefix("tool result ")
+            .or_else(|| e.body.strip_prefix("tool error "))
+        {
+            let error = e.body.starts_with("tool error ");
+            for f in RuleExtractor.extract(t, FactSource::Tool) {
+                if !sec.tool_ids.contains(&f.value) {
+                    sec.tool_ids.push(f.value);
+                }
             }
-        } else if let Some(t) = body.strip_prefix("tool result ") {
-            sec[2].push(format!("{tag} {}", head(t, 100)));
-        } else if let Some(t) = body.strip_prefix("tool error ") {
-            sec[2].push(format!("{tag} error {}", head(t, 120)));
-        } else if let Some(t) = body.strip_prefix("assistant: ") {
+            let kind = if error { "error " } else { "" };
+            sec.tool_results
+                .push(format!("- {} {kind}{}", e.tag, one_line(t, 120)));
+        } else if let Some(t) = e.body.strip_prefix("assistant: ") {
+            answered_in.push(e.turn);
             if commitment(t) {
-                sec[3].push(format!("{tag} {}", head(t, 160)));
-            }
-            if t.trim_end().ends_with('?') {
-                open_now.push(format!("{tag} asked: {}", head(t, 120)));
+                sec.commitments
+                    .push(format!("- {} {}", e.tag, one_line(t, 160)));
             }
         }
     }
-    // What is open is what the newest span left open; earlier open items either
-    // got answered or are carried in the user facts.
-    if !open_now.is_empty() {
-        sec[4] = open_now;
-    }
-    for (i, list) in sec.iter_mut().enumerate() {
-        let keep = PER_SECTION[i];
-        if list.len() > keep {
-            if i == 0 {
-                list.truncate(keep);
-            } else {
-                list.drain(..list.len() - keep);
+    // What is open is what the span's last turn left open: a question the
+    // assistant asked at its end, or a user question with no answer.
+    if let Some(last) = last_turn {
+        let in_last: Vec<&Entry<'_>> = entries.iter().filter(|e| e.turn == last).collect();
+        if let Some(a) = in_last
+            .iter()
+            .rev()
+            .find_map(|e| e.body.strip_prefix("assistant: "))
+        {
+            if a.trim_end().ends_with('?') {
+                open_now.push(format!("- [turn {last}] the assistant asked: {}", one_line(a, 160)));
+            }
+        }
+        for e in &in_last {
+            if let Some(u) = e.body.strip_prefix("user: ") {
+                if u.trim_end().ends_with('?') && !answered_in.contains(&last) {
+                    open_now.push(format!("- [turn {last}] unanswered: {}", one_line(u, 160)));
+                }
             }
         }
     }
+    sec.open = open_now;
+    let focus: Vec<String> = match request.focus.as_deref().map(focus_terms) {
+        Some(terms) if !terms.is_empty() => {
+            let touches = |s: &str| {
+                let l = s.to_lowercase();
+                terms.iter().any(|t| l.contains(t.as_str()))
+            };
+            let mut lines: Vec<String> = sec
+                .facts
+                .iter()
+                .map(FactLine::render)
+                .chain(entries.iter().map(|e| format!("- {} {}", e.tag, one_line(&e.body, 200))))
+                .filter(|l| touches(l))
+                .collect();
+            lines.dedup();
+            keep_newest(&mut lines, MAX_FOCUS);
+            lines
+        }
+        _ => Vec::new(),
+    };
+    if sec.facts.len() > MAX_FACTS {
+        // Identifiers go first (the guard carries pinned ones); stated
+        // values, rules and names stay.
+        let mut over = sec.facts.len() - MAX_FACTS;
+        sec.facts.retain(|f| {
+            let drop = over > 0 && !f.slotted && f.label != "rule" && f.label != "name";
+            if drop {
+                over -= 1;
+            }
+            !drop
+        });
+    }
+    keep_newest(&mut sec.superseded, MAX_SUPERSEDED);
+    keep_newest(&mut sec.commitments, MAX_COMMITMENTS);
+    keep_newest(&mut sec.tool_results, MAX_TOOL_RESULTS);
+    keep_newest(&mut sec.tool_ids, MAX_TOOL_IDS);
+    keep_newest(&mut sec.requests, MAX_REQUESTS);
+
     let mut out = String::new();
-    for (i, name) in SECTIONS.iter().enumerate() {
-        if sec[i].is_empty() {
-            continue;
+    let mut section = |name: &str, lines: &[String]| {
+        if lines.is_empty() {
+            return;
         }
-        out.push_str("## ");
         out.push_str(name);
         out.push('\n');
-        if i == 0 {
-            out.push_str(&sec[0].join(", "));
+        for l in lines {
+            out.push_str(l);
             out.push('\n');
-        } else {
-            for item in &sec[i] {
-                out.push_str("- ");
-                out.push_str(item);
-                out.push('\n');
-            }
         }
+    };
+    section(FOCUS, &focus);
+    let facts: Vec<String> = sec.facts.iter().map(FactLine::render).collect();
+    section(FACTS, &facts);
+    section(EARLIER, &sec.earlier);
+    section(OPEN, &sec.open);
+    section(COMMITMENTS, &sec.commitments);
+    section(SUPERSEDED, &sec.superseded);
+    section(TOOL_RESULTS, &sec.tool_results);
+    if !sec.tool_ids.is_empty() {
+        section(TOOL_IDS, &[sec.tool_ids.join(", ")]);
     }
+    section(REQUESTS, &sec.requests);
     truncate_chars(out.trim_end(), request.max_chars)
 }
 
@@ -199,6 +419,7 @@ mod tests {
             previous: previous.map(str::to_string),
             transcript: transcript.into(),
             max_chars: 6_000,
+            focus: None,
         }
     }
 
@@ -210,7 +431,8 @@ mod tests {
              [turn 0] tool call lookup_order({\"order_id\":\"ORD-123\"})\n\
              [turn 0] tool result lookup_order: {\"status\":\"shipped\"}\n\
              [turn 0] assistant: I will refund 12.50 EUR by Friday.\n\
-             [turn 1] user: Can you also check the invoice?",
+             [turn 1] user: Can you also check the invoice?\n\
+             [turn 1] assistant: Which invoice do you mean?",
         ));
         for want in [
             "ORD-123",
@@ -218,7 +440,7 @@ mod tests {
             "12.50",
             "shipped",
             "I will refund",
-            "check the invoice?",
+            "Which invoice do you mean?",
         ] {
             assert!(s.contains(want), "missing {want}: {s}");
         }
@@ -228,36 +450,96 @@ mod tests {
     /// "250" kept.
     #[test]
     fn a_figure_with_thousands_separators_is_kept_whole() {
-        let got: Vec<&str> = words("budget 1,250 or €12,500.50, then 3, 4 (5,6)").collect();
-        assert_eq!(
-            got,
-            [
-                "budget",
-                "1,250",
-                "or",
-                "€12,500.50",
-                "then",
-                "3",
-                "4",
-                "5,6"
-            ]
-        );
         let s = extract(&req(None, "[turn 0] user: my budget is 1,250 EUR\n"));
-        assert!(s.contains("1,250"), "{s}");
+        assert!(s.contains("budget: 1,250 EUR"), "{s}");
     }
 
     #[test]
-    fn folds_the_previous_summary_so_old_ids_survive() {
-        let first = extract(&req(None, "[turn 1] user: my card is ZX-99817"));
+    fn facts_are_labelled_with_their_turn_and_sentence() {
+        let s = extract(&req(
+            None,
+            "[turn 3] user: My name is Ana Lima. Please never call before 9am.",
+        ));
+        assert!(
+            s.contains("- [turn 3] name: Ana Lima | \"My name is Ana Lima.\""),
+            "{s}"
+        );
+        assert!(
+            s.contains("- [turn 3] rule: Please never call before 9am."),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn the_newest_value_of_a_slot_is_current_and_older_ones_marked() {
+        let mut prev = extract(&req(None, "[turn 1] user: my size is M"));
+        prev = extract(&req(Some(&prev), "[turn 4] user: change the size to L"));
+        prev = extract(&req(Some(&prev), "[turn 9] user: actually, my size is XL"));
+        let facts = prev.split(SUPERSEDED).next().unwrap();
+        assert!(facts.contains("size: XL (replaces L)"), "{prev}");
+        assert!(!facts.contains("size: M"), "{prev}");
+        assert!(prev.contains("- [turn 1] size: M (superseded at turn 4)"), "{prev}");
+        assert!(prev.contains("- [turn 4] size: L (superseded at turn 9)"), "{prev}");
+    }
+
+    #[test]
+    fn folds_the_previous_summary_so_old_facts_survive() {
+        let first = extract(&req(
+            None,
+            "[turn 1] user: my card is ZX-99817 and my e-mail is ana@example.org",
+        ));
         let mut prev = first;
-        for t in 2..8 {
+        for t in 2..30 {
             prev = extract(&req(
                 Some(&prev),
-                &format!("[turn {t}] user: order ORD-{t}00 please"),
+                &format!("[turn {t}] user: order ORD-{t}00 please\n[turn {t}] tool result find: {{\"txn\":\"txn_{t}a\"}}"),
             ));
         }
         assert!(prev.contains("ZX-99817"), "{prev}");
-        assert!(prev.contains("ORD-700"));
+        assert!(prev.contains("ana@example.org"), "{prev}");
+        assert!(prev.contains("ORD-2900"), "{prev}");
+        assert!(prev.contains("txn_29a"), "the newest tool ids are kept: {prev}");
+    }
+
+    #[test]
+    fn a_summary_written_elsewhere_is_kept_whole() {
+        let model = "The user, Ana, wants a refund for order 4471.\n\n## Decisions\n- refund approved by Bob";
+        let s = extract(&req(Some(model), "[turn 7] user: thanks, and my budget is 300 EUR"));
+        assert!(s.contains(model), "{s}");
+        assert!(s.contains("budget: 300 EUR"), "{s}");
+        // And again: it stays whole, not nested.
+        let again = extract(&req(Some(&s), "[turn 8] user: ok"));
+        assert!(again.contains(model), "{again}");
+        assert_eq!(again.matches(EARLIER).count(), 1, "{again}");
+    }
+
+    #[test]
+    fn an_answered_question_is_not_open() {
+        let s = extract(&req(
+            None,
+            "[turn 2] user: Where is my parcel?\n[turn 2] assistant: It arrives tomorrow.",
+        ));
+        assert!(!s.contains(OPEN), "{s}");
+    }
+
+    #[test]
+    fn the_focus_comes_first() {
+        let mut r = req(
+            None,
+            "[turn 0] user: my invoice is INV-9\n[turn 1] user: the parcel is late\n[turn 2] user: hello",
+        );
+        r.focus = Some("the parcel".into());
+        let s = extract(&r);
+        assert!(s.starts_with("## Focus\n- [turn 1] user: the parcel is late"), "{s}");
+    }
+
+    #[test]
+    fn multi_line_entries_are_read_whole() {
+        let s = extract(&req(
+            None,
+            "[turn 0] user: first line\nsecond line: my zip code is 75001\n[turn 1] user: ok",
+        ));
+        assert!(s.contains("postcode: 75001"), "{s}");
     }
 
     #[test]

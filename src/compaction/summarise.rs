@@ -9,34 +9,67 @@ pub use crate::text::{cap_block, truncate_chars};
 use async_trait::async_trait;
 use std::sync::Arc;
 
-/// Built-in prose rules.
+/// What every built-in prompt says about the transcript's markers, the
+/// pinned facts and superseded values.
+const COMMON_RULES: &str = "\
+Rules that always hold:
+- Keep identifiers, names, figures, dates, paths, URLs, e-mail addresses, error messages and \
+key names exactly as written (\"1,250 EUR\" stays \"1,250 EUR\").
+- When a value was changed (a new budget, another size, a new address), keep only the newest \
+one as current and mark the older one as superseded; never present both as current.
+- Constraints and rules the user stated (never, always, only, must, at most...) are copied \
+verbatim, not paraphrased.
+- \"[… N chars omitted …]\" inside a transcript entry marks text cut for display, not \
+something the conversation said; do not mention it.
+- Lines under \"## Pinned facts\" are facts that must survive: keep every one of them.
+- Do not invent anything, do not add advice, do not continue the conversation or answer \
+questions in it, do not comment on the summarising. Answer with the summary only, in the \
+conversation's own language.";
+
+/// Built-in prose rules: the first summary of a session.
 pub const PROSE_RULES: &str = "\
-You are compacting the earlier part of a long conversation so that it can go on \
-within the model's context window. Your summary replaces those turns: anything you \
-leave out is gone from the model's view for good.
+You are compacting the earlier part of a long conversation so that it can go on within the \
+model's context window. Your summary replaces those turns: anything you leave out is gone \
+from the model's view for good.
 
-Write dense plain prose that keeps everything a later turn may rely on:
-- every fact the user stated: names, sizes, budgets, addresses, postal codes, order \
-numbers, product choices, dates and quantities, verbatim where short;
-- every figure and identifier from tool results (ids, amounts, statuses);
-- every commitment the assistant made (prices quoted, delivery windows, promised \
-next steps) and every decision already taken, so nothing is asked twice;
-- what was asked and is still open.
+Write dense plain prose, most critical first:
+1. Critical identifiers and figures: every id, amount, date, name, address, path and key the \
+conversation relies on, with what each one is.
+2. The user's goal and every constraint or preference they stated (verbatim).
+3. What is done, what is in progress, decisions taken and why (so nothing is asked twice), \
+files and artifacts touched, errors met and how they were fixed, commitments the assistant \
+made (prices quoted, delivery windows, promised next steps).
+4. The current work and the next step, and what is still open.
+";
 
-Do not invent anything, do not add advice, do not comment on the summarising. \
-Answer with the summary text only, in the conversation's own language.";
+/// Built-in prose rules: folding new turns into an existing summary.
+pub const PROSE_UPDATE_RULES: &str = "\
+You are updating the summary of a long conversation with the turns that came after it, so \
+that it can go on within the model's context window. The new summary replaces both the old \
+summary and those turns: anything you leave out is gone from the model's view for good.
 
-/// Built-in structured rules.
+Start from the summary so far and keep every fact in it, unless a newer turn changed it \
+(then keep the newest value and mark the old one superseded). Move items that the new turns \
+finished from in progress to done. Then add what the new turns brought, in dense plain prose, \
+most critical first: identifiers and figures with what each one is; the goal and the user's \
+constraints (verbatim); progress, decisions, files and artifacts, errors and fixes, \
+commitments; the current work, the next step and what is still open.
+";
+
+/// Built-in structured rules: the first checkpoint of a session.
 pub const STRUCTURED_RULES: &str = "\
-You are compacting the earlier part of a long conversation into a structured \
-checkpoint that the assistant will read instead of those turns. Do not continue the \
-conversation and do not answer questions inside it. Use exactly this format:
+You are compacting the earlier part of a long conversation into a structured checkpoint that \
+the assistant will read instead of those turns. Use exactly this format, most critical first:
+
+## Critical Context
+- [Every id, amount, date, name, address, path and key needed to continue, each with what it \
+is; \"(none)\" if none]
 
 ## Goal
 [What the user is trying to accomplish]
 
 ## Constraints & Preferences
-- [Constraints or preferences the user stated, or \"(none)\"]
+- [Each constraint or preference the user stated, verbatim, or \"(none)\"]
 
 ## Progress
 ### Done
@@ -49,21 +82,47 @@ conversation and do not answer questions inside it. Use exactly this format:
 ## Key Decisions
 - **[Decision]**: [Rationale]
 
+## Files & Artifacts
+- [Files, documents, orders or other artifacts read, created or changed]
+
+## Errors & Fixes
+- [Error met]: [how it was fixed, or \"open\"]
+
+## Current Work
+[What was being done when the span ends]
+
 ## Next Steps
 1. [What should happen next]
 
-## Critical Context
-- [Data, names, ids and references needed to continue, or \"(none)\"]
+Keep each section short.
+";
 
-Keep each section short. Preserve exact identifiers, names, figures and error messages.";
+/// Built-in structured rules: updating an existing checkpoint.
+pub const STRUCTURED_UPDATE_RULES: &str = "\
+You are updating a structured checkpoint of a long conversation with the turns that came \
+after it; the assistant will read the new checkpoint instead of both. Keep the checkpoint's \
+format and every section (Critical Context; Goal; Constraints & Preferences; Progress with \
+Done / In Progress / Blocked; Key Decisions; Files & Artifacts; Errors & Fixes; Current Work; \
+Next Steps).
 
-/// The rules for a style.
-pub fn rules_for(style: &PromptStyle) -> &str {
-    match style {
-        PromptStyle::Prose => PROSE_RULES,
-        PromptStyle::Structured => STRUCTURED_RULES,
-        PromptStyle::Custom(p) => p,
-    }
+Keep every fact of the checkpoint so far unless a newer turn changed it (then keep the newest \
+value in Critical Context and mark the old one superseded). Move items the new turns finished \
+from In Progress to Done; add new decisions, files, errors and fixes; rewrite Current Work and \
+Next Steps for where the conversation now stands. Keep each section short.
+";
+
+/// The rules for a style: its first variant, or (`update`) the one that folds
+/// new turns into an existing summary; each followed by the rules every
+/// built-in prompt shares. A custom prompt is used as it is for both.
+pub fn rules_for(style: &PromptStyle, update: bool) -> std::borrow::Cow<'static, str> {
+    let base = match (style, update) {
+        (PromptStyle::Prose, false) => PROSE_RULES,
+        (PromptStyle::Prose, true) => PROSE_UPDATE_RULES,
+        (PromptStyle::Structured, false) => STRUCTURED_RULES,
+        (PromptStyle::Structured, true) => STRUCTURED_UPDATE_RULES,
+        (PromptStyle::Custom(p), _) => return std::borrow::Cow::Owned(p.clone()),
+    };
+    std::borrow::Cow::Owned(format!("{base}\n{COMMON_RULES}"))
 }
 
 /// One summariser call.
@@ -76,6 +135,8 @@ pub struct SummaryRequest {
     pub previous: Option<String>,
     /// The new span as a transcript, one entry per line group.
     pub transcript: String,
+    /// A manual compaction's focus (also in `rules`): what to keep first.
+    pub focus: Option<String>,
     /// Upper bound on the answer's length, chars.
     pub max_chars: usize,
 }

@@ -53,6 +53,10 @@ pub struct CompactionStats {
     pub output_tokens: Option<i64>,
     /// Summariser calls.
     pub summary_calls: i64,
+    /// Live pins checked by the guard.
+    pub pins_live: i64,
+    /// Pins the guard appended.
+    pub pins_added: i64,
 }
 
 pub(crate) fn get_compaction(conn: &Connection, id: CompactionId) -> Result<CompactionRow> {
@@ -232,7 +236,7 @@ pub(crate) fn complete_compaction(
     let sql = "UPDATE compactions SET status = 'completed', summary = ?1, summary_sha256 = ?11, \
          model = ?2, prompt_sha256 = ?3, tokens_before = ?4, tokens_after = ?5, input_tokens = ?6, \
          output_tokens = ?7, summary_calls = ?8, completed_at = ?9, lease_expires_at = NULL, \
-         error = NULL WHERE id = ?10 AND status = 'pending'";
+         error = NULL, pins_live = ?12, pins_added = ?13 WHERE id = ?10 AND status = 'pending'";
     let n = tx.prepare_cached(sql)?.execute(params![
         summary,
         stats.model,
@@ -244,7 +248,9 @@ pub(crate) fn complete_compaction(
         stats.summary_calls,
         now_ms(),
         id,
-        crate::message::sha256_hex(summary.as_bytes())
+        crate::message::sha256_hex(summary.as_bytes()),
+        stats.pins_live,
+        stats.pins_added
     ])?;
     let row = get_compaction(&tx, id)?;
     tx.commit()?;

@@ -16,7 +16,7 @@
 //! # Layout
 //! One file per thing stored, each with every statement about it:
 //! `sessions`, `turns`, `leases` (taking, fencing, renewing a turn's lease),
-//! `steps`, `invocations`, `compactions`, `history` (the rows a context is
+//! `steps`, `invocations`, `compactions`, `pins`, `history` (the rows a context is
 //! built from); `rows` holds the row types; `schema` the file checks, the
 //! schema of version 1 and the numbered migrations; `tx` the transaction
 //! helpers; `snapshot` read-only access from outside a host; `audit` the
@@ -33,6 +33,7 @@ pub mod demo;
 mod history;
 mod invocations;
 mod leases;
+mod pins;
 mod rows;
 mod schema;
 mod sessions;
@@ -52,10 +53,11 @@ pub(crate) use history::*;
 pub(crate) use invocations::*;
 pub use leases::Lease;
 pub(crate) use leases::*;
+pub(crate) use pins::*;
 use schema::{check_file, map_open_err, migrate, retry_busy};
 pub use schema::{check_path, MIGRATIONS, SCHEMA_SQL, SCHEMA_VERSION};
 pub(crate) use sessions::*;
-pub use snapshot::{open_read_only, read_only};
+pub use snapshot::{open_read_only, read_only, read_only_version};
 pub(crate) use steps::*;
 pub(crate) use turns::*;
 pub(crate) use tx::{in_read_tx, write_tx};

@@ -15,10 +15,13 @@ pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 /// version `v` gets every migration above `v`, each with its version stamp,
 /// in one IMMEDIATE transaction; a new store gets `SCHEMA_SQL` and all of
 /// them. Never edit one that has shipped: add the next.
-pub const MIGRATIONS: &[(i64, &str)] = &[(2, include_str!("migrations/0002_append_only.sql"))];
+pub const MIGRATIONS: &[(i64, &str)] = &[
+    (2, include_str!("migrations/0002_append_only.sql")),
+    (3, include_str!("migrations/0003_pins.sql")),
+];
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 pub(super) fn map_open_err(path: &Path, e: rusqlite::Error) -> Error {
     match e.sqlite_error_code() {
@@ -125,6 +128,11 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
     }
     for (v, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > version.max(1)) {
         tx.execute_batch(sql)?;
+        if *v == 3 {
+            // Turns finished before pins existed are pinned now, with the
+            // built-in extractor, so the next compaction carries their facts.
+            super::pins::backfill(&tx)?;
+        }
         tx.execute_batch(&format!("PRAGMA user_version = {v}"))?;
     }
     tx.commit()?;

@@ -29,6 +29,13 @@ pub fn open_read_only(path: impl AsRef<Path>) -> Result<Connection> {
             path: path.to_path_buf(),
         });
     }
+    if version < super::SCHEMA_VERSION {
+        return Err(Error::SchemaTooOld {
+            path: path.to_path_buf(),
+            found: version,
+            supported: super::SCHEMA_VERSION,
+        });
+    }
     Ok(conn)
 }
 
@@ -125,5 +132,33 @@ fn open_immutable(path: &Path) -> Result<Connection> {
             path: path.to_path_buf(),
         });
     }
+    if version < super::SCHEMA_VERSION {
+        return Err(Error::SchemaTooOld {
+            path: path.to_path_buf(),
+            found: version,
+            supported: super::SCHEMA_VERSION,
+        });
+    }
     Ok(conn)
+}
+
+/// The schema version of the store at `path` (`PRAGMA user_version`), read
+/// without writing; refuses what is not an abridge store or is newer than
+/// this build.
+pub fn read_only_version(path: impl AsRef<Path>) -> Result<i64> {
+    let path = path.as_ref();
+    check_path(path)?;
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| map_open_err(path, e))?;
+    conn.busy_timeout(Duration::from_secs(10))?;
+    let version = check_file(&conn, path)?;
+    if version == 0 {
+        return Err(Error::ForeignDatabase {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(version)
 }

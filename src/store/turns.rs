@@ -140,12 +140,14 @@ pub(super) fn complete_turn(
     get_turn(tx, lease.turn_id)
 }
 
-/// Fails the turn (and the step, if given) with `error`, fenced.
+/// Fails the turn (and the step, if given) with `error`, fenced; the facts of
+/// its completed steps are pinned in the same transaction.
 pub(crate) fn fail_turn(
     conn: &mut Connection,
     lease: &Lease,
     step_id: Option<StepId>,
     error: &str,
+    pins: Option<&dyn crate::pins::PinExtractor>,
 ) -> Result<()> {
     let tx = write_tx(conn)?;
     fence(&tx, lease)?;
@@ -162,6 +164,10 @@ pub(crate) fn fail_turn(
          WHERE id = ?3",
         params![error, now, lease.turn_id],
     )?;
+    if let Some(extractor) = pins {
+        let turn = get_turn(&tx, lease.turn_id)?;
+        super::pins::pin_turn(&tx, turn.session_id, turn.idx, extractor)?;
+    }
     tx.commit()?;
     Ok(())
 }

@@ -10,6 +10,7 @@ mod demo;
 mod export;
 mod inspect;
 mod replay;
+mod upgrade;
 mod verify;
 
 use clap::{Parser, Subcommand};
@@ -77,6 +78,8 @@ enum Cmd {
     /// Check guarantees G1-G7 on a whole database; exit 0 only when all hold.
     #[command(after_help = "Example:\n  abridge verify --db abridge-demo.db --json")]
     Verify(verify::Args),
+    /// Migrate a store written by an older abridge to this build's schema.
+    Upgrade(upgrade::Args),
 }
 
 async fn run(cmd: Cmd) -> Result<ExitCode, Failure> {
@@ -93,6 +96,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode, Failure> {
         #[cfg(unix)]
         Cmd::ChaosLocker(a) => chaos::locker(a).await,
         Cmd::Verify(a) => verify::run(a).await,
+        Cmd::Upgrade(a) => upgrade::run(a).await,
     }
 }
 

@@ -1,0 +1,35 @@
+//! `abridge upgrade`: migrates a store written by an older abridge to this
+//! build's schema (the read-only verbs refuse an older store rather than
+//! misread it).
+
+use crate::common::{must_exist, Failure};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Arguments of `abridge upgrade`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Database file.
+    #[arg(long)]
+    pub db: PathBuf,
+}
+
+/// Runs the verb.
+pub async fn run(args: Args) -> Result<ExitCode, Failure> {
+    must_exist(&args.db)?;
+    let before = abridge::store::read_only_version(&args.db)?;
+    let store = abridge::Store::open(&args.db)?;
+    let pins = store.with_conn(|c| {
+        Ok(c.query_row("SELECT count(*) FROM pins", [], |r| r.get::<_, i64>(0))?)
+    })?;
+    let now = abridge::store::SCHEMA_VERSION;
+    if before == now {
+        println!("{}: already at schema version {now}", args.db.display());
+    } else {
+        println!(
+            "{}: schema version {before} -> {now} ({pins} facts pinned from earlier turns)",
+            args.db.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

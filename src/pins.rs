@@ -1,0 +1,713 @@
+//! Pinned facts: what no compaction may lose (G8).
+//!
+//! Facts are extracted when a turn is stored (in the transaction that
+//! finishes it), from the user's input, the assistant's text and the full tool
+//! results (not the capped transcript a summariser sees), by a [`PinExtractor`]:
+//! the built-in [`RuleExtractor`] unless the host brings its own. A host can pin
+//! a fact itself ([`crate::Runner::pin`]). Pins are append-only: a newer value of
+//! the same *slot* (the budget, the size, the ship-to address) is a new pin that
+//! supersedes the older one.
+//!
+//! When a compaction completes, every live pin stated at or before its
+//! boundary that the summariser's text does not contain is appended to the
+//! stored summary in a deterministic block ([`render_block`]), so the fact stays
+//! in what the model sees whatever the summariser wrote.
+
+use crate::text::truncate_chars;
+use regex::Regex;
+use serde::Serialize;
+use std::sync::LazyLock;
+
+/// The heading of the block the guard appends to a summary.
+pub const BLOCK_HEADING: &str = "## Pinned facts";
+
+/// Longest stored sentence (chars); a rule's value is its sentence, so this
+/// caps a rule too.
+pub const MAX_SENTENCE_CHARS: usize = 300;
+
+/// Longest value of a stated slot (chars).
+const MAX_STATED_CHARS: usize = 80;
+
+/// What kind of fact a pin is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum FactKind {
+    /// An identifier: letters and digits (ORD-123, txn_8f3a2), or a number of
+    /// three or more digits stated by the user (a postcode).
+    Id,
+    /// An amount: a figure with a currency, or with separators (1,250).
+    Amount,
+    /// A date (2026-12-05, 5/12/2026, December 5).
+    Date,
+    /// An e-mail address.
+    Email,
+    /// A file path.
+    Path,
+    /// A URL.
+    Url,
+    /// An environment-variable-like name (DATABASE_URL).
+    EnvVar,
+    /// A proper name (a person, a carrier, a language).
+    Name,
+    /// A sentence stating a rule or a constraint (never, always, must...),
+    /// kept verbatim.
+    Rule,
+    /// A value stated for a slot ("my budget is 1,250 EUR").
+    Stated,
+    /// Pinned by the host.
+    Host,
+}
+
+impl FactKind {
+    /// The name stored in the `pins.kind` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FactKind::Id => "id",
+            FactKind::Amount => "amount",
+            FactKind::Date => "date",
+            FactKind::Email => "email",
+            FactKind::Path => "path",
+            FactKind::Url => "url",
+            FactKind::EnvVar => "env",
+            FactKind::Name => "name",
+            FactKind::Rule => "rule",
+            FactKind::Stated => "stated",
+            FactKind::Host => "host",
+        }
+    }
+
+    /// Parses a stored kind name.
+    pub fn parse(s: &str) -> Option<FactKind> {
+        Some(match s {
+            "id" => FactKind::Id,
+            "amount" => FactKind::Amount,
+            "date" => FactKind::Date,
+            "email" => FactKind::Email,
+            "path" => FactKind::Path,
+            "url" => FactKind::Url,
+            "env" => FactKind::EnvVar,
+            "name" => FactKind::Name,
+            "rule" => FactKind::Rule,
+            "stated" => FactKind::Stated,
+            "host" => FactKind::Host,
+            _ => return None,
+        })
+    }
+}
+
+/// Who stated a fact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FactSource {
+    /// The user's input.
+    User,
+    /// The assistant's text.
+    Assistant,
+    /// A tool's result.
+    Tool,
+    /// The host ([`crate::Runner::pin`]).
+    Host,
+}
+
+impl FactSource {
+    /// The name stored in the `pins.source` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FactSource::User => "user",
+            FactSource::Assistant => "assistant",
+            FactSource::Tool => "tool",
+            FactSource::Host => "host",
+        }
+    }
+
+    /// Parses a stored source name.
+    pub fn parse(s: &str) -> Option<FactSource> {
+        Some(match s {
+            "user" => FactSource::User,
+            "assistant" => FactSource::Assistant,
+            "tool" => FactSource::Tool,
+            "host" => FactSource::Host,
+            _ => return None,
+        })
+    }
+}
+
+/// A fact found in a text (not yet stored).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fact {
+    /// Its kind.
+    pub kind: FactKind,
+    /// The slot it fills ("budget", "size", "postcode"): a newer value of the
+    /// same slot supersedes it. None for a fact that stands alone.
+    pub slot: Option<String>,
+    /// The fact as carried: what must appear in a summary, verbatim.
+    pub value: String,
+    /// The sentence it was stated in (capped at [`MAX_SENTENCE_CHARS`]).
+    pub sentence: String,
+}
+
+impl Fact {
+    /// A fact the host states: `value` under `slot` (a newer value of the same
+    /// slot supersedes it), with `value` as its sentence.
+    pub fn host(slot: Option<&str>, value: &str) -> Fact {
+        Fact {
+            kind: FactKind::Host,
+            slot: slot.map(normalise_slot).filter(|s| !s.is_empty()),
+            value: value.trim().to_string(),
+            sentence: truncate_chars(value.trim(), MAX_SENTENCE_CHARS),
+        }
+    }
+
+    /// What a pin is called in a summary: its slot, or its kind.
+    pub fn label(&self) -> &str {
+        self.slot.as_deref().unwrap_or(self.kind.as_str())
+    }
+}
+
+/// Finds the facts in a text. Called with every piece of a turn when the turn
+/// is stored, in order; must be deterministic (a resumed turn extracts again
+/// inside its finishing transaction).
+pub trait PinExtractor: Send + Sync {
+    /// The facts in `text`, stated by `source`, in the order they appear.
+    fn extract(&self, text: &str, source: FactSource) -> Vec<Fact>;
+}
+
+/// The built-in extractor: patterns, no model.
+///
+/// From every source: URLs, e-mail addresses, file paths,
+/// environment-variable-like names, dates, amounts with a currency, and
+/// identifiers that mix letters and digits. From the user's input also: values
+/// stated for a slot ("my budget is 1,250 EUR", "change the size to L", "call
+/// me Ana"), sentences stating a rule (never, always, only, must, do not, at
+/// most...), proper names, and bare numbers of three or more digits. Tokens
+/// inside a stated value or a rule are carried by it, not pinned again.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RuleExtractor;
+
+static STATED: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?i)\b(my|our|the|your)\s+((?:[\p{L}-]+\s+){0,2}?[\p{L}-]+)\s+(?:is|are|will be|should be|=)\s+(.+)$",
+    )
+    .expect("static regex")
+});
+static CHANGED: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?i)\b(?:set|change|switch|update|make|move)\s+(my|our|the)\s+((?:[\p{L}-]+\s+){0,2}?[\p{L}-]+)\s+to\s+(.+)$",
+    )
+    .expect("static regex")
+});
+static CALL_ME: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"\b(?:[Cc]all me|[Mm]y name's|I am|I'm)\s+(\p{Lu}[\p{L}'-]+(?:\s+\p{Lu}[\p{L}'-]+)?)")
+        .expect("static regex")
+});
+static RULE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?i)\b(?:never|always|only|must|mustn't|do not|don't|does not|at most|at least|no more than|no later than|not allowed|make sure|avoid|required|forbidden|under no circumstances)\b",
+    )
+    .expect("static regex")
+});
+static AMOUNT: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?:[$€£¥]\s?\d[\d,]*(?:\.\d+)?|\b\d[\d,]*(?:\.\d+)?\s?(?:EUR|USD|GBP|JPY|CHF|CAD|AUD|€|£|euros?\b|dollars?\b|pounds?\b))",
+    )
+    .expect("static regex")
+});
+static DATE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?i)\b(?:\d{4}-\d{2}-\d{2}|\d{1,2}/\d{1,2}/\d{2,4}|(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.?\s+\d{1,2}(?:st|nd|rd|th)?(?:,?\s+\d{4})?|\d{1,2}(?:st|nd|rd|th)?\s+(?:of\s+)?(?:january|february|march|april|may|june|july|august|september|october|november|december)(?:\s+\d{4})?)\b",
+    )
+    .expect("static regex")
+});
+static EMAIL: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^[\w.+-]+@[\w-]+(?:\.[\w-]+)+$").expect("static regex")
+});
+static ENV: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$").expect("static regex"));
+
+/// Words that open sentences or are too common to be a proper name.
+const NOT_NAMES: &[&str] = &[
+    "I", "I'm", "I'll", "I've", "I'd", "OK", "Ok", "Hi", "Hello", "Thanks", "Thank", "Please",
+    "Yes", "No", "The", "A", "An", "It", "It's", "We", "You", "My", "Our", "Your", "And", "But",
+    "Or", "So", "If", "Then", "Also", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday",
+    "Saturday", "Sunday", "January", "February", "March", "April", "May", "June", "July",
+    "August", "September", "October", "November", "December", "JSON", "API", "URL", "ID",
+];
+
+/// Slot names that mean the same thing.
+fn normalise_slot(raw: &str) -> String {
+    let s = raw.trim().to_lowercase();
+    let s = s
+        .strip_prefix("new ")
+        .or_else(|| s.strip_prefix("current "))
+        .unwrap_or(&s)
+        .to_string();
+    match s.as_str() {
+        "postal code" | "zip" | "zip code" | "post code" | "postcode" => "postcode".into(),
+        "e-mail" | "email address" | "e-mail address" | "mail" => "email".into(),
+        "shipping address" | "delivery address" | "ship-to address" | "ship to address" => {
+            "ship-to address".into()
+        }
+        "phone number" | "phone" | "telephone number" => "phone".into(),
+        _ => s,
+    }
+}
+
+/// The sentences of a text: split after `.`, `!` or `?` followed by white
+/// space, and at line ends; a decimal point or a path's dot does not split.
+pub fn sentences(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let bytes = text.as_bytes();
+    for (i, c) in text.char_indices() {
+        let end = match c {
+            '\n' => Some(i),
+            '.' | '!' | '?' => {
+                let next = bytes.get(i + 1).copied();
+                (next.is_none() || next.is_some_and(|b| b == b' ' || b == b'\n' || b == b'\t'))
+                    .then_some(i + 1)
+            }
+            _ => None,
+        };
+        if let Some(e) = end {
+            let s = text[start..e].trim();
+            if !s.is_empty() {
+                out.push(s);
+            }
+            start = e;
+        }
+    }
+    let s = text[start..].trim();
+    if !s.is_empty() {
+        out.push(s);
+    }
+    out
+}
+
+/// Cuts a stated value where the statement ends: at `;`, at " and "/" but "
+/// (with or without a comma), and to [`MAX_STATED_CHARS`] (then at its first
+/// comma).
+fn stated_value(raw: &str) -> Option<String> {
+    let mut v = raw;
+    for stop in [";", ", and ", ", but ", " and ", " but ", " because ", " so ", " which "] {
+        if let Some(i) = v.find(stop) {
+            v = &v[..i];
+        }
+    }
+    // A comma before a lower-case word starts a new clause; one before a
+    // digit or a capital stays inside the value (12 Rue X, 75001 Paris).
+    if let Some((i, _)) = v.match_indices(", ").find(|(i, _)| {
+        v[i + 2..]
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_lowercase())
+    }) {
+        v = &v[..i];
+    }
+    let v = v.trim().trim_end_matches(['.', '!', '?', ',', ':']).trim();
+    let v = if v.chars().count() > MAX_STATED_CHARS {
+        v.split(',').next().unwrap_or(v).trim()
+    } else {
+        v
+    };
+    let words = v.split_whitespace().count();
+    (!v.is_empty() && v.chars().count() <= MAX_STATED_CHARS && words <= 10)
+        .then(|| v.to_string())
+}
+
+/// Slots a value is kept in, accepted after "the" ("the budget is...").
+fn known_slot(slot: &str) -> bool {
+    let last = slot.rsplit(' ').next().unwrap_or(slot);
+    matches!(
+        last,
+        "budget" | "size" | "deadline" | "address" | "postcode" | "email" | "phone" | "name"
+            | "color" | "colour" | "quantity" | "limit" | "date" | "carrier" | "language"
+            | "currency" | "price" | "total" | "account" | "order" | "key" | "model" | "version"
+            | "branch" | "repository" | "repo" | "region" | "timezone" | "port" | "host"
+            | "endpoint" | "directory" | "folder" | "file" | "path" | "tier" | "plan"
+    )
+}
+
+/// Slots too vague to supersede anything by ("the problem is...").
+fn vague_slot(slot: &str) -> bool {
+    matches!(
+        slot,
+        "problem" | "issue" | "question" | "thing" | "point" | "idea" | "answer" | "reason"
+            | "plan" | "goal" | "result" | "rest" | "same" | "other"
+    )
+}
+
+fn trim_token(w: &str) -> &str {
+    w.trim_matches(|c: char| {
+        matches!(
+            c,
+            '"' | '\'' | '(' | ')' | '[' | ']' | '{' | '}' | ',' | ';' | ':' | '.' | '!' | '?' | '<'
+                | '>' | '`'
+        )
+    })
+}
+
+fn is_path(w: &str) -> bool {
+    if w.contains("://") || w.len() < 3 || w.contains('@') {
+        return false;
+    }
+    if w.starts_with('/') || w.starts_with("./") || w.starts_with("../") || w.starts_with("~/") {
+        return w.len() > 2 && w.chars().any(|c| c.is_alphanumeric());
+    }
+    if w.len() > 3 && w.as_bytes()[1] == b':' && w.as_bytes()[2] == b'\\' {
+        return true;
+    }
+    // dir/file.ext: a slash between word characters and an extension at the end.
+    let last = w.rsplit(['/', '\\']).next().unwrap_or("");
+    (w.contains('/') || w.contains('\\'))
+        && last.contains('.')
+        && !last.ends_with('.')
+        && w.chars()
+            .all(|c| c.is_alphanumeric() || matches!(c, '/' | '\\' | '.' | '_' | '-'))
+}
+
+fn is_mixed_id(w: &str) -> bool {
+    let n = w.chars().count();
+    (3..=40).contains(&n)
+        && w.chars().any(|c| c.is_ascii_digit())
+        && w.chars().any(|c| c.is_alphabetic())
+        && w.chars()
+            .all(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | '#' | '.' | '/'))
+        && !w.ends_with(['.', '-'])
+}
+
+fn is_bare_number(w: &str) -> bool {
+    w.len() >= 3 && w.chars().all(|c| c.is_ascii_digit())
+}
+
+impl RuleExtractor {
+    fn sentence_facts(sentence: &str, source: FactSource, out: &mut Vec<Fact>) {
+        let user = source == FactSource::User;
+        let kept = truncate_chars(sentence, MAX_SENTENCE_CHARS);
+        let mut carried: Vec<String> = Vec::new();
+        let push = |out: &mut Vec<Fact>, kind, slot: Option<String>, value: String| {
+            if !out.iter().any(|f| f.value == value && f.slot == slot) {
+                out.push(Fact {
+                    kind,
+                    slot,
+                    value,
+                    sentence: kept.clone(),
+                });
+            }
+        };
+        if user {
+            for re in [&*CHANGED, &*STATED] {
+                if let Some(c) = re.captures(sentence) {
+                    let slot = normalise_slot(&c[2]);
+                    // "my X is": anything the user owns; "the X is": only
+                    // the slots a conversation keeps values in.
+                    let personal = !c[1].eq_ignore_ascii_case("the");
+                    if !vague_slot(&slot) && (personal || known_slot(&slot)) {
+                        if let Some(v) = stated_value(&c[3]) {
+                            carried.push(v.clone());
+                            push(out, FactKind::Stated, Some(slot), v);
+                            break;
+                        }
+                    }
+                }
+            }
+            if let Some(c) = CALL_ME.captures(sentence) {
+                let v = c[1].to_string();
+                if !carried.iter().any(|x| x.contains(&v)) {
+                    carried.push(v.clone());
+                    push(out, FactKind::Stated, Some("name".into()), v);
+                }
+            }
+            if RULE.is_match(sentence) {
+                carried.push(kept.clone());
+                push(out, FactKind::Rule, None, kept.clone());
+            }
+        }
+        let inside = |v: &str, carried: &[String]| carried.iter().any(|c| c.contains(v));
+        for m in DATE.find_iter(sentence) {
+            let v = m.as_str().to_string();
+            if !inside(&v, &carried) {
+                carried.push(v.clone());
+                push(out, FactKind::Date, None, v);
+            }
+        }
+        for m in AMOUNT.find_iter(sentence) {
+            let v = m.as_str().trim().to_string();
+            if !inside(&v, &carried) {
+                carried.push(v.clone());
+                push(out, FactKind::Amount, None, v);
+            }
+        }
+        let words: Vec<&str> = sentence
+            .split(|c: char| c.is_whitespace() || matches!(c, '"' | '{' | '}' | '[' | ']'))
+            .filter(|w| !w.is_empty())
+            .collect();
+        let mut name: Vec<&str> = Vec::new();
+        let mut names: Vec<String> = Vec::new();
+        for (i, raw) in words.iter().enumerate() {
+            let w = trim_token(raw);
+            let kind = if w.starts_with("http://") || w.starts_with("https://") {
+                let url = raw
+                    .trim_start_matches(['"', '\'', '(', '<', '['])
+                    .trim_end_matches(['"', '\'', ')', '>', ']', ',', '.', ';', '!', '?']);
+                Some((FactKind::Url, url))
+            } else if EMAIL.is_match(w) {
+                Some((FactKind::Email, w))
+            } else if is_path(w) {
+                Some((FactKind::Path, w))
+            } else if ENV.is_match(w) && w.len() >= 4 {
+                Some((FactKind::EnvVar, w))
+            } else if is_mixed_id(w) || (user && is_bare_number(w)) {
+                Some((FactKind::Id, w))
+            } else {
+                None
+            };
+            if let Some((kind, v)) = kind {
+                if !inside(v, &carried) {
+                    carried.push(v.to_string());
+                    push(out, kind, None, v.to_string());
+                }
+            }
+            // Proper names: capitalised words not opening the sentence, or
+            // short all-capital words (a carrier: DHL).
+            let capital = w.chars().next().is_some_and(char::is_uppercase)
+                && w.chars().skip(1).all(|c| c.is_alphabetic() || c == '-' || c == '\'')
+                && w.chars().count() >= 2
+                && !NOT_NAMES.contains(&w)
+                && !ENV.is_match(w);
+            let opens = i == 0
+                || words[i - 1].ends_with(['.', '!', '?', ':'])
+                || words[i - 1].starts_with('-');
+            if user && capital && !opens {
+                name.push(w);
+                if raw.ends_with([',', '.', ';', '!', '?', ':', ')']) {
+                    names.push(name.join(" "));
+                    name.clear();
+                }
+            } else if !name.is_empty() {
+                names.push(name.join(" "));
+                name.clear();
+            }
+        }
+        if !name.is_empty() {
+            names.push(name.join(" "));
+        }
+        for v in names {
+            if !inside(&v, &carried) {
+                carried.push(v.clone());
+                push(out, FactKind::Name, None, v);
+            }
+        }
+    }
+}
+
+impl PinExtractor for RuleExtractor {
+    fn extract(&self, text: &str, source: FactSource) -> Vec<Fact> {
+        let mut out = Vec::new();
+        for s in sentences(text) {
+            RuleExtractor::sentence_facts(s, source, &mut out);
+        }
+        out
+    }
+}
+
+/// A stored pin (a row of the `pins` table).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Pin {
+    /// Row id.
+    pub id: i64,
+    /// The turn it was stated in (a host's pin: the next turn's index).
+    pub turn_index: i64,
+    /// Its kind.
+    pub kind: FactKind,
+    /// The slot it fills, if any.
+    pub slot: Option<String>,
+    /// The value carried verbatim.
+    pub value: String,
+    /// The sentence it was stated in.
+    pub sentence: String,
+    /// Who stated it.
+    pub source: FactSource,
+    /// The pin of the same slot it superseded, if any.
+    pub supersedes: Option<i64>,
+    /// That pin's value.
+    pub superseded_value: Option<String>,
+}
+
+impl Pin {
+    /// What the pin is called in a summary: its slot, or its kind.
+    pub fn label(&self) -> &str {
+        self.slot.as_deref().unwrap_or(self.kind.as_str())
+    }
+
+    /// The pin as one line of the pinned-facts block: turn, label, value,
+    /// the value it replaced, and (unless `bare`) its sentence.
+    pub fn line(&self, bare: bool) -> String {
+        let mut s = format!("- [turn {}] {}: {}", self.turn_index, self.label(), self.value);
+        if let Some(old) = &self.superseded_value {
+            s.push_str(&format!(" (replaces {old})"));
+        }
+        if !bare && self.sentence != self.value && !self.sentence.is_empty() {
+            s.push_str(&format!(" | \"{}\"", self.sentence));
+        }
+        s
+    }
+}
+
+/// The live pins a summary does not contain verbatim.
+pub fn missing<'p>(pins: &'p [Pin], text: &str) -> Vec<&'p Pin> {
+    pins.iter().filter(|p| !text.contains(&p.value)).collect()
+}
+
+/// The block the guard appends for `missing` pins, and whether it had to
+/// exceed `budget_chars` (sentences are dropped first; a live value never is).
+/// Empty when nothing is missing.
+pub fn render_block(missing: &[&Pin], budget_chars: usize) -> (String, bool) {
+    if missing.is_empty() {
+        return (String::new(), false);
+    }
+    let build = |bare: bool| {
+        let mut s = String::from(BLOCK_HEADING);
+        s.push('\n');
+        for p in missing {
+            s.push_str(&p.line(bare));
+            s.push('\n');
+        }
+        s.trim_end().to_string()
+    };
+    let full = build(false);
+    if full.chars().count() <= budget_chars {
+        return (full, false);
+    }
+    let bare = build(true);
+    let over = bare.chars().count() > budget_chars;
+    (bare, over)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(text: &str, source: FactSource) -> Vec<(FactKind, Option<String>, String)> {
+        RuleExtractor
+            .extract(text, source)
+            .into_iter()
+            .map(|f| (f.kind, f.slot, f.value))
+            .collect()
+    }
+
+    fn values(text: &str) -> Vec<String> {
+        facts(text, FactSource::User)
+            .into_iter()
+            .map(|f| f.2)
+            .collect()
+    }
+
+    #[test]
+    fn stated_values_get_their_slot() {
+        assert_eq!(
+            facts("My budget is 1,250 EUR for the whole order.", FactSource::User),
+            [(
+                FactKind::Stated,
+                Some("budget".into()),
+                "1,250 EUR for the whole order".into()
+            )]
+        );
+        let f = facts("Please change the size to L.", FactSource::User);
+        assert_eq!(f[0], (FactKind::Stated, Some("size".into()), "L".into()));
+        let f = facts("my postal code is 90210 and my name is Ana", FactSource::User);
+        assert_eq!(f[0].1.as_deref(), Some("postcode"));
+        assert_eq!(f[0].2, "90210");
+        let f = facts("Call me Ana Lima, please.", FactSource::User);
+        assert_eq!(f[0], (FactKind::Stated, Some("name".into()), "Ana Lima".into()));
+    }
+
+    #[test]
+    fn tokens_of_every_kind_are_found() {
+        let v = values(
+            "Send it to ana.lima@example.org, the key is in OPENAI_API_KEY, \
+             config at /etc/app/config.toml and docs at https://example.org/a?b=1. \
+             Order ORD-4471 arrives 2026-12-05, costs $12.50 in total. Ship with DHL.",
+        );
+        for want in [
+            "ana.lima@example.org",
+            "OPENAI_API_KEY",
+            "/etc/app/config.toml",
+            "https://example.org/a?b=1",
+            "ORD-4471",
+            "2026-12-05",
+            "$12.50",
+            "DHL",
+        ] {
+            assert!(v.iter().any(|x| x.contains(want)), "missing {want}: {v:?}");
+        }
+    }
+
+    #[test]
+    fn a_rule_is_kept_verbatim_and_carries_its_tokens() {
+        let f = facts(
+            "Never ship anything to 10 Downing Street on a Sunday.",
+            FactSource::User,
+        );
+        assert_eq!(
+            f,
+            [(
+                FactKind::Rule,
+                None,
+                "Never ship anything to 10 Downing Street on a Sunday.".into()
+            )]
+        );
+    }
+
+    #[test]
+    fn tool_results_give_identifiers_not_names_or_rules() {
+        let f = facts(
+            r#"{"status":"failed","txn":"txn_8f3a2","note":"Never retry","owner":"Bob Smith","total":1250}"#,
+            FactSource::Tool,
+        );
+        assert_eq!(f, [(FactKind::Id, None, "txn_8f3a2".into())]);
+    }
+
+    #[test]
+    fn sentences_split_on_ends_not_on_decimals_or_paths() {
+        assert_eq!(
+            sentences("It costs 12.50 EUR. See ./src/main.rs! Done?\nNext line"),
+            ["It costs 12.50 EUR.", "See ./src/main.rs!", "Done?", "Next line"]
+        );
+    }
+
+    #[test]
+    fn ordinary_chatter_pins_nothing() {
+        assert!(values("ok thanks, that sounds good to me").is_empty());
+        assert!(values("Hello! How are you today?").is_empty());
+    }
+
+    #[test]
+    fn the_block_lists_missing_pins_and_drops_sentences_before_values() {
+        let pin = |id, v: &str| Pin {
+            id,
+            turn_index: 2,
+            kind: FactKind::Stated,
+            slot: Some("budget".into()),
+            value: v.into(),
+            sentence: format!("My budget is {v}."),
+            source: FactSource::User,
+            supersedes: None,
+            superseded_value: Some("900 EUR".into()),
+        };
+        let pins = [pin(1, "1,250 EUR")];
+        assert!(missing(&pins, "the budget is 1,250 EUR").is_empty());
+        let m = missing(&pins, "no budget here");
+        let (b, over) = render_block(&m, 1_000);
+        assert_eq!(
+            b,
+            "## Pinned facts\n- [turn 2] budget: 1,250 EUR (replaces 900 EUR) | \"My budget is 1,250 EUR.\""
+        );
+        assert!(!over);
+        let (b, over) = render_block(&m, 70);
+        assert_eq!(b, "## Pinned facts\n- [turn 2] budget: 1,250 EUR (replaces 900 EUR)");
+        assert!(!over);
+        let (b, over) = render_block(&m, 10);
+        assert!(b.contains("1,250 EUR") && over);
+    }
+}

@@ -1,0 +1,169 @@
+//! Pinned facts: recorded with the turn that states them, read back live at a
+//! boundary (the newest value of each slot).
+
+use super::history::load_history;
+use super::now_ms;
+use crate::error::Result;
+use crate::ids::SessionId;
+use crate::message::{ModelResponse, ResponseBlock};
+use crate::pins::{Fact, FactKind, FactSource, Pin, PinExtractor};
+use rusqlite::{params, Connection, OptionalExtension};
+
+const PIN_COLUMNS: &str = "p.id, p.turn_index, p.kind, p.slot, p.value, p.sentence, p.source, \
+     p.supersedes, (SELECT o.value FROM pins o WHERE o.id = p.supersedes)";
+
+fn pin_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Pin> {
+    let kind: String = r.get(2)?;
+    let source: String = r.get(6)?;
+    Ok(Pin {
+        id: r.get(0)?,
+        turn_index: r.get(1)?,
+        kind: FactKind::parse(&kind).unwrap_or(FactKind::Host),
+        slot: r.get(3)?,
+        value: r.get(4)?,
+        sentence: r.get(5)?,
+        source: FactSource::parse(&source).unwrap_or(FactSource::Host),
+        supersedes: r.get(7)?,
+        superseded_value: r.get(8)?,
+    })
+}
+
+/// Records `facts` stated in turn `turn_index` (inside the caller's write
+/// transaction). A fact without a slot is recorded once per session; a slotted
+/// one only when its value differs from the slot's newest, which it then
+/// supersedes. Returns how many rows were written.
+pub(crate) fn record_facts(
+    conn: &Connection,
+    session_id: SessionId,
+    turn_index: i64,
+    source: FactSource,
+    facts: &[Fact],
+) -> Result<usize> {
+    let now = now_ms();
+    let mut written = 0;
+    for f in facts {
+        if f.value.trim().is_empty() {
+            continue;
+        }
+        let supersedes = match &f.slot {
+            None => None,
+            Some(slot) => {
+                let newest: Option<(i64, String)> = conn
+                    .prepare_cached(
+                        "SELECT id, value FROM pins WHERE session_id = ?1 AND slot = ?2 \
+                         ORDER BY id DESC LIMIT 1",
+                    )?
+                    .query_row(params![session_id, slot], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()?;
+                match newest {
+                    Some((_, v)) if v == f.value => continue,
+                    other => other.map(|(id, _)| id),
+                }
+            }
+        };
+        written += conn
+            .prepare_cached(
+                "INSERT OR IGNORE INTO pins (session_id, turn_index, kind, slot, value, sentence, \
+                 source, supersedes, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            )?
+            .execute(params![
+                session_id,
+                turn_index,
+                f.kind.as_str(),
+                f.slot,
+                f.value,
+                f.sentence,
+                source.as_str(),
+                supersedes,
+                now
+            ])?;
+    }
+    Ok(written)
+}
+
+/// Extracts and records the facts of turn `turn_index` (its input, the
+/// assistant's text and the full tool results of its completed steps), inside
+/// the transaction that finishes the turn.
+pub(crate) fn pin_turn(
+    conn: &Connection,
+    session_id: SessionId,
+    turn_index: i64,
+    extractor: &dyn PinExtractor,
+) -> Result<usize> {
+    let mut written = 0;
+    for turn in load_history(conn, session_id, turn_index - 1, turn_index, i64::MAX)? {
+        let facts = extractor.extract(&turn.input, FactSource::User);
+        written += record_facts(conn, session_id, turn.idx, FactSource::User, &facts)?;
+        for step in &turn.steps {
+            if let Ok(resp) = serde_json::from_str::<ModelResponse>(&step.response) {
+                for block in &resp.blocks {
+                    if let ResponseBlock::Text { text } = block {
+                        let facts = extractor.extract(text, FactSource::Assistant);
+                        written +=
+                            record_facts(conn, session_id, turn.idx, FactSource::Assistant, &facts)?;
+                    }
+                }
+            }
+            for (_, result, _) in &step.results {
+                let facts = extractor.extract(result, FactSource::Tool);
+                written += record_facts(conn, session_id, turn.idx, FactSource::Tool, &facts)?;
+            }
+        }
+    }
+    Ok(written)
+}
+
+/// Pins a host's fact before the session's next turn.
+pub(crate) fn pin_host_fact(conn: &Connection, session_id: SessionId, fact: &Fact) -> Result<i64> {
+    let next: i64 = conn
+        .prepare_cached("SELECT coalesce(max(idx) + 1, 0) FROM turns WHERE session_id = ?1")?
+        .query_row([session_id], |r| r.get(0))?;
+    record_facts(
+        conn,
+        session_id,
+        next,
+        FactSource::Host,
+        std::slice::from_ref(fact),
+    )?;
+    Ok(next)
+}
+
+/// The live pins stated at or before turn `boundary`: every pin without a
+/// slot, and the newest of each slot; in the order they were stated.
+pub(crate) fn live_pins(conn: &Connection, session_id: SessionId, boundary: i64) -> Result<Vec<Pin>> {
+    let mut st = conn.prepare_cached(&format!(
+        "SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 AND p.turn_index <= ?2 \
+         AND (p.slot IS NULL OR p.id = (SELECT max(q.id) FROM pins q WHERE q.session_id = ?1 \
+              AND q.slot = p.slot AND q.turn_index <= ?2)) \
+         ORDER BY p.id"
+    ))?;
+    let rows = st.query_map(params![session_id, boundary], pin_from_row)?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Every pin of a session, superseded ones included, in order.
+pub(crate) fn list_pins(conn: &Connection, session_id: SessionId) -> Result<Vec<Pin>> {
+    let mut st = conn.prepare_cached(&format!(
+        "SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 ORDER BY p.id"
+    ))?;
+    let rows = st.query_map([session_id], pin_from_row)?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Pins the finished turns of a store written before pins existed (run by the
+/// migration to version 3, with the built-in extractor).
+pub(super) fn backfill(conn: &Connection) -> Result<usize> {
+    let turns: Vec<(SessionId, i64)> = {
+        let mut st = conn.prepare(
+            "SELECT session_id, idx FROM turns WHERE status IN ('completed', 'failed') \
+             ORDER BY session_id, idx",
+        )?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
+    let mut written = 0;
+    for (sid, idx) in turns {
+        written += pin_turn(conn, sid, idx, &crate::pins::RuleExtractor)?;
+    }
+    Ok(written)
+}
