@@ -597,6 +597,10 @@ pub struct CompactionFigure {
     pub tokens_before: Option<i64>,
     /// Tokens of the summary.
     pub tokens_after: Option<i64>,
+    /// Live pins it carries (G8).
+    pub pins_live: Option<i64>,
+    /// Of those, the ones the guard appended.
+    pub pins_added: Option<i64>,
 }
 
 /// The figures of a demo run.
@@ -618,6 +622,14 @@ pub struct DemoReport {
     pub compactions_failed: i64,
     /// Per compaction.
     pub compactions: Vec<CompactionFigure>,
+    /// Facts pinned (every value stated, superseded ones included).
+    pub pins: i64,
+    /// Pins live now (the newest value of each slot, and every fact without one).
+    pub pins_live: i64,
+    /// Live pins carried by each session's newest summary, summed.
+    pub pins_carried: i64,
+    /// Of those, the ones the guard appended because the summariser's text lacked them.
+    pub pins_added: i64,
     /// Wall time, seconds.
     pub wall_seconds: f64,
     /// The database file.
@@ -716,6 +728,10 @@ pub async fn run_demo(
                 compactions_completed: 0,
                 compactions_failed: 0,
                 compactions: Vec::new(),
+                pins: 0,
+                pins_live: 0,
+                pins_carried: 0,
+                pins_added: 0,
                 wall_seconds: 0.0,
                 db: String::new(),
             };
@@ -732,13 +748,26 @@ pub async fn run_demo(
                 rep.tool_calls += k.tool_calls;
                 rep.compactions_completed += k.compactions_completed;
                 rep.compactions_failed += k.compactions_failed;
-                for row in crate::store::list_compactions(c, s.id)? {
+                rep.pins += crate::store::list_pins(c, s.id)?.len() as i64;
+                rep.pins_live += crate::store::live_pins(c, s.id, i64::MAX)?.len() as i64;
+                let rows = crate::store::list_compactions(c, s.id)?;
+                if let Some(newest) = rows
+                    .iter()
+                    .rev()
+                    .find(|r| r.status == crate::store::CompactionStatus::Completed)
+                {
+                    rep.pins_carried += newest.pins_live.unwrap_or(0);
+                    rep.pins_added += newest.pins_added.unwrap_or(0);
+                }
+                for row in rows {
                     rep.compactions.push(CompactionFigure {
                         session: ext.clone(),
                         up_to_turn: row.up_to_turn_index,
                         status: row.status.to_string(),
                         tokens_before: row.tokens_before,
                         tokens_after: row.tokens_after,
+                        pins_live: row.pins_live,
+                        pins_added: row.pins_added,
                     });
                 }
             }

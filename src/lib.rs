@@ -38,7 +38,7 @@
 //! An app embeds the engine alone with `default-features = false`: no
 //! command-line, demo or test machinery, and it builds off Unix (where a lease
 //! is freed by its expiry only). [`rusqlite`] and [`macro@async_trait`] are
-//! XX
+//! re-exported, so a host's SQL and tool code use the versions abridge does.
 //!
 //! # Layout
 //! - [`store`]: every SQL statement; schema, pool, claims, leases, row structs.
@@ -58,7 +58,10 @@
 //! - [`retry`]: the one retry policy (capped, jittered) of model and summariser calls.
 //! - [`inspect`]: read-only views: sessions, turns, compactions, full transcript export.
 //! - `demo` (feature `harness`): the deterministic customer-support workload behind `abridge demo`.
-//! - [`verify`]: whole-database checks of the guarantees G1-G7.
+//! - [`pins`]: pinned facts (extraction, supersession, the guard's block; G8).
+//! - `fidelity` (feature `harness`): the workload measuring what summaries keep.
+//! - [`text`]: grapheme-safe cuts for caps and display.
+//! - [`verify`]: whole-database checks of the guarantees G1-G8.
 //! - `chaos` (feature `harness`, Unix): the kill/race/fault harness behind `abridge chaos`.
 
 #![warn(missing_docs)]
@@ -72,6 +75,8 @@ pub mod demo;
 pub mod error;
 pub mod events;
 pub mod fault;
+#[cfg(feature = "harness")]
+pub mod fidelity;
 pub mod ids;
 pub mod inspect;
 mod lease;

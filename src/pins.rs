@@ -198,8 +198,10 @@ static CHANGED: LazyLock<Regex> = LazyLock::new(|| {
     .expect("static regex")
 });
 static CALL_ME: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"\b(?:[Cc]all me|[Mm]y name's|I am|I'm)\s+(\p{Lu}[\p{L}'-]+(?:\s+\p{Lu}[\p{L}'-]+)?)")
-        .expect("static regex")
+    Regex::new(
+        r"\b(?:[Cc]all me|[Mm]y name's|I am|I'm)\s+(\p{Lu}[\p{L}'-]+(?:\s+\p{Lu}[\p{L}'-]+)?)",
+    )
+    .expect("static regex")
 });
 static RULE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
@@ -219,24 +221,77 @@ static DATE: LazyLock<Regex> = LazyLock::new(|| {
     )
     .expect("static regex")
 });
-static EMAIL: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^[\w.+-]+@[\w-]+(?:\.[\w-]+)+$").expect("static regex")
-});
+static EMAIL: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^[\w.+-]+@[\w-]+(?:\.[\w-]+)+$").expect("static regex"));
 static ENV: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$").expect("static regex"));
 
 /// Words that open sentences or are too common to be a proper name.
 const NOT_NAMES: &[&str] = &[
-    "I", "I'm", "I'll", "I've", "I'd", "OK", "Ok", "Hi", "Hello", "Thanks", "Thank", "Please",
-    "Yes", "No", "The", "A", "An", "It", "It's", "We", "You", "My", "Our", "Your", "And", "But",
-    "Or", "So", "If", "Then", "Also", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday",
-    "Saturday", "Sunday", "January", "February", "March", "April", "May", "June", "July",
-    "August", "September", "October", "November", "December", "JSON", "API", "URL", "ID",
+    "I",
+    "I'm",
+    "I'll",
+    "I've",
+    "I'd",
+    "OK",
+    "Ok",
+    "Hi",
+    "Hello",
+    "Thanks",
+    "Thank",
+    "Please",
+    "Yes",
+    "No",
+    "The",
+    "A",
+    "An",
+    "It",
+    "It's",
+    "We",
+    "You",
+    "My",
+    "Our",
+    "Your",
+    "And",
+    "But",
+    "Or",
+    "So",
+    "If",
+    "Then",
+    "Also",
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+    "Sunday",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+    "JSON",
+    "API",
+    "URL",
+    "ID",
 ];
 
 /// Slot names that mean the same thing.
 fn normalise_slot(raw: &str) -> String {
     let s = raw.trim().to_lowercase();
+    let s = ["my ", "our ", "your ", "the ", "a "]
+        .iter()
+        .find_map(|p| s.strip_prefix(p))
+        .unwrap_or(&s)
+        .to_string();
     let s = s
         .strip_prefix("new ")
         .or_else(|| s.strip_prefix("current "))
@@ -289,19 +344,26 @@ pub fn sentences(text: &str) -> Vec<&str> {
 /// comma).
 fn stated_value(raw: &str) -> Option<String> {
     let mut v = raw;
-    for stop in [";", ", and ", ", but ", " and ", " but ", " because ", " so ", " which "] {
+    for stop in [
+        ";",
+        ", and ",
+        ", but ",
+        " and ",
+        " but ",
+        " because ",
+        " so ",
+        " which ",
+    ] {
         if let Some(i) = v.find(stop) {
             v = &v[..i];
         }
     }
     // A comma before a lower-case word starts a new clause; one before a
     // digit or a capital stays inside the value (12 Rue X, 75001 Paris).
-    if let Some((i, _)) = v.match_indices(", ").find(|(i, _)| {
-        v[i + 2..]
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_lowercase())
-    }) {
+    if let Some((i, _)) = v
+        .match_indices(", ")
+        .find(|(i, _)| v[i + 2..].chars().next().is_some_and(|c| c.is_lowercase()))
+    {
         v = &v[..i];
     }
     let v = v.trim().trim_end_matches(['.', '!', '?', ',', ':']).trim();
@@ -311,8 +373,7 @@ fn stated_value(raw: &str) -> Option<String> {
         v
     };
     let words = v.split_whitespace().count();
-    (!v.is_empty() && v.chars().count() <= MAX_STATED_CHARS && words <= 10)
-        .then(|| v.to_string())
+    (!v.is_empty() && v.chars().count() <= MAX_STATED_CHARS && words <= 10).then(|| v.to_string())
 }
 
 /// Slots a value is kept in, accepted after "the" ("the budget is...").
@@ -320,20 +381,81 @@ fn known_slot(slot: &str) -> bool {
     let last = slot.rsplit(' ').next().unwrap_or(slot);
     matches!(
         last,
-        "budget" | "size" | "deadline" | "address" | "postcode" | "email" | "phone" | "name"
-            | "color" | "colour" | "quantity" | "limit" | "date" | "carrier" | "language"
-            | "currency" | "price" | "total" | "account" | "order" | "key" | "model" | "version"
-            | "branch" | "repository" | "repo" | "region" | "timezone" | "port" | "host"
-            | "endpoint" | "directory" | "folder" | "file" | "path" | "tier" | "plan"
+        "budget"
+            | "size"
+            | "deadline"
+            | "address"
+            | "postcode"
+            | "email"
+            | "phone"
+            | "name"
+            | "color"
+            | "colour"
+            | "quantity"
+            | "limit"
+            | "date"
+            | "carrier"
+            | "language"
+            | "currency"
+            | "price"
+            | "total"
+            | "account"
+            | "order"
+            | "key"
+            | "model"
+            | "version"
+            | "branch"
+            | "repository"
+            | "repo"
+            | "region"
+            | "timezone"
+            | "port"
+            | "host"
+            | "endpoint"
+            | "directory"
+            | "folder"
+            | "file"
+            | "path"
+            | "tier"
+            | "plan"
     )
+}
+
+/// The known slot named by the one or two words before a value, if any.
+fn slot_before(before: &[&str]) -> Option<String> {
+    let word = |w: &&str| trim_token(w).to_lowercase();
+    let n = before.len();
+    let mut tries = Vec::new();
+    if n >= 2 {
+        tries.push(format!("{} {}", word(&before[n - 2]), word(&before[n - 1])));
+    }
+    if n >= 1 {
+        tries.push(word(&before[n - 1]));
+    }
+    tries
+        .into_iter()
+        .map(|t| normalise_slot(&t))
+        .find(|t| known_slot(t))
 }
 
 /// Slots too vague to supersede anything by ("the problem is...").
 fn vague_slot(slot: &str) -> bool {
     matches!(
         slot,
-        "problem" | "issue" | "question" | "thing" | "point" | "idea" | "answer" | "reason"
-            | "plan" | "goal" | "result" | "rest" | "same" | "other"
+        "problem"
+            | "issue"
+            | "question"
+            | "thing"
+            | "point"
+            | "idea"
+            | "answer"
+            | "reason"
+            | "plan"
+            | "goal"
+            | "result"
+            | "rest"
+            | "same"
+            | "other"
     )
 }
 
@@ -341,8 +463,22 @@ fn trim_token(w: &str) -> &str {
     w.trim_matches(|c: char| {
         matches!(
             c,
-            '"' | '\'' | '(' | ')' | '[' | ']' | '{' | '}' | ',' | ';' | ':' | '.' | '!' | '?' | '<'
-                | '>' | '`'
+            '"' | '\''
+                | '('
+                | ')'
+                | '['
+                | ']'
+                | '{'
+                | '}'
+                | ','
+                | ';'
+                | ':'
+                | '.'
+                | '!'
+                | '?'
+                | '<'
+                | '>'
+                | '`'
         )
     })
 }
@@ -446,32 +582,43 @@ impl RuleExtractor {
         let mut names: Vec<String> = Vec::new();
         for (i, raw) in words.iter().enumerate() {
             let w = trim_token(raw);
-            let kind = if w.starts_with("http://") || w.starts_with("https://") {
+            if w.starts_with("http://") || w.starts_with("https://") {
                 let url = raw
                     .trim_start_matches(['"', '\'', '(', '<', '['])
                     .trim_end_matches(['"', '\'', ')', '>', ']', ',', '.', ';', '!', '?']);
-                Some((FactKind::Url, url))
-            } else if EMAIL.is_match(w) {
-                Some((FactKind::Email, w))
-            } else if is_path(w) {
-                Some((FactKind::Path, w))
-            } else if ENV.is_match(w) && w.len() >= 4 {
-                Some((FactKind::EnvVar, w))
-            } else if is_mixed_id(w) || (user && is_bare_number(w)) {
-                Some((FactKind::Id, w))
+                if !inside(url, &carried) {
+                    carried.push(url.to_string());
+                    push(out, FactKind::Url, None, url.to_string());
+                }
             } else {
-                None
-            };
-            if let Some((kind, v)) = kind {
-                if !inside(v, &carried) {
-                    carried.push(v.to_string());
-                    push(out, kind, None, v.to_string());
+                // key=value (a log line, a setting): each side on its own.
+                for part in w.split('=').map(trim_token).filter(|p| !p.is_empty()) {
+                    let kind = if EMAIL.is_match(part) {
+                        FactKind::Email
+                    } else if is_path(part) {
+                        FactKind::Path
+                    } else if ENV.is_match(part) && part.len() >= 4 {
+                        FactKind::EnvVar
+                    } else if is_mixed_id(part) || (user && is_bare_number(part)) {
+                        FactKind::Id
+                    } else {
+                        continue;
+                    };
+                    if !inside(part, &carried) {
+                        carried.push(part.to_string());
+                        // "postal code 80273": a value right after a slot's
+                        // name fills that slot (the user's words only).
+                        let slot = user.then(|| slot_before(&words[..i])).flatten();
+                        push(out, kind, slot, part.to_string());
+                    }
                 }
             }
             // Proper names: capitalised words not opening the sentence, or
             // short all-capital words (a carrier: DHL).
             let capital = w.chars().next().is_some_and(char::is_uppercase)
-                && w.chars().skip(1).all(|c| c.is_alphabetic() || c == '-' || c == '\'')
+                && w.chars()
+                    .skip(1)
+                    .all(|c| c.is_alphabetic() || c == '-' || c == '\'')
                 && w.chars().count() >= 2
                 && !NOT_NAMES.contains(&w)
                 && !ENV.is_match(w);
@@ -543,7 +690,12 @@ impl Pin {
     /// The pin as one line of the pinned-facts block: turn, label, value,
     /// the value it replaced, and (unless `bare`) its sentence.
     pub fn line(&self, bare: bool) -> String {
-        let mut s = format!("- [turn {}] {}: {}", self.turn_index, self.label(), self.value);
+        let mut s = format!(
+            "- [turn {}] {}: {}",
+            self.turn_index,
+            self.label(),
+            self.value
+        );
         if let Some(old) = &self.superseded_value {
             s.push_str(&format!(" (replaces {old})"));
         }
@@ -606,7 +758,10 @@ mod tests {
     #[test]
     fn stated_values_get_their_slot() {
         assert_eq!(
-            facts("My budget is 1,250 EUR for the whole order.", FactSource::User),
+            facts(
+                "My budget is 1,250 EUR for the whole order.",
+                FactSource::User
+            ),
             [(
                 FactKind::Stated,
                 Some("budget".into()),
@@ -615,11 +770,17 @@ mod tests {
         );
         let f = facts("Please change the size to L.", FactSource::User);
         assert_eq!(f[0], (FactKind::Stated, Some("size".into()), "L".into()));
-        let f = facts("my postal code is 90210 and my name is Ana", FactSource::User);
+        let f = facts(
+            "my postal code is 90210 and my name is Ana",
+            FactSource::User,
+        );
         assert_eq!(f[0].1.as_deref(), Some("postcode"));
         assert_eq!(f[0].2, "90210");
         let f = facts("Call me Ana Lima, please.", FactSource::User);
-        assert_eq!(f[0], (FactKind::Stated, Some("name".into()), "Ana Lima".into()));
+        assert_eq!(
+            f[0],
+            (FactKind::Stated, Some("name".into()), "Ana Lima".into())
+        );
     }
 
     #[test]
@@ -641,6 +802,23 @@ mod tests {
         ] {
             assert!(v.iter().any(|x| x.contains(want)), "missing {want}: {v:?}");
         }
+    }
+
+    #[test]
+    fn a_value_after_its_slot_name_fills_the_slot() {
+        let f = facts(
+            "Can you ship ORD-4 to postal code 80273 by 2026-12-03?",
+            FactSource::User,
+        );
+        assert!(
+            f.contains(&(FactKind::Id, Some("postcode".into()), "80273".into())),
+            "{f:?}"
+        );
+        assert!(f.contains(&(FactKind::Id, None, "ORD-4".into())), "{f:?}");
+        assert!(
+            f.contains(&(FactKind::Date, None, "2026-12-03".into())),
+            "{f:?}"
+        );
     }
 
     #[test]
@@ -672,7 +850,12 @@ mod tests {
     fn sentences_split_on_ends_not_on_decimals_or_paths() {
         assert_eq!(
             sentences("It costs 12.50 EUR. See ./src/main.rs! Done?\nNext line"),
-            ["It costs 12.50 EUR.", "See ./src/main.rs!", "Done?", "Next line"]
+            [
+                "It costs 12.50 EUR.",
+                "See ./src/main.rs!",
+                "Done?",
+                "Next line"
+            ]
         );
     }
 
@@ -705,7 +888,10 @@ mod tests {
         );
         assert!(!over);
         let (b, over) = render_block(&m, 70);
-        assert_eq!(b, "## Pinned facts\n- [turn 2] budget: 1,250 EUR (replaces 900 EUR)");
+        assert_eq!(
+            b,
+            "## Pinned facts\n- [turn 2] budget: 1,250 EUR (replaces 900 EUR)"
+        );
         assert!(!over);
         let (b, over) = render_block(&m, 10);
         assert!(b.contains("1,250 EUR") && over);

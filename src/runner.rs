@@ -513,7 +513,12 @@ impl Runner {
     }
 
     /// Pins the facts of turn `turn_idx` inside the transaction that finishes it.
-    fn pin_turn(&self, tx: &rusqlite::Transaction<'_>, session: &SessionRow, turn_idx: i64) -> Result<()> {
+    fn pin_turn(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        session: &SessionRow,
+        turn_idx: i64,
+    ) -> Result<()> {
         if let Some(extractor) = &self.inner.cfg.pin_extractor {
             store::pin_turn(tx, session.id, turn_idx, &**extractor)?;
         }

@@ -198,6 +198,11 @@ pub struct CompactionConfig {
     /// [`crate::EventKind::PinsOverBudget`] event is sent (every live pin is
     /// kept regardless). Default 4,000.
     pub pins_budget_chars: usize,
+    /// The pins guard (G8): a summary as stored carries every live pin its
+    /// text lacks. Default true. Off, nothing checks what a summary keeps and
+    /// `verify` does not check G8 for the compactions made so (their
+    /// `pins_live` is NULL); for measuring a summariser on its own.
+    pub guard_pins: bool,
     /// Ask the summariser once more, naming the pinned facts its summary
     /// left out, before the guard appends what is still missing. Costs one
     /// more summariser call when something is missing. Default false.
@@ -233,6 +238,7 @@ impl Default for CompactionConfig {
             wait_timeout: Duration::from_secs(300),
             on_failure: FailurePolicy::ProceedUncompacted,
             pins_budget_chars: 4_000,
+            guard_pins: true,
             reask_missing_pins: false,
         }
     }

@@ -545,11 +545,7 @@ impl Compactor {
         claim: &ClaimGuard,
         subject: &Subject,
     ) -> Result<CompactionRow> {
-        let Span {
-            prev,
-            turns: span,
-            pins,
-        } = self.load_span(&row).await?;
+        let span = self.load_span(&row).await?;
         self.events.emit(
             subject,
             EventKind::CompactionClaimed {
@@ -559,7 +555,7 @@ impl Compactor {
                 trigger_tokens: row.trigger_tokens,
             },
         );
-        let tokens_before = self.replaced_tokens(prev.as_ref(), &span)?;
+        let tokens_before = self.replaced_tokens(span.prev.as_ref(), &span.turns)?;
         let rules = Rules {
             first: self.rules(&row, false),
             update: self.rules(&row, true),
@@ -575,10 +571,9 @@ impl Compactor {
                 store::renew_compaction_lease(c, id, &owner, ms)
             })
         });
-        let previous = prev.as_ref().and_then(|p| p.summary.clone());
-        let previous_present = previous.is_some();
+        let previous_present = span.prev.as_ref().is_some_and(|p| p.summary.is_some());
         let result = self
-            .attempts(&row, &rules, previous, &span, &pins, tokens_before, subject)
+            .attempts(&row, &rules, &span, tokens_before, subject)
             .await;
         drop(hb);
         match result {
@@ -690,8 +685,8 @@ impl Compactor {
                     input_tokens: stats.input_tokens,
                     output_tokens: stats.output_tokens,
                     summary_calls: stats.summary_calls,
-                    pins_live: stats.pins_live,
-                    pins_added: stats.pins_added,
+                    pins_live: stats.pins_live.unwrap_or(0),
+                    pins_added: stats.pins_added.unwrap_or(0),
                 },
             );
         }
@@ -743,15 +738,15 @@ impl Compactor {
         &self,
         row: &CompactionRow,
         rules: &Rules,
-        previous: Option<String>,
-        span: &[crate::store::HistoryTurn],
-        pins: &[Pin],
+        span: &Span,
         tokens_before: u64,
         subject: &Subject,
     ) -> Result<(String, CompactionStats)> {
         let cfg = &self.config;
         let counter = &*cfg.token_counter;
-        let entries = transcript_entries(span, cfg.text_cap, cfg.tool_result_cap);
+        let previous = span.prev.as_ref().and_then(|p| p.summary.clone());
+        let pins = &span.pins;
+        let entries = transcript_entries(&span.turns, cfg.text_cap, cfg.tool_result_cap);
         // The budget left for the transcript once the rules, the running summary
         // (at most max_summary_chars) and the framing are in.
         let fixed = cfg.fixed_request_tokens(&rules.update);
@@ -765,7 +760,7 @@ impl Compactor {
             match self.one_attempt(rules, previous.clone(), &chunks).await {
                 Ok((text, input, output, calls)) => {
                     let text = clean_summary(&text, cfg.max_summary_chars);
-                    let (text, pins_added, calls) = if text.is_empty() {
+                    let (text, pins_added, calls) = if text.is_empty() || !cfg.guard_pins {
                         (text, 0, calls)
                     } else {
                         let r = rules.for_request(true);
@@ -795,8 +790,8 @@ impl Compactor {
                                 input_tokens: input,
                                 output_tokens: output,
                                 summary_calls: calls,
-                                pins_live: pins.len() as i64,
-                                pins_added: pins_added as i64,
+                                pins_live: cfg.guard_pins.then_some(pins.len() as i64),
+                                pins_added: cfg.guard_pins.then_some(pins_added as i64),
                             },
                         ));
                     }

@@ -319,7 +319,10 @@ pub fn extract(request: &SummaryRequest) -> String {
             .find_map(|e| e.body.strip_prefix("assistant: "))
         {
             if a.trim_end().ends_with('?') {
-                open_now.push(format!("- [turn {last}] the assistant asked: {}", one_line(a, 160)));
+                open_now.push(format!(
+                    "- [turn {last}] the assistant asked: {}",
+                    one_line(a, 160)
+                ));
             }
         }
         for e in &in_last {
@@ -341,7 +344,11 @@ pub fn extract(request: &SummaryRequest) -> String {
                 .facts
                 .iter()
                 .map(FactLine::render)
-                .chain(entries.iter().map(|e| format!("- {} {}", e.tag, one_line(&e.body, 200))))
+                .chain(
+                    entries
+                        .iter()
+                        .map(|e| format!("- {} {}", e.tag, one_line(&e.body, 200))),
+                )
                 .filter(|l| touches(l))
                 .collect();
             lines.dedup();
@@ -478,8 +485,14 @@ mod tests {
         let facts = prev.split(SUPERSEDED).next().unwrap();
         assert!(facts.contains("size: XL (replaces L)"), "{prev}");
         assert!(!facts.contains("size: M"), "{prev}");
-        assert!(prev.contains("- [turn 1] size: M (superseded at turn 4)"), "{prev}");
-        assert!(prev.contains("- [turn 4] size: L (superseded at turn 9)"), "{prev}");
+        assert!(
+            prev.contains("- [turn 1] size: M (superseded at turn 4)"),
+            "{prev}"
+        );
+        assert!(
+            prev.contains("- [turn 4] size: L (superseded at turn 9)"),
+            "{prev}"
+        );
     }
 
     #[test]
@@ -498,13 +511,19 @@ mod tests {
         assert!(prev.contains("ZX-99817"), "{prev}");
         assert!(prev.contains("ana@example.org"), "{prev}");
         assert!(prev.contains("ORD-2900"), "{prev}");
-        assert!(prev.contains("txn_29a"), "the newest tool ids are kept: {prev}");
+        assert!(
+            prev.contains("txn_29a"),
+            "the newest tool ids are kept: {prev}"
+        );
     }
 
     #[test]
     fn a_summary_written_elsewhere_is_kept_whole() {
         let model = "The user, Ana, wants a refund for order 4471.\n\n## Decisions\n- refund approved by Bob";
-        let s = extract(&req(Some(model), "[turn 7] user: thanks, and my budget is 300 EUR"));
+        let s = extract(&req(
+            Some(model),
+            "[turn 7] user: thanks, and my budget is 300 EUR",
+        ));
         assert!(s.contains(model), "{s}");
         assert!(s.contains("budget: 300 EUR"), "{s}");
         // And again: it stays whole, not nested.
@@ -530,7 +549,10 @@ mod tests {
         );
         r.focus = Some("the parcel".into());
         let s = extract(&r);
-        assert!(s.starts_with("## Focus\n- [turn 1] user: the parcel is late"), "{s}");
+        assert!(
+            s.starts_with("## Focus\n- [turn 1] user: the parcel is late"),
+            "{s}"
+        );
     }
 
     #[test]

@@ -53,10 +53,10 @@ pub struct CompactionStats {
     pub output_tokens: Option<i64>,
     /// Summariser calls.
     pub summary_calls: i64,
-    /// Live pins checked by the guard.
-    pub pins_live: i64,
+    /// Live pins checked by the guard (None: the guard was off).
+    pub pins_live: Option<i64>,
     /// Pins the guard appended.
-    pub pins_added: i64,
+    pub pins_added: Option<i64>,
 }
 
 pub(crate) fn get_compaction(conn: &Connection, id: CompactionId) -> Result<CompactionRow> {

@@ -29,9 +29,9 @@ fn pin_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Pin> {
 }
 
 /// Records `facts` stated in turn `turn_index` (inside the caller's write
-/// transaction). A fact without a slot is recorded once per session; a slotted
-/// one only when its value differs from the slot's newest, which it then
-/// supersedes. Returns how many rows were written.
+/// transaction). A fact without a slot is recorded once per session, and not
+/// when a pin of the session already holds its value; a slotted one only when
+/// its value differs from the slot's newest, which it then supersedes. Returns how many rows were written.
 pub(crate) fn record_facts(
     conn: &Connection,
     session_id: SessionId,
@@ -46,7 +46,17 @@ pub(crate) fn record_facts(
             continue;
         }
         let supersedes = match &f.slot {
-            None => None,
+            None => {
+                let held = conn
+                    .prepare_cached(
+                        "SELECT 1 FROM pins WHERE session_id = ?1 AND value = ?2 LIMIT 1",
+                    )?
+                    .exists(params![session_id, f.value])?;
+                if held {
+                    continue;
+                }
+                None
+            }
             Some(slot) => {
                 let newest: Option<(i64, String)> = conn
                     .prepare_cached(
@@ -99,8 +109,13 @@ pub(crate) fn pin_turn(
                 for block in &resp.blocks {
                     if let ResponseBlock::Text { text } = block {
                         let facts = extractor.extract(text, FactSource::Assistant);
-                        written +=
-                            record_facts(conn, session_id, turn.idx, FactSource::Assistant, &facts)?;
+                        written += record_facts(
+                            conn,
+                            session_id,
+                            turn.idx,
+                            FactSource::Assistant,
+                            &facts,
+                        )?;
                     }
                 }
             }
@@ -130,7 +145,11 @@ pub(crate) fn pin_host_fact(conn: &Connection, session_id: SessionId, fact: &Fac
 
 /// The live pins stated at or before turn `boundary`: every pin without a
 /// slot, and the newest of each slot; in the order they were stated.
-pub(crate) fn live_pins(conn: &Connection, session_id: SessionId, boundary: i64) -> Result<Vec<Pin>> {
+pub(crate) fn live_pins(
+    conn: &Connection,
+    session_id: SessionId,
+    boundary: i64,
+) -> Result<Vec<Pin>> {
     let mut st = conn.prepare_cached(&format!(
         "SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 AND p.turn_index <= ?2 \
          AND (p.slot IS NULL OR p.id = (SELECT max(q.id) FROM pins q WHERE q.session_id = ?1 \

@@ -99,20 +99,25 @@ fn print_demo_table(r: &abridge::demo::DemoReport) {
         "  compactions            {} completed, {} failed",
         r.compactions_completed, r.compactions_failed
     );
+    println!(
+        "  pinned facts           {} stated, {} live, {} carried by the newest summaries ({} added by the guard)",
+        r.pins, r.pins_live, r.pins_carried, r.pins_added
+    );
     println!("  wall time              {:.2} s", r.wall_seconds);
     if !r.compactions.is_empty() {
         println!(
-            "\n  {:<16} {:>10} {:>10} {:>14} {:>13}",
-            "session", "up to turn", "status", "tokens before", "tokens after"
+            "\n  {:<16} {:>10} {:>10} {:>14} {:>13} {:>6}",
+            "session", "up to turn", "status", "tokens before", "tokens after", "pins"
         );
         for c in &r.compactions {
             println!(
-                "  {:<16} {:>10} {:>10} {:>14} {:>13}",
+                "  {:<16} {:>10} {:>10} {:>14} {:>13} {:>6}",
                 c.session,
                 c.up_to_turn,
                 c.status,
                 c.tokens_before.map_or("-".into(), |t| t.to_string()),
-                c.tokens_after.map_or("-".into(), |t| t.to_string())
+                c.tokens_after.map_or("-".into(), |t| t.to_string()),
+                c.pins_live.map_or("-".into(), |t| t.to_string())
             );
         }
     }

@@ -19,9 +19,8 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
     must_exist(&args.db)?;
     let before = abridge::store::read_only_version(&args.db)?;
     let store = abridge::Store::open(&args.db)?;
-    let pins = store.with_conn(|c| {
-        Ok(c.query_row("SELECT count(*) FROM pins", [], |r| r.get::<_, i64>(0))?)
-    })?;
+    let pins = store
+        .with_conn(|c| Ok(c.query_row("SELECT count(*) FROM pins", [], |r| r.get::<_, i64>(0))?))?;
     let now = abridge::store::SCHEMA_VERSION;
     if before == now {
         println!("{}: already at schema version {now}", args.db.display());

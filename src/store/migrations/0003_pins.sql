@@ -22,8 +22,10 @@ CREATE TABLE pins (
 
 CREATE INDEX pins_by_turn ON pins (session_id, turn_index);
 CREATE INDEX pins_by_slot ON pins (session_id, slot, id) WHERE slot IS NOT NULL;
--- A fact without a slot is pinned once per session.
-CREATE UNIQUE INDEX pins_unslotted_once ON pins (session_id, kind, value) WHERE slot IS NULL;
+-- A fact without a slot is pinned once per session (and not at all when a
+-- pin of the session already holds its value).
+CREATE UNIQUE INDEX pins_unslotted_once ON pins (session_id, value) WHERE slot IS NULL;
+CREATE INDEX pins_by_value ON pins (session_id, value);
 
 CREATE TRIGGER pins_never_deleted BEFORE DELETE ON pins
 BEGIN SELECT RAISE(ABORT, 'abridge: history is append-only (pins are never deleted)'); END;

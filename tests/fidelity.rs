@@ -1,0 +1,399 @@
+//! G8 and what summaries keep: pinned facts, the guard, supersession, the
+//! fidelity workload's targets.
+
+mod common;
+
+use abridge::compaction::{ExtractiveSummariser, Summariser, SummaryRequest, SummaryResponse};
+use abridge::fidelity::{self, Which};
+use abridge::pins::{Fact, FactKind};
+use abridge::{
+    CompactionConfig, EventKind, FaultPoint, ModelClient, ModelError, ModelRequest, ModelResponse,
+    ResponseBlock, Runner, RunnerConfig, Store, Threshold, Tool, ToolCall, ToolError, ToolSpec,
+    Tools, Usage,
+};
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The test that fails without the guard: a summariser that keeps 300
+/// characters, one that ignores the previous summary, and the offline one
+/// all leave every fact in view at the last step after many compactions,
+/// and `verify` (G8 included) passes. Without the guard the same lossy runs
+/// lose most facts (asserted, so the workload can tell).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g8_the_guard_keeps_every_fact_whatever_the_summariser() {
+    for which in Which::ALL {
+        let (_d, path) = common::temp_db();
+        let o = fidelity::run(&path, which, true).await.unwrap();
+        assert!(
+            o.compactions >= 10,
+            "{which:?}: {} compactions",
+            o.compactions
+        );
+        assert_eq!(o.visible, o.facts, "{which:?} lost {:?}", o.lost);
+        assert!(o.verified, "{which:?}: verify failed");
+    }
+    for which in [Which::Lossy, Which::IgnoresPrevious] {
+        let (_d, path) = common::temp_db();
+        let o = fidelity::run(&path, which, false).await.unwrap();
+        assert!(
+            o.visible_share() < 0.5,
+            "{which:?} without the guard kept {}/{}: the workload no longer tells",
+            o.visible,
+            o.facts
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_offline_summariser_keeps_nine_facts_in_ten_with_their_sentence_without_the_guard() {
+    let (_d, path) = common::temp_db();
+    let o = fidelity::run(&path, Which::Offline, false).await.unwrap();
+    assert!(o.compactions >= 10, "{} compactions", o.compactions);
+    assert!(
+        o.sentence_share() >= 0.9,
+        "{}/{} with their sentence; lost {:?}",
+        o.with_sentence,
+        o.facts,
+        o.lost
+    );
+}
+
+/// Answers every turn with one sentence; a turn asking for "logs" calls the
+/// `logs` tool first.
+struct Plain;
+
+#[async_trait::async_trait]
+impl ModelClient for Plain {
+    async fn complete(&self, req: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        let last = serde_json::to_string(&req.messages.last().unwrap().content).unwrap();
+        let block = if last.contains("logs please") {
+            ResponseBlock::ToolUse {
+                id: "l1".into(),
+                name: "logs".into(),
+                input: json!({}),
+            }
+        } else {
+            ResponseBlock::Text {
+                text: "Noted, thank you.".into(),
+            }
+        };
+        Ok(ModelResponse {
+            blocks: vec![block],
+            usage: Usage::default(),
+        })
+    }
+}
+
+/// 12,000 chars of log whose last lines name failed transactions: far past
+/// the 2,000-char cap a summariser's transcript puts on a tool result.
+struct Logs;
+
+#[async_trait::async_trait]
+impl Tool for Logs {
+    async fn call(&self, _: &ToolCall) -> Result<Value, ToolError> {
+        let mut s = "ok line of no interest\n".repeat(520);
+        for i in 0..3 {
+            s.push_str(&format!("failed txn=tx_late_{i}9\n"));
+        }
+        Ok(Value::String(s))
+    }
+}
+
+/// A summariser that keeps nothing but a fixed sentence.
+struct Forgets;
+
+#[async_trait::async_trait]
+impl Summariser for Forgets {
+    async fn summarise(&self, _: &SummaryRequest) -> Result<SummaryResponse, ModelError> {
+        Ok(SummaryResponse {
+            text: "The user talked about an order.".into(),
+            usage: Usage::default(),
+        })
+    }
+}
+
+fn runner(store: &Store, summariser: Arc<dyn Summariser>, cfg: CompactionConfig) -> Runner {
+    let spec = ToolSpec {
+        name: "logs".into(),
+        description: "logs".into(),
+        input_schema: json!({"type": "object"}),
+    };
+    Runner::builder(store.clone(), Arc::new(Plain))
+        .tools(Tools::new().idempotent(spec, Logs))
+        .summariser_arc(summariser)
+        .config(RunnerConfig::default().with_owner("fidelity-test"))
+        .compaction(cfg)
+        .build()
+        .unwrap()
+}
+
+/// `input` with background text that states no fact, so that a turn is
+/// large enough for its summary (and the pinned facts) to shrink it (G7).
+fn padded(input: &str) -> String {
+    format!(
+        "{input} {}",
+        "here is some more background about the weather and the garden, nothing of note. "
+            .repeat(8)
+    )
+}
+
+fn small_threshold() -> CompactionConfig {
+    CompactionConfig::default().with_compact_at(Threshold::Tokens(150))
+}
+
+async fn newest_summary(store: &Store, sid: abridge::SessionId) -> abridge::store::CompactionRow {
+    store
+        .compactions(sid)
+        .await
+        .unwrap()
+        .into_iter()
+        .rev()
+        .find(|c| c.status == abridge::store::CompactionStatus::Completed)
+        .expect("a completed compaction")
+}
+
+#[tokio::test]
+async fn a_newer_value_supersedes_the_older_one_and_the_block_says_so() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(&path).unwrap();
+    let r = runner(&store, Arc::new(Forgets), small_threshold());
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    for input in [
+        "My budget is 1,000 EUR.",
+        "Please change my budget to 1,250 EUR.",
+        "That is all for now, thanks a lot for your help with this.",
+        "One more thing: nothing else, just saying hello again today.",
+    ] {
+        r.run_turn(s.id, &padded(input)).await.unwrap();
+    }
+    let pins = store.pins(s.id).await.unwrap();
+    let budget: Vec<_> = pins
+        .iter()
+        .filter(|p| p.slot.as_deref() == Some("budget"))
+        .collect();
+    assert_eq!(budget.len(), 2, "{pins:#?}");
+    assert_eq!(budget[1].supersedes, Some(budget[0].id));
+    let live = store
+        .with_conn(move |c| abridge::inspect::live_pins(c, s.id, i64::MAX))
+        .unwrap();
+    assert!(live.iter().any(|p| p.value == "1,250 EUR"));
+    assert!(!live.iter().any(|p| p.value == "1,000 EUR"), "{live:#?}");
+    let row = newest_summary(&store, s.id).await;
+    let summary = row.summary.unwrap();
+    assert!(
+        summary.contains("- [turn 1] budget: 1,250 EUR (replaces 1,000 EUR)"),
+        "{summary}"
+    );
+    assert!(summary.starts_with("The user talked about an order."));
+    assert!(row.pins_added.unwrap() >= 1);
+    common::assert_all_steps_rebuild(&store);
+}
+
+#[tokio::test]
+async fn a_host_pin_is_carried_by_the_next_compaction() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(&path).unwrap();
+    let r = runner(&store, Arc::new(Forgets), small_threshold());
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    r.run_turn(s.id, &padded("hello there")).await.unwrap();
+    let at = r
+        .pin(s.id, Fact::host(Some("gift wrap"), "wrap it in blue paper"))
+        .await
+        .unwrap();
+    assert_eq!(at, 1, "counts as stated before the next turn");
+    assert!(r.pin(s.id, Fact::host(None, "  ")).await.is_err());
+    for _ in 0..3 {
+        r.run_turn(s.id, &padded("and some more")).await.unwrap();
+    }
+    let row = newest_summary(&store, s.id).await;
+    assert!(row.up_to_turn_index >= 1);
+    assert!(row
+        .summary
+        .unwrap()
+        .contains("gift wrap: wrap it in blue paper"),);
+    let pins = store.pins(s.id).await.unwrap();
+    assert!(pins.iter().any(|p| p.kind == FactKind::Host));
+}
+
+/// Pins are written in the transaction that finishes the turn: a crash just
+/// before it leaves none, and the resumed turn writes each once.
+#[tokio::test]
+async fn facts_are_pinned_once_in_the_transaction_that_finishes_the_turn() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(&path).unwrap();
+    let crashing = Runner::builder(store.clone(), Arc::new(Plain))
+        .config(RunnerConfig::default().with_owner("crashing"))
+        .fault_hook(common::fail_at(FaultPoint::BeforeStepComplete, 1))
+        .build()
+        .unwrap();
+    let s = crashing.create_session("s", "m", "sys").await.unwrap();
+    let err = crashing
+        .run_turn(s.id, "My e-mail is ana@example.org.")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, abridge::Error::Injected(_)), "{err}");
+    assert!(store.pins(s.id).await.unwrap().is_empty());
+    let turn = store.turns(s.id).await.unwrap().remove(0);
+    let fresh = Runner::builder(store.clone(), Arc::new(Plain))
+        .config(RunnerConfig::default().with_owner("crashing"))
+        .build()
+        .unwrap();
+    fresh.resume_turn(turn.id).await.unwrap();
+    let pins = store.pins(s.id).await.unwrap();
+    assert_eq!(
+        pins.iter().filter(|p| p.value == "ana@example.org").count(),
+        1,
+        "{pins:#?}"
+    );
+}
+
+#[tokio::test]
+async fn ids_past_the_tool_result_cap_are_pinned_and_carried() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(&path).unwrap();
+    let r = runner(&store, Arc::new(ExtractiveSummariser), small_threshold());
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    r.run_turn(s.id, "logs please").await.unwrap();
+    for _ in 0..2 {
+        r.run_turn(s.id, &padded("thanks")).await.unwrap();
+    }
+    let pins = store.pins(s.id).await.unwrap();
+    let summary = newest_summary(&store, s.id).await.summary.unwrap();
+    for i in 0..3 {
+        let id = format!("tx_late_{i}9");
+        assert!(pins.iter().any(|p| p.value == id), "{id} not pinned");
+        assert!(summary.contains(&id), "{id} not carried: {summary}");
+    }
+}
+
+#[tokio::test]
+async fn pins_over_budget_are_all_kept_and_reported() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(&path).unwrap();
+    let mut cfg = small_threshold();
+    cfg.pins_budget_chars = 40;
+    let r = runner(&store, Arc::new(Forgets), cfg);
+    let mut events = r.subscribe();
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    for input in [
+        "My order number is ORD-1 and my postal code is 75001.",
+        "Send it to ana@example.org and bill FR-776-AB please.",
+        "Nothing else for today, thank you very much for your help.",
+        "Bye for now, I will come back tomorrow with more questions.",
+    ] {
+        r.run_turn(s.id, &padded(input)).await.unwrap();
+    }
+    let summary = newest_summary(&store, s.id).await.summary.unwrap();
+    for v in ["ORD-1", "75001", "ana@example.org", "FR-776-AB"] {
+        assert!(summary.contains(v), "{v} dropped: {summary}");
+    }
+    let mut over = 0;
+    while let Ok(e) = events.try_recv() {
+        if let EventKind::PinsOverBudget { chars, budget, .. } = e.kind {
+            assert!(chars > budget);
+            over += 1;
+        }
+    }
+    assert!(over >= 1, "no PinsOverBudget event");
+}
+
+/// Records its requests; answers without the facts the first time and with
+/// whatever it is asked to include the second.
+struct Reasked {
+    calls: AtomicUsize,
+    requests: Mutex<Vec<SummaryRequest>>,
+}
+
+#[async_trait::async_trait]
+impl Summariser for Reasked {
+    async fn summarise(&self, r: &SummaryRequest) -> Result<SummaryResponse, ModelError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.requests.lock().unwrap().push(r.clone());
+        let text = if r.rules.contains("leaves out facts") {
+            format!(
+                "{} Also: ORD-77 and 90210.",
+                r.previous.clone().unwrap_or_default()
+            )
+        } else {
+            "The user has an order.".to_string()
+        };
+        Ok(SummaryResponse {
+            text,
+            usage: Usage::default(),
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_summariser_is_asked_once_more_for_the_facts_it_left_out() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(&path).unwrap();
+    let mut cfg = small_threshold();
+    cfg.reask_missing_pins = true;
+    let summariser = Arc::new(Reasked {
+        calls: AtomicUsize::new(0),
+        requests: Mutex::default(),
+    });
+    let r = runner(&store, summariser.clone(), cfg);
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    for input in [
+        "My order number is ORD-77 and my postal code is 90210.",
+        "Nothing else for today, thank you very much for your help.",
+    ] {
+        r.run_turn(s.id, &padded(input)).await.unwrap();
+    }
+    let row = newest_summary(&store, s.id).await;
+    assert_eq!(
+        row.summary.as_deref(),
+        Some("The user has an order. Also: ORD-77 and 90210.")
+    );
+    assert_eq!(row.pins_added, Some(0), "the second answer carried both");
+    assert_eq!(row.summary_calls, 2);
+    let reqs = summariser.requests.lock().unwrap();
+    assert!(reqs[1].rules.contains("ORD-77") && reqs[1].rules.contains("90210"));
+}
+
+/// `verify` catches a completed summary that lacks a live pin (written past
+/// the guard, with the schema's protections lifted).
+#[tokio::test]
+async fn verify_reports_a_summary_that_lost_a_pin() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(&path).unwrap();
+    let r = runner(&store, Arc::new(Forgets), small_threshold());
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    for input in [
+        "My loyalty card is LC-4471-XZ.",
+        "Nothing else for today, thank you very much for your help.",
+    ] {
+        r.run_turn(s.id, &padded(input)).await.unwrap();
+    }
+    let row = newest_summary(&store, s.id).await;
+    let report = store.verify(Vec::new()).await.unwrap();
+    let g8 = report
+        .checks
+        .iter()
+        .find(|c| c.name.starts_with("G8"))
+        .unwrap();
+    assert!(g8.ok && g8.checked >= 1, "{g8:?}");
+    drop(r);
+    store
+        .with_conn(move |c| {
+            c.execute_batch("DROP TRIGGER compactions_completed_never_change")?;
+            let text = "The user talked about an order.";
+            c.execute(
+                "UPDATE compactions SET summary = ?1, summary_sha256 = ?2 WHERE id = ?3",
+                (text, abridge::message::sha256_hex(text.as_bytes()), row.id),
+            )?;
+            Ok(())
+        })
+        .unwrap();
+    let report = store.verify(Vec::new()).await.unwrap();
+    let g8 = report
+        .checks
+        .iter()
+        .find(|c| c.name.starts_with("G8"))
+        .unwrap();
+    assert!(!g8.ok);
+    assert!(g8.violations[0].contains("LC-4471-XZ"), "{g8:?}");
+}
