@@ -414,6 +414,35 @@ fn read_verbs(d: &str) -> Vec<Vec<String>> {
     .collect()
 }
 
+/// Regression: the read-only verbs read a store of an older schema with this
+/// build's queries and reported every step as a G3 violation ("no such
+/// column"). They now refuse it in one line naming `abridge upgrade`, which
+/// migrates it (keeping every row); then they read it.
+#[test]
+fn read_only_verbs_refuse_an_older_store_until_it_is_upgraded() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("old.db");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden-v2.db");
+    std::fs::copy(&fixture, &db).unwrap();
+    let d = db.to_str().unwrap();
+    let before = std::fs::read(&db).unwrap();
+    for verb in [
+        vec!["inspect", "--db", d],
+        vec!["replay", "--db", d, "--step", "3"],
+        vec!["export", "--db", d, "--session", "id:1"],
+        vec!["verify", "--db", d],
+    ] {
+        fails(&verb, "abridge upgrade --db");
+    }
+    assert_eq!(std::fs::read(&db).unwrap(), before, "a read-only verb wrote");
+    let out = ok(&["upgrade", "--db", d]);
+    assert!(out.contains("schema version 2 -> 3"), "{out}");
+    let out = ok(&["upgrade", "--db", d]);
+    assert!(out.contains("already at schema version 3"), "{out}");
+    let out = ok(&["verify", "--db", d]);
+    assert!(out.contains("all guarantees hold"), "{out}");
+}
+
 fn side_files(db: &Path) -> Vec<PathBuf> {
     ["-wal", "-shm", "-journal"]
         .iter()

@@ -243,3 +243,47 @@ fn every_step_of_every_golden_store_rebuilds_to_its_recorded_hash() {
         assert!(report.ok, "{}: {report:#?}", fixture.display());
     }
 }
+
+/// A store written before pins existed gets the facts of its finished turns
+/// pinned when it is opened (migrated); its old compactions are not held to
+/// G8 (they completed without the guard) and `verify` passes.
+#[test]
+fn a_store_from_before_pins_gets_its_facts_pinned_when_migrated() {
+    let v2 = fixtures()
+        .into_iter()
+        .find(|p| p.ends_with("golden-v2.db"))
+        .expect("golden-v2.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("golden.db");
+    std::fs::copy(&v2, &path).unwrap();
+    let store = Store::open(&path).unwrap();
+    let (pins, unguarded, version) = store
+        .with_conn(|c| {
+            Ok((
+                c.query_row("SELECT count(*) FROM pins", [], |r| r.get::<_, i64>(0))?,
+                c.query_row(
+                    "SELECT count(*) FROM compactions WHERE pins_live IS NULL",
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )?,
+                c.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0))?,
+            ))
+        })
+        .unwrap();
+    assert_eq!(version, abridge::store::SCHEMA_VERSION);
+    assert!(pins > 0, "no facts pinned from the old turns");
+    assert!(unguarded > 0);
+    let sessions = store
+        .with_conn(|c| abridge::inspect::sessions(c))
+        .unwrap();
+    let first = sessions[0].session.id;
+    let live = store
+        .with_conn(move |c| abridge::inspect::live_pins(c, first, i64::MAX))
+        .unwrap();
+    assert!(
+        live.iter().any(|p| p.value.starts_with("ORD-100")),
+        "{live:#?}"
+    );
+    let report = store.with_conn(|c| abridge::verify::verify(c)).unwrap();
+    assert!(report.ok, "{report:#?}");
+}
