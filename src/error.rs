@@ -274,6 +274,23 @@ pub enum Error {
         session_id: SessionId,
     },
 
+    /// A manual compaction asked with a focus other than the one the
+    /// session's completed compaction at the same boundary was made with: a
+    /// completed summary never changes (G2). Final until a new turn runs.
+    #[error(
+        "session {session_id} is already compacted up to turn {boundary} ({}); \
+         a completed summary never changes: run a turn first, then compact with the new focus",
+        .existing.as_deref().map_or("with no focus".to_string(), |f| format!("with focus {f:?}"))
+    )]
+    AlreadyCompacted {
+        /// The session.
+        session_id: SessionId,
+        /// The boundary.
+        boundary: i64,
+        /// The focus that compaction was made with.
+        existing: Option<String>,
+    },
+
     /// A session key a user typed is both an external id and another
     /// session's numeric id. Final: write `ext:KEY` or `id:KEY`.
     #[error("{key:?} is the external id of session {external_of} and also a session id: write ext:{key} or id:{key}")]

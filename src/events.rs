@@ -208,6 +208,16 @@ pub enum EventKind {
         /// text lacked them.
         pins_added: i64,
     },
+    /// A compaction is claimed one turn after the previous one: the last
+    /// summary left no room under the threshold (raise the threshold, lower
+    /// `max_summary_share`, or keep fewer recent turns). `verify` and
+    /// `inspect` list such compactions too.
+    CompactingOften {
+        /// The boundary being claimed.
+        boundary: i64,
+        /// The previous completed compaction's boundary.
+        previous_boundary: i64,
+    },
     /// The pinned facts the guard appended to a summary did not fit the pins
     /// budget even without their sentences; they were all kept (a live pin
     /// is never dropped).

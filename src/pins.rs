@@ -339,6 +339,23 @@ pub fn sentences(text: &str) -> Vec<&str> {
     out
 }
 
+/// `value` with up to `n` chars of `text` on each side (cut between
+/// grapheme clusters), or `value` alone when it is not in `text`.
+fn around(text: &str, value: &str, n: usize) -> String {
+    let Some(at) = text.find(value) else {
+        return value.to_string();
+    };
+    let before = &text[..at];
+    let after = &text[at + value.len()..];
+    let head = &before[crate::text::tail_cut(before, n)..];
+    let tail = truncate_chars(after, n);
+    format!(
+        "{}{head}{value}{tail}{}",
+        if head.len() < before.len() { "…" } else { "" },
+        if tail.len() < after.len() { "…" } else { "" }
+    )
+}
+
 /// Cuts a stated value where the statement ends: at `;`, at " and "/" but "
 /// (with or without a comma), and to [`MAX_STATED_CHARS`] (then at its first
 /// comma).
@@ -523,11 +540,17 @@ impl RuleExtractor {
         let mut carried: Vec<String> = Vec::new();
         let push = |out: &mut Vec<Fact>, kind, slot: Option<String>, value: String| {
             if !out.iter().any(|f| f.value == value && f.slot == slot) {
+                // A tool's result is no sentence: the words around the value.
+                let sentence = if source == FactSource::Tool {
+                    around(sentence, &value, 40)
+                } else {
+                    kept.clone()
+                };
                 out.push(Fact {
                     kind,
                     slot,
                     value,
-                    sentence: kept.clone(),
+                    sentence,
                 });
             }
         };
@@ -844,6 +867,17 @@ mod tests {
             FactSource::Tool,
         );
         assert_eq!(f, [(FactKind::Id, None, "txn_8f3a2".into())]);
+    }
+
+    #[test]
+    fn a_tool_fact_keeps_the_words_around_it() {
+        let text = format!("{}txn=tx_9f1 failed{}", "a".repeat(100), "b".repeat(100));
+        let f = RuleExtractor.extract(&text, FactSource::Tool);
+        assert_eq!(f.len(), 1);
+        assert_eq!(
+            f[0].sentence,
+            format!("…{}txn=tx_9f1 failed{}…", "a".repeat(36), "b".repeat(33))
+        );
     }
 
     #[test]

@@ -465,6 +465,21 @@ impl Runner {
         self.inner.compactor.compact_now(session_id, focus).await
     }
 
+    /// What [`Runner::compact_now`] would do now, without writing anything:
+    /// the turns it would fold, the tokens before and expected after, the
+    /// pinned facts it would carry (see [`crate::compaction::preview`]).
+    pub async fn preview_compaction(
+        &self,
+        session_id: SessionId,
+        focus: Option<String>,
+    ) -> Result<crate::compaction::CompactionPreview> {
+        let cfg = self.inner.cfg.compaction.clone();
+        self.inner
+            .store
+            .read(move |c| crate::compaction::preview(&cfg, c, session_id, focus.as_deref()))
+            .await
+    }
+
     /// Rebuilds an executed step's messages (G3).
     pub async fn rebuild_step(&self, step_id: StepId) -> Result<Rebuilt> {
         self.inner

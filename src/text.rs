@@ -28,7 +28,7 @@ fn head_cut(s: &str, n_chars: usize) -> usize {
 /// Byte offset of the start of the longest run of whole grapheme clusters at
 /// the end of `s` that holds at most `n_chars` chars (found at the cut, as
 /// [`head_cut`]).
-fn tail_cut(s: &str, n_chars: usize) -> usize {
+pub(crate) fn tail_cut(s: &str, n_chars: usize) -> usize {
     let idx = if n_chars == 0 {
         s.len()
     } else {

@@ -34,6 +34,9 @@ pub struct Report {
     pub ok: bool,
     /// The checks, in order.
     pub checks: Vec<Check>,
+    /// What is worth a look but breaks no guarantee (a session compacting
+    /// in consecutive turns), one line each.
+    pub notes: Vec<String>,
 }
 
 fn check(name: &str, checked: i64, violations: Vec<String>) -> Check {
@@ -199,6 +202,7 @@ pub fn verify_with(conn: &Connection, effect_checks: &[&dyn EffectCheck]) -> Res
     Ok(Report {
         ok: checks.iter().all(|c| c.ok),
         checks,
+        notes: compacting_often(&compactions),
     })
 }
 
@@ -233,6 +237,36 @@ fn pins_carried(
         }
     }
     Ok((checked, lost))
+}
+
+/// Sessions whose automatic compactions came in consecutive turns: each
+/// summary left no room under the threshold.
+fn compacting_often(compactions: &[store::CompactionRow]) -> Vec<String> {
+    let mut by_session: std::collections::BTreeMap<i64, Vec<&store::CompactionRow>> =
+        Default::default();
+    for c in compactions
+        .iter()
+        .filter(|c| c.status == CompactionStatus::Completed)
+    {
+        by_session.entry(c.session_id.0).or_default().push(c);
+    }
+    let mut notes = Vec::new();
+    for (sid, rows) in by_session {
+        let close = rows
+            .windows(2)
+            .filter(|w| {
+                w[1].trigger == "auto" && w[1].up_to_turn_index - w[0].up_to_turn_index <= 1
+            })
+            .count();
+        if close > 0 {
+            notes.push(format!(
+                "session {sid}: {close} of {} compactions came one turn after the previous one \
+                 (the summaries leave no room: see docs/fidelity.md, \"No thrash\")",
+                rows.len()
+            ));
+        }
+    }
+    notes
 }
 
 /// Rows missing from the history: a gap in a session's turn numbering or a

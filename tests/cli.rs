@@ -434,7 +434,11 @@ fn read_only_verbs_refuse_an_older_store_until_it_is_upgraded() {
     ] {
         fails(&verb, "abridge upgrade --db");
     }
-    assert_eq!(std::fs::read(&db).unwrap(), before, "a read-only verb wrote");
+    assert_eq!(
+        std::fs::read(&db).unwrap(),
+        before,
+        "a read-only verb wrote"
+    );
     let out = ok(&["upgrade", "--db", d]);
     assert!(out.contains("schema version 2 -> 3"), "{out}");
     let out = ok(&["upgrade", "--db", d]);
@@ -758,5 +762,87 @@ fn verbose_logs_carry_no_colour_codes_off_a_terminal() {
     assert!(
         !err.contains('\u{1b}'),
         "colour codes in a piped log: {err:?}"
+    );
+}
+
+#[test]
+fn compact_dry_run_writes_nothing_and_names_the_pins_it_would_carry() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(dir.path());
+    let d = db.to_str().unwrap();
+    let before = std::fs::read(&db).unwrap();
+    let sides = side_files(&db);
+    let text = ok(&["compact", "--db", d, "--session", "demo-42-0", "--dry-run"]);
+    assert!(text.contains("(nothing written)"), "{text}");
+    assert!(text.contains("pinned facts carried:"), "{text}");
+    let json = ok(&[
+        "compact",
+        "--db",
+        d,
+        "--session",
+        "demo-42-0",
+        "--dry-run",
+        "--json",
+    ]);
+    assert_eq!(std::fs::read(&db).unwrap(), before, "the dry run wrote");
+    assert_eq!(side_files(&db), sides);
+    let p: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let pins = p["pins"].as_array().unwrap();
+    assert!(!pins.is_empty(), "{p}");
+    assert!(p["expected_tokens_after"].as_u64().unwrap() < p["tokens_before"].as_u64().unwrap());
+    // The compaction it previews is the one made, carrying those pins.
+    let out = ok(&["compact", "--db", d, "--session", "demo-42-0"]);
+    assert!(
+        out.contains(&format!("up to turn {}:", p["boundary"])),
+        "{out} vs {p}"
+    );
+    assert!(
+        out.contains(&format!("{} pinned facts carried", pins.len())),
+        "{out}"
+    );
+    let again = ok(&["compact", "--db", d, "--session", "demo-42-0", "--dry-run"]);
+    assert!(again.contains("nothing would change"), "{again}");
+}
+
+/// Regression: a second manual compaction with another focus returned the
+/// first one's row silently.
+#[test]
+fn a_second_compact_with_another_focus_is_refused_and_the_same_one_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(dir.path());
+    let d = db.to_str().unwrap();
+    ok(&[
+        "compact",
+        "--db",
+        d,
+        "--session",
+        "demo-42-1",
+        "--focus",
+        "postal code",
+    ]);
+    let same = ok(&[
+        "compact",
+        "--db",
+        d,
+        "--session",
+        "demo-42-1",
+        "--focus",
+        "postal code",
+    ]);
+    assert!(
+        same.contains("already compacted up to here earlier"),
+        "{same}"
+    );
+    fails(
+        &[
+            "compact",
+            "--db",
+            d,
+            "--session",
+            "demo-42-1",
+            "--focus",
+            "the budget",
+        ],
+        "already compacted up to turn 11 (with focus \"postal code\")",
     );
 }

@@ -152,6 +152,14 @@ fn rows(store: &abridge::Store) -> Vec<(abridge::CompactionId, i64, String)> {
         .unwrap()
 }
 
+/// The summariser's text of a stored summary: what comes before the pinned
+/// facts the guard appends (G8).
+fn written(summary: &str) -> &str {
+    summary
+        .split_once("\n\n## Pinned facts\n")
+        .map_or(summary, |(text, _)| text)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_threshold_compacts_at_the_measure_and_not_below() {
     let (_d, path) = temp_db();
@@ -451,7 +459,10 @@ async fn a_stale_completer_cannot_overwrite_the_winners_summary() {
     // The winner waits on the live claim, takes the row over once its lease
     // has run out, and completes it.
     let won = winner.compactor().ensure(&s, 5, 0).await.unwrap().unwrap();
-    assert_eq!(won.summary.as_deref(), Some("WINNER summary ORD-1"));
+    assert_eq!(
+        won.summary.as_deref().map(written),
+        Some("WINNER summary ORD-1")
+    );
     assert_eq!(won.attempts, 2, "the winner took the row over");
     wait_for_event(
         &mut winner_events,
@@ -468,7 +479,7 @@ async fn a_stale_completer_cannot_overwrite_the_winners_summary() {
     let stored: String = store
         .with_conn(|c| Ok(c.query_row("SELECT summary FROM compactions", [], |r| r.get(0))?))
         .unwrap();
-    assert_eq!(stored, "WINNER summary ORD-1");
+    assert_eq!(written(&stored), "WINNER summary ORD-1");
     // The stale holder claimed (Compacting) but never reported a completion.
     let mut stale_saw = Vec::new();
     while let Ok(e) = stale_events.try_recv() {
@@ -603,6 +614,8 @@ async fn empty_and_not_smaller_summaries_are_failed_attempts_and_the_policy_deci
         let r = runner_with(&store, "g7", summ.clone(), |c| {
             c.compaction.on_failure = policy;
             c.compaction.max_summary_chars = 6_000;
+            // No cap by the threshold's share: the answer is stored whole.
+            c.compaction.max_summary_share = None;
         });
         let out = r.run_turn_at(s.id, 2, &user_turn(SEED, 0, 2)).await;
         let all = rows(&store);
@@ -665,8 +678,9 @@ async fn an_oversize_summary_is_cut_on_a_char_boundary() {
     );
     let row = r.compactor().ensure(&s, 8, 0).await.unwrap().unwrap();
     let summary = row.summary.unwrap();
+    let summary = written(&summary);
     assert_eq!(summary.chars().count(), 500);
-    assert!("é🙂漢".repeat(400).starts_with(&summary));
+    assert!("é🙂漢".repeat(400).starts_with(summary));
     assert_verified(&store);
 }
 
@@ -716,7 +730,7 @@ async fn manual_compaction_racing_an_automatic_one_makes_one_row() {
             )?)
         })
         .unwrap();
-    assert_eq!(summary, "manual: ORD-1");
+    assert_eq!(written(&summary), "manual: ORD-1");
     assert_verified(&store);
 }
 
@@ -781,7 +795,8 @@ async fn manual_compaction_records_focus_and_prompt_hash_and_emits_events() {
         (row.trigger.as_str(), row.focus.as_deref()),
         ("manual", Some("postal codes"))
     );
-    let mut rules = abridge::compaction::PROSE_RULES.to_string();
+    let mut rules =
+        abridge::compaction::rules_for(&abridge::PromptStyle::Prose, false).into_owned();
     rules.push_str("\n\nFocus of this compaction (give it priority): postal codes");
     assert_eq!(
         row.prompt_sha256.as_deref(),
@@ -884,7 +899,10 @@ async fn a_summary_starting_with_nul_is_stored_without_it() {
         |_| {},
     );
     let row = r.compactor().ensure(&s, 5, 0).await.unwrap().unwrap();
-    assert_eq!(row.summary.as_deref(), Some("orders ORD-1 and ORD-2"));
+    assert_eq!(
+        row.summary.as_deref().map(written),
+        Some("orders ORD-1 and ORD-2")
+    );
     assert_verified(&store);
 }
 

@@ -397,3 +397,124 @@ async fn verify_reports_a_summary_that_lost_a_pin() {
     assert!(!g8.ok);
     assert!(g8.violations[0].contains("LC-4471-XZ"), "{g8:?}");
 }
+
+/// The documented target (docs/fidelity.md, "No thrash"): the first step
+/// after a compaction sends at most 60% of the threshold. Every compaction
+/// of the demo workload (3 sessions x 40 turns, threshold 4,000) meets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_compaction_of_the_demo_leaves_the_context_under_the_target() {
+    let (_d, path) = common::temp_db();
+    let opts = abridge::demo::DemoOptions {
+        db: path.clone(),
+        ..Default::default()
+    };
+    let report = abridge::demo::run_demo(&opts, |_| {}).await.unwrap();
+    assert!(report.compactions_completed >= 10);
+    let threshold = 4_000;
+    let store = Store::open(&path).unwrap();
+    let after: Vec<(i64, i64)> = store
+        .with_conn(|c| {
+            let mut st = c.prepare(
+                "SELECT c.id, (SELECT s.context_tokens FROM steps s WHERE s.compaction_id = c.id \
+                 ORDER BY s.id LIMIT 1) FROM compactions c WHERE c.status = 'completed'",
+            )?;
+            let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+        .unwrap();
+    for (id, tokens) in after {
+        assert!(
+            tokens * 100 <= threshold * 60,
+            "compaction {id}: the next step sent {tokens} tokens, over 60% of {threshold}"
+        );
+    }
+    let report = store.verify(Vec::new()).await.unwrap();
+    assert!(report.notes.is_empty(), "{:?}", report.notes);
+}
+
+/// Writes a summary close to the threshold: every compaction leaves no room.
+struct Bloated;
+
+#[async_trait::async_trait]
+impl Summariser for Bloated {
+    async fn summarise(&self, r: &SummaryRequest) -> Result<SummaryResponse, ModelError> {
+        Ok(SummaryResponse {
+            text: "background without any detail. ".repeat(r.max_chars / 32),
+            usage: Usage::default(),
+        })
+    }
+}
+
+#[tokio::test]
+async fn compacting_in_consecutive_turns_is_reported_by_an_event_and_verify() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(&path).unwrap();
+    let mut cfg = CompactionConfig::default().with_compact_at(Threshold::Tokens(400));
+    cfg.max_summary_share = Some(1.0);
+    let r = runner(&store, Arc::new(Bloated), cfg);
+    let mut events = r.subscribe();
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    for _ in 0..6 {
+        r.run_turn(s.id, &padded("more")).await.unwrap();
+    }
+    let mut often = 0;
+    while let Ok(e) = events.try_recv() {
+        if let EventKind::CompactingOften {
+            boundary,
+            previous_boundary,
+        } = e.kind
+        {
+            assert_eq!(boundary, previous_boundary + 1);
+            often += 1;
+        }
+    }
+    assert!(often >= 2, "{often} CompactingOften events");
+    let report = store.verify(Vec::new()).await.unwrap();
+    assert!(report.ok, "no guarantee is broken");
+    assert_eq!(report.notes.len(), 1, "{:?}", report.notes);
+    assert!(report.notes[0].contains("one turn after the previous one"));
+}
+
+/// `keep_recent_tokens` keeps the newest turns whose stored text fits it,
+/// beside `keep_last_turns`, and the same boundary at every step of a turn.
+#[tokio::test]
+async fn keep_recent_tokens_keeps_the_newest_turns_that_fit() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(&path).unwrap();
+    // A padded turn stores ~690 chars of input and 17 of answer: ~180 tokens.
+    let cfg = CompactionConfig::default()
+        .with_compact_at(Threshold::Tokens(700))
+        .with_keep_recent_tokens(400);
+    let r = runner(&store, Arc::new(ExtractiveSummariser), cfg);
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    for _ in 0..8 {
+        r.run_turn(s.id, &padded("more")).await.unwrap();
+    }
+    let rows = store.compactions(s.id).await.unwrap();
+    assert!(!rows.is_empty());
+    let turns = store.turns(s.id).await.unwrap();
+    for c in &rows {
+        // The step that claimed it ran in some turn t; turns b+1..t-1 (two of
+        // ~180 tokens) stayed verbatim.
+        let readers = store
+            .with_conn({
+                let id = c.id;
+                move |conn| {
+                    Ok(conn.query_row(
+                        "SELECT min(t.idx) FROM steps s JOIN turns t ON t.id = s.turn_id \
+                         WHERE s.compaction_id = ?1",
+                        [id],
+                        |r| r.get::<_, i64>(0),
+                    )?)
+                }
+            })
+            .unwrap();
+        assert_eq!(
+            readers - c.up_to_turn_index,
+            3,
+            "compaction up to {} first read in turn {readers} ({} turns)",
+            c.up_to_turn_index,
+            turns.len()
+        );
+    }
+}

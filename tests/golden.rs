@@ -273,9 +273,7 @@ fn a_store_from_before_pins_gets_its_facts_pinned_when_migrated() {
     assert_eq!(version, abridge::store::SCHEMA_VERSION);
     assert!(pins > 0, "no facts pinned from the old turns");
     assert!(unguarded > 0);
-    let sessions = store
-        .with_conn(|c| abridge::inspect::sessions(c))
-        .unwrap();
+    let sessions = store.with_conn(|c| abridge::inspect::sessions(c)).unwrap();
     let first = sessions[0].session.id;
     let live = store
         .with_conn(move |c| abridge::inspect::live_pins(c, first, i64::MAX))

@@ -178,7 +178,19 @@ pub struct CompactionConfig {
     /// Cap on one tool result in the transcript (chars). Default 2,000.
     pub tool_result_cap: usize,
     /// Cap on a summary (chars); a longer one is cut. Default 6,000.
+    /// The pinned-facts block the guard appends comes on top.
     pub max_summary_chars: usize,
+    /// A summary's share of the threshold: its cap is also this share of
+    /// the threshold's tokens (at 4 chars a token, and at least 800 chars),
+    /// so that a compaction leaves room (see [`CompactionConfig::summary_chars`]).
+    /// In (0, 1]; None caps by `max_summary_chars` alone. Default 0.25.
+    pub max_summary_share: Option<f64>,
+    /// Recent turns kept verbatim by size: the turns before the current one
+    /// whose stored text (input, responses, tool results; chars / 4) adds up
+    /// to at most this many tokens stay out of the compaction, beside the
+    /// `keep_last_turns` most recent ones (the larger window wins). 0 (the
+    /// default) keeps none by size.
+    pub keep_recent_tokens: u64,
     /// Largest summariser request (tokens); larger spans go in chunks. Default 100,000.
     pub input_budget_tokens: u64,
     /// Summariser attempts per claim and the delays between them (doubling,
@@ -231,6 +243,8 @@ impl Default for CompactionConfig {
             text_cap: 4_000,
             tool_result_cap: 2_000,
             max_summary_chars: 6_000,
+            max_summary_share: Some(0.25),
+            keep_recent_tokens: 0,
             input_budget_tokens: 100_000,
             retry: crate::retry::RetryPolicy::default(),
             attempt_timeout: Duration::from_secs(120),
@@ -276,6 +290,30 @@ impl CompactionConfig {
         self
     }
 
+    /// Sets `keep_recent_tokens`.
+    pub fn with_keep_recent_tokens(mut self, n: u64) -> Self {
+        self.keep_recent_tokens = n;
+        self
+    }
+
+    /// The cap on a summary for a session of `model`, chars: the smaller of
+    /// `max_summary_chars` and `max_summary_share` of the threshold (4 chars
+    /// a token, at least 800 chars). With no threshold (off, or an unknown
+    /// window) `max_summary_chars`. The pinned-facts block the guard appends
+    /// comes on top (a live pin is never cut).
+    pub fn summary_chars(&self, model: &str) -> usize {
+        match (
+            self.compact_at.tokens(self.context_window(model)),
+            self.max_summary_share,
+        ) {
+            (Some(t), Some(share)) => {
+                let chars = (t as f64 * share * 4.0) as usize;
+                self.max_summary_chars.min(chars.max(800))
+            }
+            _ => self.max_summary_chars,
+        }
+    }
+
     /// The context window of `model`: registered, else the built-in table.
     pub fn context_window(&self, model: &str) -> Option<u64> {
         if let Some(w) = self.context_windows.get(model) {
@@ -308,6 +346,13 @@ impl CompactionConfig {
             }
         }
         self.retry.validate("compaction retry")?;
+        if let Some(share) = self.max_summary_share {
+            if !(share > 0.0 && share <= 1.0) {
+                return Err(Error::Config(format!(
+                    "max_summary_share must be in (0, 1], got {share}"
+                )));
+            }
+        }
         if self.input_budget_tokens < 256 {
             return Err(Error::Config(
                 "input_budget_tokens must be at least 256".into(),

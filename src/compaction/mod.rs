@@ -8,12 +8,14 @@
 mod config;
 mod offline;
 pub mod planner;
+mod preview;
 mod summarise;
 
 pub use config::{
     CharsPerFour, CompactionConfig, FailurePolicy, PromptStyle, Threshold, TokenCounter,
 };
 pub use offline::{extract, ExtractiveSummariser};
+pub use preview::{preview, CompactionPreview};
 pub use summarise::{
     cap_block, chunk_entries, rules_for, transcript_entries, truncate_chars, ModelSummariser,
     Summariser, SummaryRequest, SummaryResponse, PROSE_RULES, PROSE_UPDATE_RULES, STRUCTURED_RULES,
@@ -189,6 +191,22 @@ impl Compactor {
         let Some(b) = planner::boundary(turn_idx, self.config.keep_last_turns) else {
             return Ok(Decision::Read(latest));
         };
+        let b = if self.config.keep_recent_tokens > 0 {
+            let after = latest.as_ref().map_or(-1, |l| l.up_to_turn_index);
+            store::recent_window_boundary(
+                c,
+                sid,
+                turn_idx,
+                after,
+                b,
+                self.config.keep_recent_tokens,
+            )?
+        } else {
+            b
+        };
+        if b < 0 {
+            return Ok(Decision::Read(latest));
+        }
         if latest.as_ref().is_some_and(|l| l.up_to_turn_index >= b) {
             return Ok(Decision::Read(latest));
         }
@@ -240,6 +258,18 @@ impl Compactor {
                 latest,
             } => (boundary, measure, latest),
         };
+        if let Some(prev) = latest.as_ref().filter(|l| b - l.up_to_turn_index <= 1) {
+            if measure.is_some() {
+                warn!(session_id = %sid, boundary = b, "compacting again one turn after the last compaction");
+                self.events.emit(
+                    subject,
+                    EventKind::CompactingOften {
+                        boundary: b,
+                        previous_boundary: prev.up_to_turn_index,
+                    },
+                );
+            }
+        }
         let row = self
             .claim_and_finish(subject, b, Trigger::Auto, None, measure)
             .await;
@@ -284,49 +314,49 @@ impl Compactor {
     /// automatic compaction, so the two can never double.
     ///
     /// Idempotent: when the session is already compacted up to the boundary this
-    /// call would use, that completed row is returned.
+    /// call would use, that completed row is returned (asked with no focus or
+    /// the same one).
     ///
     /// Errors: [`Error::TurnRunning`] while a turn runs; [`Error::NothingToCompact`]
     /// when there is no turn to compact (an empty session, or fewer turns than
-    /// `keep_last_turns + 1`) or the newest compaction already reaches further.
+    /// `keep_last_turns + 1`) or the newest compaction already reaches further;
+    /// [`Error::AlreadyCompacted`] when that row was made with another focus
+    /// than the one asked for.
     pub async fn compact_now(
         &self,
         session_id: SessionId,
         focus: Option<String>,
     ) -> Result<CompactionRow> {
-        let keep = self.config.keep_last_turns as i64;
-        let (b, existing, session) = self
+        let focus = focus.filter(|f| !f.trim().is_empty());
+        let this = self.clone();
+        let (plan, session) = self
             .store
             .call(move |c| {
-                let session = store::get_session(c, session_id)?;
-                let turns = store::list_turns(c, session_id)?;
-                if let Some(r) = turns
-                    .iter()
-                    .find(|t| t.status == crate::store::TurnStatus::Running)
-                {
-                    return Err(Error::TurnRunning {
-                        session_id,
-                        running_idx: r.idx,
-                    });
-                }
-                let last = turns.last().map_or(-1, |t| t.idx);
-                let b = last - keep;
-                let latest = store::latest_completed(c, session_id, i64::MAX)?;
-                if b < 0 || latest.as_ref().is_some_and(|l| l.up_to_turn_index > b) {
-                    return Err(Error::NothingToCompact { session_id });
-                }
-                // Already compacted up to exactly here: the same answer again.
-                Ok((b, store::compaction_at(c, session_id, b)?, session))
+                let plan = preview::manual_plan(&this.config, c, session_id)?;
+                Ok((plan, store::get_session(c, session_id)?))
             })
             .await?;
-        if let Some(row) = existing {
+        if let Some(row) = plan.existing {
             if row.status == CompactionStatus::Completed {
+                // Already compacted up to exactly here: the same answer again
+                // (asked with no focus, or the same one); another focus is
+                // refused (G2: the summary cannot be redone).
+                let other = focus
+                    .as_deref()
+                    .is_some_and(|f| row.focus.as_deref().map(str::trim) != Some(f.trim()));
+                if other {
+                    return Err(Error::AlreadyCompacted {
+                        session_id,
+                        boundary: row.up_to_turn_index,
+                        existing: row.focus,
+                    });
+                }
                 return Ok(row);
             }
         }
         self.claim_and_finish(
             &Subject::of(&session, None),
-            b,
+            plan.boundary,
             Trigger::Manual,
             focus,
             None,
@@ -555,11 +585,13 @@ impl Compactor {
                 trigger_tokens: row.trigger_tokens,
             },
         );
-        let tokens_before = self.replaced_tokens(span.prev.as_ref(), &span.turns)?;
+        let tokens_before =
+            preview::replaced_tokens(&self.config, span.prev.as_ref(), &span.turns)?;
         let rules = Rules {
             first: self.rules(&row, false),
             update: self.rules(&row, true),
             focus: row.focus.clone().filter(|f| !f.trim().is_empty()),
+            summary_chars: self.config.summary_chars(&subject.model),
         };
         // Heartbeat: keep the row's lease while this claim is alive and working.
         // Aborted when dropped, so a dropped future renews nothing.
@@ -604,27 +636,6 @@ impl Compactor {
                 Ok(Span { prev, turns, pins })
             })
             .await
-    }
-
-    /// G7's "before", on one measure: the tokens of what the summary replaces
-    /// (the previous summary's message and the span's messages), rendered as a
-    /// step sends them and counted by the counter the summary is counted with.
-    fn replaced_tokens(
-        &self,
-        prev: Option<&CompactionRow>,
-        span: &[crate::store::HistoryTurn],
-    ) -> Result<u64> {
-        let span_msgs =
-            crate::render::build_messages("", None, span, crate::render::RenderFormat::CURRENT)?;
-        let mut replaced = Vec::with_capacity(span_msgs.len());
-        if let Some(p) = prev {
-            replaced.push(crate::render::summary_message(SummaryView {
-                up_to_turn_index: p.up_to_turn_index,
-                summary: p.summary.as_deref().unwrap_or(""),
-            }));
-        }
-        replaced.extend_from_slice(&span_msgs[1..]);
-        Ok(message_tokens(&*self.config.token_counter, &replaced))
     }
 
     /// The summariser's rules: the style's (its first or its update variant),
@@ -759,12 +770,11 @@ impl Compactor {
             }
             match self.one_attempt(rules, previous.clone(), &chunks).await {
                 Ok((text, input, output, calls)) => {
-                    let text = clean_summary(&text, cfg.max_summary_chars);
+                    let text = clean_summary(&text, rules.summary_chars);
                     let (text, pins_added, calls) = if text.is_empty() || !cfg.guard_pins {
                         (text, 0, calls)
                     } else {
-                        let r = rules.for_request(true);
-                        self.guard(row, r, text, pins, calls, subject).await?
+                        self.guard(row, rules, text, pins, calls, subject).await?
                     };
                     let after = message_tokens(
                         counter,
@@ -826,7 +836,7 @@ impl Compactor {
     async fn guard(
         &self,
         row: &CompactionRow,
-        rules: &str,
+        rules: &Rules,
         text: String,
         pins: &[Pin],
         calls: i64,
@@ -842,19 +852,20 @@ impl Compactor {
                 .collect();
             let req = SummaryRequest {
                 rules: format!(
-                    "{rules}\n\nThe summary below leaves out facts that must survive. Rewrite it \
+                    "{}\n\nThe summary below leaves out facts that must survive. Rewrite it \
                      so that it contains each of these values verbatim, changing nothing else:\n{}",
+                    rules.update,
                     list.join("\n")
                 ),
                 previous: Some(text.clone()),
                 transcript: String::new(),
-                max_chars: cfg.max_summary_chars,
+                max_chars: rules.summary_chars,
                 focus: None,
             };
             let again = tokio::time::timeout(cfg.attempt_timeout, self.summariser.summarise(&req));
             if let Ok(Ok(resp)) = again.await {
                 calls += 1;
-                let better = clean_summary(&resp.text, cfg.max_summary_chars);
+                let better = clean_summary(&resp.text, rules.summary_chars);
                 if !better.is_empty()
                     && crate::pins::missing(pins, &better).len()
                         < crate::pins::missing(pins, &text).len()
@@ -914,7 +925,7 @@ impl Compactor {
                 focus: rules.focus.clone(),
                 previous,
                 transcript: chunk.to_string(),
-                max_chars: self.config.max_summary_chars,
+                max_chars: rules.summary_chars,
             };
             let fut = self.summariser.summarise(&req);
             let resp = match tokio::time::timeout(self.config.attempt_timeout, fut).await {
@@ -935,10 +946,7 @@ impl Compactor {
             if let Some(n) = resp.usage.output_tokens {
                 output = Some(output.unwrap_or(0).saturating_add(clamp(n)));
             }
-            running = Some(truncate_chars(
-                resp.text.trim(),
-                self.config.max_summary_chars,
-            ));
+            running = Some(truncate_chars(resp.text.trim(), rules.summary_chars));
         }
         Ok((running.unwrap_or_default(), input, output, calls))
     }
@@ -952,6 +960,8 @@ struct Rules {
     first: String,
     update: String,
     focus: Option<String>,
+    /// The summary's cap, chars ([`CompactionConfig::summary_chars`]).
+    summary_chars: usize,
 }
 
 impl Rules {

@@ -226,3 +226,38 @@ pub(super) fn insert_step(tx: &Transaction<'_>, turn_id: TurnId, idx: i64, now: 
     .execute(params![turn_id, idx, now])?;
     Ok(())
 }
+
+/// The boundary that keeps, beside the turns after `boundary`, the most
+/// recent turns whose stored text (input, responses, tool results; chars / 4,
+/// rounded up) adds up to at most `keep_tokens`, counting back from turn
+/// `before_idx - 1` and no further back than turn `after_idx + 1`. Reads only
+/// the turns it walks past. Finished turns never change, so every step of a
+/// turn (and its re-run after a crash) gets the same answer.
+pub(crate) fn recent_window_boundary(
+    conn: &Connection,
+    session_id: SessionId,
+    before_idx: i64,
+    after_idx: i64,
+    boundary: i64,
+    keep_tokens: u64,
+) -> Result<i64> {
+    let mut st = conn.prepare_cached(
+        "SELECT t.idx, length(t.input) \
+           + coalesce((SELECT sum(length(s.response)) FROM steps s WHERE s.turn_id = t.id), 0) \
+           + coalesce((SELECT sum(length(i.result)) FROM steps s2 \
+                       JOIN tool_invocations i ON i.step_id = s2.id WHERE s2.turn_id = t.id), 0) \
+         FROM turns t WHERE t.session_id = ?1 AND t.idx < ?2 AND t.idx > ?3 ORDER BY t.idx DESC",
+    )?;
+    let mut rows = st.query(params![session_id, before_idx, after_idx])?;
+    let mut kept = 0u64;
+    let mut b = boundary;
+    while let Some(r) = rows.next()? {
+        let (idx, chars): (i64, i64) = (r.get(0)?, r.get(1)?);
+        kept += (chars.max(0) as u64).div_ceil(4);
+        if kept > keep_tokens {
+            break;
+        }
+        b = b.min(idx - 1);
+    }
+    Ok(b)
+}

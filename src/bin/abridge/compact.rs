@@ -21,6 +21,13 @@ pub struct Args {
     /// Most recent turns kept verbatim.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = whole_u32)]
     pub keep_last_turns: u32,
+    /// Show what would be compacted (turns, tokens before and expected after,
+    /// the pinned facts carried) and write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// With --dry-run: JSON output.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Runs the verb.
@@ -30,8 +37,13 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         session,
         focus,
         keep_last_turns,
+        dry_run,
+        json,
     } = args;
     must_exist(&db)?;
+    if dry_run {
+        return preview(&db, &session, focus, keep_last_turns, json);
+    }
     let store = abridge::Store::open(&db)?;
     let key = session.clone();
     let s = store
@@ -44,19 +56,72 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
     let runner = abridge::Runner::builder(store, std::sync::Arc::new(NoModel))
         .config(cfg)
         .build()?;
+    let asked_at = abridge::store::now_ms();
     let row = runner
         .compact_now(s.id, focus)
         .await
         .map_err(|e| Failure::session(&typed, e))?;
+    let earlier = row.completed_at.is_some_and(|t| t < asked_at);
     println!(
-        "compaction {} of session {} up to turn {}: {} (tokens {} -> {})",
+        "compaction {} of session {} up to turn {}: {} (tokens {} -> {}, {} pinned facts carried){}",
         row.id,
         s.external_id,
         row.up_to_turn_index,
         row.status,
         row.tokens_before.unwrap_or(0),
-        row.tokens_after.unwrap_or(0)
+        row.tokens_after.unwrap_or(0),
+        row.pins_live.unwrap_or(0),
+        if earlier {
+            " - already compacted up to here earlier; a completed summary never changes"
+        } else {
+            ""
+        }
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--dry-run`: the preview, read through a snapshot that writes nothing.
+fn preview(
+    db: &std::path::Path,
+    session: &str,
+    focus: Option<String>,
+    keep_last_turns: u32,
+    json: bool,
+) -> Result<ExitCode, Failure> {
+    let mut cfg = abridge::CompactionConfig::default();
+    cfg.keep_last_turns = keep_last_turns;
+    let p = abridge::store::read_only(db, |c| {
+        let s = inspect::resolve_session(c, session)?;
+        abridge::compaction::preview(&cfg, c, s.id, focus.as_deref())
+    })
+    .map_err(|e| Failure::session(session, e))?;
+    if json {
+        println!("{}", serde_json::to_string(&p)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(id) = p.already_compacted {
+        println!(
+            "already compacted up to turn {} (compaction {id}): nothing would change",
+            p.boundary
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "would fold turns {}..={}{} into one summary (nothing written)",
+        p.folds_from_turn,
+        p.boundary,
+        p.previous_compaction.map_or(String::new(), |id| format!(
+            " and compaction {id}'s summary"
+        ))
+    );
+    println!(
+        "tokens: {} before, about {} after (offline summariser; the summary is capped at {} chars plus the pinned facts)",
+        p.tokens_before, p.expected_tokens_after, p.summary_cap_chars
+    );
+    println!("pinned facts carried: {}", p.pins.len());
+    for pin in &p.pins {
+        println!("  {}", pin.line(true).trim_start_matches("- "));
+    }
     Ok(ExitCode::SUCCESS)
 }
 

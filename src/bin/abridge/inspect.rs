@@ -111,7 +111,14 @@ fn print_session(d: &inspect::SessionDetail) {
         );
     }
     println!("\ncompactions:");
+    let mut previous: Option<i64> = None;
     for c in &d.compactions {
+        let close = c.status == abridge::store::CompactionStatus::Completed
+            && c.trigger == "auto"
+            && previous.is_some_and(|p| c.up_to_turn_index - p <= 1);
+        if c.status == abridge::store::CompactionStatus::Completed {
+            previous = Some(c.up_to_turn_index);
+        }
         println!(
             "  up to turn {:>4}  {} attempts {} trigger {} tokens {} -> {}  {}",
             c.up_to_turn_index,
@@ -125,5 +132,8 @@ fn print_session(d: &inspect::SessionDetail) {
                 60
             )
         );
+        if close {
+            println!("    ^ one turn after the previous compaction: the summary left no room");
+        }
     }
 }

@@ -1,4 +1,4 @@
-//! `abridge verify`: the guarantees G1-G7 on a whole store.
+//! `abridge verify`: the guarantees G1-G8 on a whole store.
 
 use crate::common::Failure;
 use std::path::PathBuf;
@@ -35,6 +35,9 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
             for v in c.violations.iter().take(20) {
                 println!("       - {v}");
             }
+        }
+        for n in &report.notes {
+            println!("note {n}");
         }
         println!(
             "{}",
