@@ -34,12 +34,12 @@ async fn main() -> abridge::Result<()> {
         abridge::fidelity::FILLER_TURNS
     );
     println!(
-        "| summariser | guard | compactions | visible at the last step | with its sentence | verify |"
+        "| summariser | guard | compactions | visible at the last step | with its sentence | failed-transaction ids visible | verify |"
     );
-    println!("|---|---|---:|---:|---:|---|");
+    println!("|---|---|---:|---:|---:|---:|---|");
     for o in &outcomes {
         println!(
-            "| {} | {} | {} | {}/{} ({:.0}%) | {}/{} ({:.0}%) | {} |",
+            "| {} | {} | {} | {}/{} ({:.0}%) | {}/{} ({:.0}%) | {}/{} | {} |",
             o.summariser.name(),
             if o.guard { "on" } else { "off" },
             o.compactions,
@@ -49,6 +49,8 @@ async fn main() -> abridge::Result<()> {
             o.with_sentence,
             o.facts,
             100.0 * o.sentence_share(),
+            o.tool_ids_visible,
+            o.tool_ids,
             if o.verified { "ok" } else { "FAIL" }
         );
     }

@@ -303,6 +303,10 @@ pub struct Outcome {
     pub by_kind: BTreeMap<String, (usize, usize)>,
     /// Values not visible at the last step.
     pub lost: Vec<String>,
+    /// Failed-transaction ids the tool results named (three per batch).
+    pub tool_ids: usize,
+    /// Of those, the ones the model sees at the last step.
+    pub tool_ids_visible: usize,
     /// Whether `verify` passed (G8 included).
     pub verified: bool,
 }
@@ -398,8 +402,22 @@ pub async fn run(path: &Path, which: Which, guard: bool) -> Result<Outcome> {
                 with_sentence: 0,
                 by_kind: BTreeMap::new(),
                 lost: Vec::new(),
+                tool_ids: 0,
+                tool_ids_visible: 0,
                 verified: crate::verify::verify(c)?.ok,
             };
+            for batch in 0..FILLER_TURNS {
+                // user_turn() spends two filler turns on changes.
+                if batch == 5 || batch == 11 {
+                    continue;
+                }
+                for i in [7, 27, 47] {
+                    out.tool_ids += 1;
+                    if seen.contains(&format!("tx_{batch}f{i:02}")) {
+                        out.tool_ids_visible += 1;
+                    }
+                }
+            }
             for f in FACTS {
                 let (sentence, value) = f.changed_to.unwrap_or((f.sentence, f.value));
                 let entry = out.by_kind.entry(f.kind.to_string()).or_default();

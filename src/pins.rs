@@ -734,29 +734,64 @@ pub fn missing<'p>(pins: &'p [Pin], text: &str) -> Vec<&'p Pin> {
     pins.iter().filter(|p| !text.contains(&p.value)).collect()
 }
 
+/// The prefix of a block line listing the values of tool-sourced pins of one
+/// kind: `- [tools] id: tx_1, tx_2`.
+pub const TOOLS_LINE: &str = "- [tools] ";
+
 /// The block the guard appends for `missing` pins, and whether it had to
-/// exceed `budget_chars` (sentences are dropped first; a live value never is).
-/// Empty when nothing is missing.
+/// exceed `budget_chars`. Pins stated by the user, the assistant or the host
+/// get a line each (turn, label, value, the value replaced, the sentence);
+/// values found in tool results are listed on one line per kind. Past the
+/// budget, sentences are left out (the assistant's first, then the oldest);
+/// a live value never is. Empty when nothing is missing.
 pub fn render_block(missing: &[&Pin], budget_chars: usize) -> (String, bool) {
     if missing.is_empty() {
         return (String::new(), false);
     }
-    let build = |bare: bool| {
-        let mut s = String::from(BLOCK_HEADING);
-        s.push('\n');
-        for p in missing {
-            s.push_str(&p.line(bare));
-            s.push('\n');
+    let (tools, stated): (Vec<&Pin>, Vec<&Pin>) = missing
+        .iter()
+        .partition(|p| p.source == FactSource::Tool && p.slot.is_none());
+    let mut grouped: Vec<(FactKind, Vec<&str>)> = Vec::new();
+    for p in &tools {
+        match grouped.iter_mut().find(|(k, _)| *k == p.kind) {
+            Some((_, values)) => values.push(&p.value),
+            None => grouped.push((p.kind, vec![&p.value])),
         }
-        s.trim_end().to_string()
-    };
-    let full = build(false);
-    if full.chars().count() <= budget_chars {
-        return (full, false);
     }
-    let bare = build(true);
-    let over = bare.chars().count() > budget_chars;
-    (bare, over)
+    let tool_lines: Vec<String> = grouped
+        .iter()
+        .map(|(k, values)| format!("{TOOLS_LINE}{}: {}", k.as_str(), values.join(", ")))
+        .collect();
+    // Which pins keep their sentence; dropped in this order when over budget.
+    let mut with_sentence = vec![true; stated.len()];
+    let mut drop_order: Vec<usize> = (0..stated.len())
+        .filter(|&i| stated[i].source == FactSource::Assistant)
+        .collect();
+    drop_order.extend((0..stated.len()).filter(|&i| stated[i].source != FactSource::Assistant));
+    let build = |with_sentence: &[bool]| {
+        let mut s = String::from(BLOCK_HEADING);
+        for (p, keep) in stated.iter().zip(with_sentence) {
+            s.push('\n');
+            s.push_str(&p.line(!keep));
+        }
+        for l in &tool_lines {
+            s.push('\n');
+            s.push_str(l);
+        }
+        s
+    };
+    let mut block = build(&with_sentence);
+    let mut next = drop_order.into_iter();
+    while block.chars().count() > budget_chars {
+        match next.next() {
+            Some(i) => {
+                with_sentence[i] = false;
+                block = build(&with_sentence);
+            }
+            None => return (block, true),
+        }
+    }
+    (block, false)
 }
 
 #[cfg(test)]
@@ -929,5 +964,40 @@ mod tests {
         assert!(!over);
         let (b, over) = render_block(&m, 10);
         assert!(b.contains("1,250 EUR") && over);
+    }
+
+    #[test]
+    fn tool_values_share_a_line_per_kind_and_sentences_go_assistant_first() {
+        let pin = |id, source, kind, slot: Option<&str>, v: &str| Pin {
+            id,
+            turn_index: id,
+            kind,
+            slot: slot.map(str::to_string),
+            value: v.into(),
+            sentence: format!("said {v}"),
+            source,
+            supersedes: None,
+            superseded_value: None,
+        };
+        let pins = [
+            pin(1, FactSource::User, FactKind::Stated, Some("size"), "M"),
+            pin(2, FactSource::Tool, FactKind::Id, None, "tx_1"),
+            pin(3, FactSource::Assistant, FactKind::Amount, None, "9 EUR"),
+            pin(4, FactSource::Tool, FactKind::Id, None, "tx_2"),
+            pin(5, FactSource::Tool, FactKind::Date, None, "2026-01-02"),
+        ];
+        let m: Vec<&Pin> = pins.iter().collect();
+        let (b, over) = render_block(&m, 1_000);
+        assert_eq!(
+            b,
+            "## Pinned facts\n- [turn 1] size: M | \"said M\"\n- [turn 3] amount: 9 EUR | \"said 9 EUR\"\n\
+             - [tools] id: tx_1, tx_2\n- [tools] date: 2026-01-02"
+        );
+        assert!(!over);
+        let (b, _) = render_block(&m, b.chars().count() - 1);
+        assert!(
+            b.contains("size: M | \"said M\"") && !b.contains("said 9 EUR"),
+            "{b}"
+        );
     }
 }

@@ -31,6 +31,10 @@ async fn g8_the_guard_keeps_every_fact_whatever_the_summariser() {
             o.compactions
         );
         assert_eq!(o.visible, o.facts, "{which:?} lost {:?}", o.lost);
+        assert_eq!(
+            o.tool_ids_visible, o.tool_ids,
+            "{which:?}: ids from tools lost"
+        );
         assert!(o.verified, "{which:?}: verify failed");
     }
     for which in [Which::Lossy, Which::IgnoresPrevious] {

@@ -16,7 +16,7 @@
 use super::summarise::{Summariser, SummaryRequest, SummaryResponse};
 use crate::message::Usage;
 use crate::model::ModelError;
-use crate::pins::{FactKind, FactSource, PinExtractor, RuleExtractor, BLOCK_HEADING};
+use crate::pins::{FactKind, FactSource, PinExtractor, RuleExtractor, BLOCK_HEADING, TOOLS_LINE};
 use crate::text::truncate_chars;
 use async_trait::async_trait;
 use regex::Regex;
@@ -157,8 +157,21 @@ impl Sections {
             match cur {
                 Some(FACTS) | Some(BLOCK_HEADING) => match parse_fact(line) {
                     Some(f) => s.add_fact(f),
-                    None if !line.trim().is_empty() => s.earlier.push(line.to_string()),
-                    None => {}
+                    None => match line
+                        .strip_prefix(TOOLS_LINE)
+                        .and_then(|l| l.split_once(": "))
+                    {
+                        // Values the guard carried from tool results.
+                        Some((_, values)) => {
+                            for v in values.split(", ").filter(|v| !v.is_empty()) {
+                                if !s.tool_ids.iter().any(|x| x == v) {
+                                    s.tool_ids.push(v.to_string());
+                                }
+                            }
+                        }
+                        None if !line.trim().is_empty() => s.earlier.push(line.to_string()),
+                        None => {}
+                    },
                 },
                 Some(SUPERSEDED) => push_item(&mut s.superseded, line),
                 Some(EARLIER) => s.earlier.push(line.to_string()),
