@@ -68,6 +68,7 @@ fn fixture(
     compaction: bool,
     sync: Synchronous,
     blocking: Blocking,
+    pins: bool,
 ) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open_with(
@@ -92,6 +93,9 @@ fn fixture(
     // continue: each turn's first step rebuilds the whole history, which is
     // what is measured.
     cfg.context_cache_bytes = if compaction { 64 << 20 } else { 0 };
+    if !pins {
+        cfg.pin_extractor = None;
+    }
     let spec = ToolSpec {
         name: "lookup_order".into(),
         description: "Look up an order".into(),
@@ -138,32 +142,41 @@ fn bench_step(c: &mut Criterion, rt: &tokio::runtime::Runtime, sync: Synchronous
         .measurement_time(Duration::from_secs(3));
     // (H, compaction, where store calls run): every H both ways with the
     // default blocking pool, and compaction on at H = 1,000 in place as well.
-    let mut variants: Vec<(i64, bool, Blocking)> = hs
+    // And at H = 1,000 with no facts pinned (what extracting them costs).
+    let mut variants: Vec<(i64, bool, Blocking, bool)> = hs
         .iter()
-        .flat_map(|&h| [(h, true, Blocking::Pool), (h, false, Blocking::Pool)])
+        .flat_map(|&h| {
+            [
+                (h, true, Blocking::Pool, true),
+                (h, false, Blocking::Pool, true),
+            ]
+        })
         .collect();
     if hs.contains(&1_000) {
-        variants.push((1_000, true, Blocking::InPlace));
+        variants.push((1_000, true, Blocking::InPlace, true));
+        variants.push((1_000, true, Blocking::Pool, false));
     }
-    for (h, compaction, blocking) in variants {
-        let f = fixture(rt, h, compaction, sync, blocking);
+    for (h, compaction, blocking, pins) in variants {
+        let f = fixture(rt, h, compaction, sync, blocking, pins);
         let in_place = if blocking == Blocking::InPlace {
             "/inplace"
         } else {
             ""
         };
+        let no_pins = if pins { "" } else { "/nopins" };
         let key = format!(
-            "step/{}/{}/H={h}{in_place}",
+            "step/{}/{}/H={h}{in_place}{no_pins}",
             sync_name(sync),
             if compaction { "on" } else { "off" }
         );
         let next = std::cell::Cell::new(f.h);
         g.bench_function(
             BenchmarkId::new(
-                match (compaction, blocking) {
-                    (true, Blocking::InPlace) => "compaction_on_in_place",
-                    (true, _) => "compaction_on",
-                    (false, _) => "compaction_off",
+                match (compaction, blocking, pins) {
+                    (true, _, false) => "compaction_on_no_pins",
+                    (true, Blocking::InPlace, _) => "compaction_on_in_place",
+                    (true, _, _) => "compaction_on",
+                    (false, _, _) => "compaction_off",
                 },
                 h,
             ),
@@ -240,7 +253,7 @@ fn bench_floor(c: &mut Criterion, sync: Synchronous) {
 }
 
 fn bench_ensure_noop(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
-    let f = fixture(rt, 1_000, true, Synchronous::Normal, Blocking::Pool);
+    let f = fixture(rt, 1_000, true, Synchronous::Normal, Blocking::Pool, true);
     // Below the threshold: a fresh runner with a threshold nothing reaches.
     let cfg = RunnerConfig::default().with_owner("noop").with_compaction(
         CompactionConfig::default().with_compact_at(Threshold::Tokens(1_000_000_000)),
@@ -269,7 +282,7 @@ fn bench_ensure_noop(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
 }
 
 fn bench_claim_race(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
-    let f = fixture(rt, 200, false, Synchronous::Normal, Blocking::Pool);
+    let f = fixture(rt, 200, false, Synchronous::Normal, Blocking::Pool, true);
     let calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
     struct Counting(Arc<std::sync::atomic::AtomicU64>);
     #[async_trait::async_trait]
@@ -345,7 +358,7 @@ fn bench_build(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
     g.sample_size(10).measurement_time(Duration::from_secs(2));
     for h in [100i64, 1_000, 10_000] {
         for compaction in [true, false] {
-            let f = fixture(rt, h, compaction, Synchronous::Normal, Blocking::Pool);
+            let f = fixture(rt, h, compaction, Synchronous::Normal, Blocking::Pool, true);
             let key = format!("build/{}/H={h}", if compaction { "on" } else { "off" });
             g.bench_function(
                 BenchmarkId::new(
@@ -412,6 +425,10 @@ fn main() {
     println!(
         "\nstep/floor (NORMAL), compaction on, H=1000:  {}",
         ratio("step/normal/on/H=1000", "floor/normal")
+    );
+    println!(
+        "step, pins extracted / none, NORMAL, compaction on, H=1000: {}",
+        ratio("step/normal/on/H=1000", "step/normal/on/H=1000/nopins")
     );
     println!(
         "step/floor (NORMAL), compaction off, H=1000: {}",

@@ -66,6 +66,9 @@ pub struct SessionDetail {
     pub turns: Vec<TurnSummary>,
     /// Its compactions.
     pub compactions: Vec<CompactionRow>,
+    /// Its live pinned facts (the newest value of each slot, every fact
+    /// without one).
+    pub live_pins: Vec<crate::pins::Pin>,
 }
 
 /// A session as a host names it: its row id or its external id.
@@ -288,6 +291,7 @@ pub fn session_detail(conn: &Connection, key: &str) -> Result<SessionDetail> {
         .collect::<Result<_>>()?;
     Ok(SessionDetail {
         compactions: store::list_compactions(conn, s.id)?,
+        live_pins: store::live_pins(conn, s.id, i64::MAX)?,
         summary: SessionSummary {
             counts: store::session_counts(conn, s.id)?,
             session: s,

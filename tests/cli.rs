@@ -846,3 +846,27 @@ fn a_second_compact_with_another_focus_is_refused_and_the_same_one_says_so() {
         "already compacted up to turn 11 (with focus \"postal code\")",
     );
 }
+
+#[test]
+fn inspect_lists_the_live_pins_and_the_pins_each_compaction_carries() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_db(dir.path());
+    let d = db.to_str().unwrap();
+    let text = ok(&["inspect", "--db", d, "demo-42-0"]);
+    assert!(text.contains("pinned facts (live):"), "{text}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&["inspect", "--db", d, "demo-42-0", "--json"])).unwrap();
+    let pins = json["live_pins"].as_array().unwrap();
+    assert!(!pins.is_empty());
+    for p in pins {
+        assert!(text.contains(p["value"].as_str().unwrap()), "{p} not listed");
+    }
+    let carried = json["compactions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["pins_live"].as_i64())
+        .next()
+        .expect("a compaction with its pins counted");
+    assert!(text.contains(&format!(" pins {carried} ")), "{text}");
+}

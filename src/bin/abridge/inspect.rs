@@ -120,13 +120,14 @@ fn print_session(d: &inspect::SessionDetail) {
             previous = Some(c.up_to_turn_index);
         }
         println!(
-            "  up to turn {:>4}  {} attempts {} trigger {} tokens {} -> {}  {}",
+            "  up to turn {:>4}  {} attempts {} trigger {} tokens {} -> {} pins {}  {}",
             c.up_to_turn_index,
             pad(&c.status.to_string(), 9),
             c.attempts,
             pad(&c.trigger, 6),
             c.tokens_before.map_or("-".into(), |t| t.to_string()),
             c.tokens_after.map_or("-".into(), |t| t.to_string()),
+            c.pins_live.map_or("-".into(), |t| t.to_string()),
             abridge::compaction::truncate_chars(
                 &c.summary.clone().unwrap_or_default().replace('\n', " "),
                 60
@@ -135,5 +136,12 @@ fn print_session(d: &inspect::SessionDetail) {
         if close {
             println!("    ^ one turn after the previous compaction: the summary left no room");
         }
+    }
+    println!("\npinned facts (live):");
+    for p in &d.live_pins {
+        println!(
+            "  {}",
+            abridge::compaction::truncate_chars(p.line(true).trim_start_matches("- "), 100)
+        );
     }
 }
