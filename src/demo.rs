@@ -749,7 +749,9 @@ pub async fn run_demo(
                 rep.compactions_completed += k.compactions_completed;
                 rep.compactions_failed += k.compactions_failed;
                 rep.pins += crate::store::list_pins(c, s.id)?.len() as i64;
-                rep.pins_live += crate::store::live_pins(c, s.id, i64::MAX)?.len() as i64;
+                rep.pins_live +=
+                    crate::store::live_pins(c, s.id, i64::MAX, crate::pins::DEFAULT_PINS_WINDOW)?
+                        .len() as i64;
                 let rows = crate::store::list_compactions(c, s.id)?;
                 if let Some(newest) = rows
                     .iter()

@@ -143,15 +143,19 @@ pub fn pins(conn: &Connection, session: SessionId) -> Result<Vec<crate::pins::Pi
     store::list_pins(conn, session)
 }
 
-/// The pins live at turn `boundary`: every pin without a slot stated at or
-/// before it, and the newest value of each slot; what a compaction at that
-/// boundary carries (G8).
+/// The pins live at turn `boundary`: the newest value of each slot stated
+/// at or before it, every other fact not mentioned in passing, and the
+/// `window` newest of those that are ([`crate::pins::Fact::in_passing`]; the
+/// compactor uses [`crate::CompactionConfig::pins_window`], default
+/// [`crate::pins::DEFAULT_PINS_WINDOW`]); what a compaction at that boundary
+/// carries (G8).
 pub fn live_pins(
     conn: &Connection,
     session: SessionId,
     boundary: i64,
+    window: usize,
 ) -> Result<Vec<crate::pins::Pin>> {
-    store::live_pins(conn, session, boundary)
+    store::live_pins(conn, session, boundary, window)
 }
 
 /// The full, uncompacted transcript of a session, with compaction points marked.
@@ -291,7 +295,7 @@ pub fn session_detail(conn: &Connection, key: &str) -> Result<SessionDetail> {
         .collect::<Result<_>>()?;
     Ok(SessionDetail {
         compactions: store::list_compactions(conn, s.id)?,
-        live_pins: store::live_pins(conn, s.id, i64::MAX)?,
+        live_pins: store::live_pins(conn, s.id, i64::MAX, crate::pins::DEFAULT_PINS_WINDOW)?,
         summary: SessionSummary {
             counts: store::session_counts(conn, s.id)?,
             session: s,

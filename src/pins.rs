@@ -18,6 +18,11 @@ use regex::Regex;
 use serde::Serialize;
 use std::sync::LazyLock;
 
+/// How many of the newest facts mentioned in passing count as live
+/// ([`crate::CompactionConfig::pins_window`]'s default, and what `inspect`
+/// shows); see [`Fact::in_passing`].
+pub const DEFAULT_PINS_WINDOW: usize = 100;
+
 /// The heading of the block the guard appends to a summary.
 pub const BLOCK_HEADING: &str = "## Pinned facts";
 
@@ -163,6 +168,37 @@ impl Fact {
     pub fn label(&self) -> &str {
         self.slot.as_deref().unwrap_or(self.kind.as_str())
     }
+
+    /// Whether the fact, stated by `source`, is mentioned in passing: live
+    /// only while among the session's newest ones
+    /// ([`crate::CompactionConfig::pins_window`]; the user's and the tools'
+    /// and assistant's are counted apart). True for a fact without a
+    /// slot from a tool result or the assistant's text, and for an id, an
+    /// amount or a date the user mentions without naming what it is; false
+    /// for what the user states for a slot, rules, names, e-mail addresses,
+    /// paths, URLs, keys, and the host's pins, which stay live for good.
+    pub fn in_passing(&self, source: FactSource) -> bool {
+        in_passing(self.kind, self.slot.is_some(), source)
+    }
+}
+
+/// See [`Fact::in_passing`].
+fn in_passing(kind: FactKind, slotted: bool, source: FactSource) -> bool {
+    window_group(kind, slotted, source) != 0
+}
+
+/// The window a fact counts in: 0 none (live for good), 1 what tools and the
+/// assistant mention in passing, 2 what the user does (each window keeps its
+/// own newest ones, so a flood of tool ids never pushes out the user's).
+pub(crate) fn window_group(kind: FactKind, slotted: bool, source: FactSource) -> u8 {
+    if slotted {
+        return 0;
+    }
+    match source {
+        FactSource::Tool | FactSource::Assistant => 1,
+        FactSource::User if matches!(kind, FactKind::Id | FactKind::Amount | FactKind::Date) => 2,
+        FactSource::User | FactSource::Host => 0,
+    }
 }
 
 /// Finds the facts in a text. Called with every piece of a turn when the turn
@@ -205,19 +241,19 @@ static CALL_ME: LazyLock<Regex> = LazyLock::new(|| {
 });
 static RULE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r"(?i)\b(?:never|always|only|must|mustn't|do not|don't|does not|at most|at least|no more than|no later than|not allowed|make sure|avoid|required|forbidden|under no circumstances)\b",
+        r"(?i)(?-u:\b)(?:never|always|only|must|mustn't|do not|don't|does not|at most|at least|no more than|no later than|not allowed|make sure|avoid|required|forbidden|under no circumstances)(?-u:\b)",
     )
     .expect("static regex")
 });
 static AMOUNT: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r"(?:[$€£¥]\s?\d[\d,]*(?:\.\d+)?|\b\d[\d,]*(?:\.\d+)?\s?(?:EUR|USD|GBP|JPY|CHF|CAD|AUD|€|£|euros?\b|dollars?\b|pounds?\b))",
+        r"(?:[$€£¥]\s?\d[\d,]*(?:\.\d+)?|(?-u:\b)\d[\d,]*(?:\.\d+)?\s?(?:EUR|USD|GBP|JPY|CHF|CAD|AUD|€|£|euros?(?-u:\b)|dollars?(?-u:\b)|pounds?(?-u:\b)))",
     )
     .expect("static regex")
 });
 static DATE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r"(?i)\b(?:\d{4}-\d{2}-\d{2}|\d{1,2}/\d{1,2}/\d{2,4}|(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.?\s+\d{1,2}(?:st|nd|rd|th)?(?:,?\s+\d{4})?|\d{1,2}(?:st|nd|rd|th)?\s+(?:of\s+)?(?:january|february|march|april|may|june|july|august|september|october|november|december)(?:\s+\d{4})?)\b",
+        r"(?i)(?-u:\b)(?:\d{4}-\d{2}-\d{2}|\d{1,2}/\d{1,2}/\d{2,4}|(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.?\s+\d{1,2}(?:st|nd|rd|th)?(?:,?\s+\d{4})?|\d{1,2}(?:st|nd|rd|th)?\s+(?:of\s+)?(?:january|february|march|april|may|june|july|august|september|october|november|december)(?:\s+\d{4})?)(?-u:\b)",
     )
     .expect("static regex")
 });
@@ -710,6 +746,11 @@ impl Pin {
         self.slot.as_deref().unwrap_or(self.kind.as_str())
     }
 
+    /// Whether it was mentioned in passing ([`Fact::in_passing`]).
+    pub fn in_passing(&self) -> bool {
+        in_passing(self.kind, self.slot.is_some(), self.source)
+    }
+
     /// The pin as one line of the pinned-facts block: turn, label, value,
     /// the value it replaced, and (unless `bare`) its sentence.
     pub fn line(&self, bare: bool) -> String {
@@ -734,23 +775,21 @@ pub fn missing<'p>(pins: &'p [Pin], text: &str) -> Vec<&'p Pin> {
     pins.iter().filter(|p| !text.contains(&p.value)).collect()
 }
 
-/// The prefix of a block line listing the values of tool-sourced pins of one
-/// kind: `- [tools] id: tx_1, tx_2`.
-pub const TOOLS_LINE: &str = "- [tools] ";
+/// The prefix of a block line listing the values of the pins of one kind
+/// mentioned in passing: `- [in passing] id: tx_1, tx_2`.
+pub const PASSING_LINE: &str = "- [in passing] ";
 
 /// The block the guard appends for `missing` pins, and whether it had to
-/// exceed `budget_chars`. Pins stated by the user, the assistant or the host
-/// get a line each (turn, label, value, the value replaced, the sentence);
-/// values found in tool results are listed on one line per kind. Past the
+/// exceed `budget_chars`. A pin gets a line (turn, label, value, the value
+/// replaced, the sentence), except those mentioned in passing, whose values
+/// are listed on one line per kind. Past the
 /// budget, sentences are left out (the assistant's first, then the oldest);
 /// a live value never is. Empty when nothing is missing.
 pub fn render_block(missing: &[&Pin], budget_chars: usize) -> (String, bool) {
     if missing.is_empty() {
         return (String::new(), false);
     }
-    let (tools, stated): (Vec<&Pin>, Vec<&Pin>) = missing
-        .iter()
-        .partition(|p| p.source == FactSource::Tool && p.slot.is_none());
+    let (tools, stated): (Vec<&Pin>, Vec<&Pin>) = missing.iter().partition(|p| p.in_passing());
     let mut grouped: Vec<(FactKind, Vec<&str>)> = Vec::new();
     for p in &tools {
         match grouped.iter_mut().find(|(k, _)| *k == p.kind) {
@@ -760,38 +799,39 @@ pub fn render_block(missing: &[&Pin], budget_chars: usize) -> (String, bool) {
     }
     let tool_lines: Vec<String> = grouped
         .iter()
-        .map(|(k, values)| format!("{TOOLS_LINE}{}: {}", k.as_str(), values.join(", ")))
+        .map(|(k, values)| format!("{PASSING_LINE}{}: {}", k.as_str(), values.join(", ")))
         .collect();
-    // Which pins keep their sentence; dropped in this order when over budget.
+    // Each line with and without its sentence, measured once; sentences are
+    // dropped in this order while the block is over budget.
+    let full: Vec<String> = stated.iter().map(|p| p.line(false)).collect();
+    let bare: Vec<String> = stated.iter().map(|p| p.line(true)).collect();
+    let chars = |l: &String| l.chars().count() + 1; // with its newline
+    let mut total = BLOCK_HEADING.chars().count()
+        + full.iter().map(chars).sum::<usize>()
+        + tool_lines.iter().map(chars).sum::<usize>();
     let mut with_sentence = vec![true; stated.len()];
     let mut drop_order: Vec<usize> = (0..stated.len())
         .filter(|&i| stated[i].source == FactSource::Assistant)
         .collect();
     drop_order.extend((0..stated.len()).filter(|&i| stated[i].source != FactSource::Assistant));
-    let build = |with_sentence: &[bool]| {
-        let mut s = String::from(BLOCK_HEADING);
-        for (p, keep) in stated.iter().zip(with_sentence) {
-            s.push('\n');
-            s.push_str(&p.line(!keep));
+    for i in drop_order {
+        if total <= budget_chars {
+            break;
         }
-        for l in &tool_lines {
-            s.push('\n');
-            s.push_str(l);
-        }
-        s
-    };
-    let mut block = build(&with_sentence);
-    let mut next = drop_order.into_iter();
-    while block.chars().count() > budget_chars {
-        match next.next() {
-            Some(i) => {
-                with_sentence[i] = false;
-                block = build(&with_sentence);
-            }
-            None => return (block, true),
-        }
+        with_sentence[i] = false;
+        total -= chars(&full[i]) - chars(&bare[i]);
     }
-    (block, false)
+    let mut block = String::with_capacity(total);
+    block.push_str(BLOCK_HEADING);
+    for (i, keep) in with_sentence.iter().enumerate() {
+        block.push('\n');
+        block.push_str(if *keep { &full[i] } else { &bare[i] });
+    }
+    for l in &tool_lines {
+        block.push('\n');
+        block.push_str(l);
+    }
+    (block, total > budget_chars)
 }
 
 #[cfg(test)]
@@ -967,7 +1007,7 @@ mod tests {
     }
 
     #[test]
-    fn tool_values_share_a_line_per_kind_and_sentences_go_assistant_first() {
+    fn values_in_passing_share_a_line_per_kind_and_the_oldest_sentences_go_first() {
         let pin = |id, source, kind, slot: Option<&str>, v: &str| Pin {
             id,
             turn_index: id,
@@ -983,20 +1023,21 @@ mod tests {
             pin(1, FactSource::User, FactKind::Stated, Some("size"), "M"),
             pin(2, FactSource::Tool, FactKind::Id, None, "tx_1"),
             pin(3, FactSource::Assistant, FactKind::Amount, None, "9 EUR"),
-            pin(4, FactSource::Tool, FactKind::Id, None, "tx_2"),
-            pin(5, FactSource::Tool, FactKind::Date, None, "2026-01-02"),
+            pin(4, FactSource::User, FactKind::Id, None, "ORD-4"),
+            pin(5, FactSource::User, FactKind::Stated, Some("colour"), "red"),
+            pin(6, FactSource::Tool, FactKind::Date, None, "2026-01-02"),
         ];
         let m: Vec<&Pin> = pins.iter().collect();
         let (b, over) = render_block(&m, 1_000);
         assert_eq!(
             b,
-            "## Pinned facts\n- [turn 1] size: M | \"said M\"\n- [turn 3] amount: 9 EUR | \"said 9 EUR\"\n\
-             - [tools] id: tx_1, tx_2\n- [tools] date: 2026-01-02"
+            "## Pinned facts\n- [turn 1] size: M | \"said M\"\n- [turn 5] colour: red | \"said red\"\n\
+             - [in passing] id: tx_1, ORD-4\n- [in passing] amount: 9 EUR\n- [in passing] date: 2026-01-02"
         );
         assert!(!over);
         let (b, _) = render_block(&m, b.chars().count() - 1);
         assert!(
-            b.contains("size: M | \"said M\"") && !b.contains("said 9 EUR"),
+            b.contains("colour: red | \"said red\"") && !b.contains("said M"),
             "{b}"
         );
     }

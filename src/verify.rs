@@ -220,7 +220,10 @@ fn pins_carried(
         .filter(|c| c.status == CompactionStatus::Completed && c.pins_live.is_some())
     {
         let summary = c.summary.as_deref().unwrap_or("");
-        for pin in store::live_pins(conn, c.session_id, c.up_to_turn_index)? {
+        let window = c
+            .pins_window
+            .map_or(crate::pins::DEFAULT_PINS_WINDOW, |w| w.max(0) as usize);
+        for pin in store::live_pins(conn, c.session_id, c.up_to_turn_index, window)? {
             checked += 1;
             if !summary.contains(&pin.value) {
                 lost.push(format!(

@@ -859,7 +859,10 @@ fn inspect_lists_the_live_pins_and_the_pins_each_compaction_carries() {
     let pins = json["live_pins"].as_array().unwrap();
     assert!(!pins.is_empty());
     for p in pins {
-        assert!(text.contains(p["value"].as_str().unwrap()), "{p} not listed");
+        assert!(
+            text.contains(p["value"].as_str().unwrap()),
+            "{p} not listed"
+        );
     }
     let carried = json["compactions"]
         .as_array()

@@ -31,9 +31,13 @@ async fn g8_the_guard_keeps_every_fact_whatever_the_summariser() {
             o.compactions
         );
         assert_eq!(o.visible, o.facts, "{which:?} lost {:?}", o.lost);
-        assert_eq!(
-            o.tool_ids_visible, o.tool_ids,
-            "{which:?}: ids from tools lost"
+        // The ids from tools are mentioned in passing: the newest
+        // `pins_window` (100) of them stay live, older ones leave.
+        assert!(
+            o.tool_ids_visible >= 100.min(o.tool_ids),
+            "{which:?}: {}/{} ids from tools visible",
+            o.tool_ids_visible,
+            o.tool_ids
         );
         assert!(o.verified, "{which:?}: verify failed");
     }
@@ -179,7 +183,9 @@ async fn a_newer_value_supersedes_the_older_one_and_the_block_says_so() {
     assert_eq!(budget.len(), 2, "{pins:#?}");
     assert_eq!(budget[1].supersedes, Some(budget[0].id));
     let live = store
-        .with_conn(move |c| abridge::inspect::live_pins(c, s.id, i64::MAX))
+        .with_conn(move |c| {
+            abridge::inspect::live_pins(c, s.id, i64::MAX, abridge::pins::DEFAULT_PINS_WINDOW)
+        })
         .unwrap();
     assert!(live.iter().any(|p| p.value == "1,250 EUR"));
     assert!(!live.iter().any(|p| p.value == "1,000 EUR"), "{live:#?}");
@@ -521,4 +527,123 @@ async fn keep_recent_tokens_keeps_the_newest_turns_that_fit() {
             turns.len()
         );
     }
+}
+
+/// The pins live at a boundary are read through an index: a slot changed in
+/// every one of 300 turns costs the read no more than one changed 30 times
+/// (SQLite virtual-machine steps, counted by a progress handler).
+#[tokio::test]
+async fn reading_the_live_pins_does_not_walk_every_value_a_slot_had() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(&path).unwrap();
+    let r = Runner::builder(store.clone(), Arc::new(Plain))
+        .config(RunnerConfig::default().with_owner("slots"))
+        .compaction(CompactionConfig::default().with_compact_at(Threshold::Off))
+        .build()
+        .unwrap();
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    let cost = |store: &Store| {
+        let sid = s.id;
+        store
+            .with_conn(move |c| {
+                let steps = Arc::new(AtomicUsize::new(0));
+                let counter = steps.clone();
+                c.progress_handler(
+                    10,
+                    Some(move || {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        false
+                    }),
+                )?;
+                let live = abridge::inspect::live_pins(
+                    c,
+                    sid,
+                    i64::MAX,
+                    abridge::pins::DEFAULT_PINS_WINDOW,
+                )?;
+                c.progress_handler(0, None::<fn() -> bool>)?;
+                assert_eq!(
+                    live.iter()
+                        .filter(|p| p.slot.as_deref() == Some("size"))
+                        .count(),
+                    1
+                );
+                Ok(steps.load(Ordering::SeqCst))
+            })
+            .unwrap()
+    };
+    let mut at_30 = 0;
+    for t in 0..300 {
+        r.run_turn(s.id, &format!("My size is EU {t}."))
+            .await
+            .unwrap();
+        if t == 29 {
+            at_30 = cost(&store);
+            assert!(at_30 > 0);
+        }
+    }
+    let at_300 = cost(&store);
+    assert!(
+        at_300 <= at_30 + 2,
+        "reading the live pins took {at_300} progress ticks at 300 values, {at_30} at 30"
+    );
+}
+
+/// Numbers each call: a new id every time.
+struct Counter(AtomicUsize);
+
+#[async_trait::async_trait]
+impl Tool for Counter {
+    async fn call(&self, _: &ToolCall) -> Result<Value, ToolError> {
+        let n = self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(Value::String(format!("created ticket TK-{n:04}X")))
+    }
+}
+
+/// Facts found in tool results stay live only while among the newest
+/// `pins_window`: a tool-heavy session keeps a bounded summary, the newest
+/// ids are carried, older ones leave, and G8 (checked against the window the
+/// compaction recorded) holds.
+#[tokio::test]
+async fn facts_mentioned_in_passing_are_live_within_a_window_so_the_summary_stays_bounded() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(&path).unwrap();
+    let spec = ToolSpec {
+        name: "logs".into(),
+        description: "tickets".into(),
+        input_schema: json!({"type": "object"}),
+    };
+    let mut cfg = small_threshold();
+    cfg.pins_window = 3;
+    let r = Runner::builder(store.clone(), Arc::new(Plain))
+        .tools(Tools::new().idempotent(spec, Counter(AtomicUsize::new(0))))
+        .summariser_arc(Arc::new(Forgets))
+        .config(RunnerConfig::default().with_owner("window"))
+        .compaction(cfg)
+        .build()
+        .unwrap();
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    r.run_turn(s.id, &padded("My loyalty card is LC-4471-XZ."))
+        .await
+        .unwrap();
+    for _ in 0..12 {
+        r.run_turn(s.id, &padded("logs please")).await.unwrap();
+    }
+    let row = newest_summary(&store, s.id).await;
+    assert_eq!(row.pins_window, Some(3));
+    let summary = row.summary.unwrap();
+    assert!(
+        summary.contains("LC-4471-XZ"),
+        "the user's fact stays: {summary}"
+    );
+    let newest = row.up_to_turn_index as usize; // one ticket per turn 1..
+    for n in (newest - 3)..newest {
+        assert!(
+            summary.contains(&format!("TK-{n:04}X")),
+            "TK-{n:04}X: {summary}"
+        );
+    }
+    assert!(!summary.contains("TK-0000X"), "an old id stayed: {summary}");
+    let report = store.verify(Vec::new()).await.unwrap();
+    assert!(report.ok, "{report:#?}");
 }

@@ -276,7 +276,9 @@ fn a_store_from_before_pins_gets_its_facts_pinned_when_migrated() {
     let sessions = store.with_conn(|c| abridge::inspect::sessions(c)).unwrap();
     let first = sessions[0].session.id;
     let live = store
-        .with_conn(move |c| abridge::inspect::live_pins(c, first, i64::MAX))
+        .with_conn(move |c| {
+            abridge::inspect::live_pins(c, first, i64::MAX, abridge::pins::DEFAULT_PINS_WINDOW)
+        })
         .unwrap();
     assert!(
         live.iter().any(|p| p.value.starts_with("ORD-100")),

@@ -226,6 +226,32 @@ fn g6_the_schema_refuses_deleting_history_and_changing_finished_rows() {
     )
     .unwrap();
     assert_eq!(counts(&c)[4], 9);
+    // Pins: never deleted, never changed, marked superseded once.
+    c.execute_batch(
+        "INSERT INTO pins (session_id, turn_index, kind, slot, value, sentence, source, created_at) \
+         VALUES (1, 0, 'stated', 'size', 'M', 'my size is M', 'user', 0), \
+                (1, 1, 'stated', 'size', 'L', 'my size is L', 'user', 0)",
+    )
+    .unwrap();
+    let (m, l): (i64, i64) = c
+        .query_row(
+            "SELECT min(id), max(id) FROM pins WHERE slot = 'size'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    refused(&format!("DELETE FROM pins WHERE id = {m}"));
+    refused(&format!("UPDATE pins SET value = 'S' WHERE id = {m}"));
+    refused(&format!(
+        "UPDATE pins SET superseded_by = {l} WHERE id = {m}"
+    ));
+    c.execute_batch(&format!(
+        "UPDATE pins SET superseded_by = {l}, superseded_at = 1 WHERE id = {m}"
+    ))
+    .unwrap();
+    refused(&format!(
+        "UPDATE pins SET superseded_by = {m}, superseded_at = 0 WHERE id = {m}"
+    ));
 }
 
 #[test]

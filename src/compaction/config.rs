@@ -210,6 +210,15 @@ pub struct CompactionConfig {
     /// [`crate::EventKind::PinsOverBudget`] event is sent (every live pin is
     /// kept regardless). Default 4,000.
     pub pins_budget_chars: usize,
+    /// How many of the newest facts *mentioned in passing* count as live
+    /// pins: facts without a slot found in tool results or the assistant's
+    /// text, and identifiers, amounts and dates the user mentions without
+    /// naming what they are. What the user states for a slot ("my order
+    /// number is..."), rules, names, addresses, paths, keys, URLs and the
+    /// host's pins always stay live. Keeps a long, tool-heavy session's
+    /// summary bounded. Recorded on each compaction. Default
+    /// [`crate::pins::DEFAULT_PINS_WINDOW`] (100).
+    pub pins_window: usize,
     /// The pins guard (G8): a summary as stored carries every live pin its
     /// text lacks. Default true. Off, nothing checks what a summary keeps and
     /// `verify` does not check G8 for the compactions made so (their
@@ -253,6 +262,7 @@ impl Default for CompactionConfig {
             on_failure: FailurePolicy::ProceedUncompacted,
             pins_budget_chars: 4_000,
             guard_pins: true,
+            pins_window: crate::pins::DEFAULT_PINS_WINDOW,
             reask_missing_pins: false,
         }
     }

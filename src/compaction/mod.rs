@@ -624,6 +624,7 @@ impl Compactor {
     /// summarises.
     async fn load_span(&self, row: &CompactionRow) -> Result<Span> {
         let (sid, b, prev_id) = (row.session_id, row.up_to_turn_index, row.previous_id);
+        let window = self.config.pins_window;
         self.store
             .call(move |c| {
                 let prev = match prev_id {
@@ -632,7 +633,7 @@ impl Compactor {
                 };
                 let after = prev.as_ref().map_or(-1, |p| p.up_to_turn_index);
                 let turns = store::load_history(c, sid, after, b, i64::MAX)?;
-                let pins = store::live_pins(c, sid, b)?;
+                let pins = store::live_pins(c, sid, b, window)?;
                 Ok(Span { prev, turns, pins })
             })
             .await
@@ -802,6 +803,9 @@ impl Compactor {
                                 summary_calls: calls,
                                 pins_live: cfg.guard_pins.then_some(pins.len() as i64),
                                 pins_added: cfg.guard_pins.then_some(pins_added as i64),
+                                pins_window: cfg
+                                    .guard_pins
+                                    .then(|| i64::try_from(cfg.pins_window).unwrap_or(i64::MAX)),
                             },
                         ));
                     }

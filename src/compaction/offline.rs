@@ -16,10 +16,11 @@
 use super::summarise::{Summariser, SummaryRequest, SummaryResponse};
 use crate::message::Usage;
 use crate::model::ModelError;
-use crate::pins::{FactKind, FactSource, PinExtractor, RuleExtractor, BLOCK_HEADING, TOOLS_LINE};
+use crate::pins::{FactKind, FactSource, PinExtractor, RuleExtractor, BLOCK_HEADING, PASSING_LINE};
 use crate::text::truncate_chars;
 use async_trait::async_trait;
 use regex::Regex;
+use std::collections::HashSet;
 use std::sync::LazyLock;
 
 /// The offline extractive summariser.
@@ -98,6 +99,10 @@ struct Sections {
     tool_results: Vec<String>,
     tool_ids: Vec<String>,
     requests: Vec<String>,
+    /// Values in `facts`, and `tool_ids`: a value is listed once (found in
+    /// constant time, so a summary of thousands of facts is built in one pass).
+    fact_values: HashSet<String>,
+    tool_id_set: HashSet<String>,
 }
 
 impl Sections {
@@ -108,25 +113,34 @@ impl Sections {
             if let Some(i) = self
                 .facts
                 .iter()
-                .position(|x| x.slotted && x.label == f.label)
+                .rposition(|x| x.slotted && x.label == f.label)
             {
                 if self.facts[i].value == f.value {
                     return;
                 }
                 let old = self.facts.remove(i);
+                self.fact_values.remove(&old.value);
                 self.superseded.push(format!(
                     "- [turn {}] {}: {} (superseded at turn {})",
                     old.turn, old.label, old.value, f.turn
                 ));
                 let mut f = f;
                 f.replaces = Some(old.value);
+                self.fact_values.insert(f.value.clone());
                 self.facts.push(f);
                 return;
             }
-        } else if self.facts.iter().any(|x| x.value == f.value) {
+        } else if self.fact_values.contains(&f.value) {
             return;
         }
+        self.fact_values.insert(f.value.clone());
         self.facts.push(f);
+    }
+
+    fn add_tool_id(&mut self, v: &str) {
+        if self.tool_id_set.insert(v.to_string()) {
+            self.tool_ids.push(v.to_string());
+        }
     }
 
     fn parse_previous(prev: &str) -> Sections {
@@ -158,15 +172,13 @@ impl Sections {
                 Some(FACTS) | Some(BLOCK_HEADING) => match parse_fact(line) {
                     Some(f) => s.add_fact(f),
                     None => match line
-                        .strip_prefix(TOOLS_LINE)
+                        .strip_prefix(PASSING_LINE)
                         .and_then(|l| l.split_once(": "))
                     {
                         // Values the guard carried from tool results.
                         Some((_, values)) => {
                             for v in values.split(", ").filter(|v| !v.is_empty()) {
-                                if !s.tool_ids.iter().any(|x| x == v) {
-                                    s.tool_ids.push(v.to_string());
-                                }
+                                s.add_tool_id(v);
                             }
                         }
                         None if !line.trim().is_empty() => s.earlier.push(line.to_string()),
@@ -179,11 +191,11 @@ impl Sections {
                 Some(FOCUS) | Some(OPEN) => {}
                 Some(COMMITMENTS) => push_item(&mut s.commitments, line),
                 Some(TOOL_RESULTS) => push_item(&mut s.tool_results, line),
-                Some(TOOL_IDS) => s.tool_ids.extend(
-                    line.split(", ")
-                        .filter(|w| !w.trim().is_empty())
-                        .map(str::to_string),
-                ),
+                Some(TOOL_IDS) => {
+                    for v in line.split(", ").filter(|w| !w.trim().is_empty()) {
+                        s.add_tool_id(v);
+                    }
+                }
                 Some(REQUESTS) => push_item(&mut s.requests, line),
                 _ => s.earlier.push(line.to_string()),
             }
@@ -307,9 +319,7 @@ pub fn extract(request: &SummaryRequest) -> String {
         {
             let error = e.body.starts_with("tool error ");
             for f in RuleExtractor.extract(t, FactSource::Tool) {
-                if !sec.tool_ids.contains(&f.value) {
-                    sec.tool_ids.push(f.value);
-                }
+                sec.add_tool_id(&f.value);
             }
             let kind = if error { "error " } else { "" };
             sec.tool_results
@@ -381,6 +391,7 @@ pub fn extract(request: &SummaryRequest) -> String {
             }
             !drop
         });
+        sec.fact_values = sec.facts.iter().map(|f| f.value.clone()).collect();
     }
     keep_newest(&mut sec.superseded, MAX_SUPERSEDED);
     keep_newest(&mut sec.commitments, MAX_COMMITMENTS);

@@ -116,7 +116,7 @@ pub fn preview(
             tokens_before: row.tokens_before.unwrap_or(0).max(0) as u64,
             expected_tokens_after: row.tokens_after.unwrap_or(0).max(0) as u64,
             summary_cap_chars: config.summary_chars(&session.model),
-            pins: store::live_pins(c, session_id, plan.boundary)?,
+            pins: store::live_pins(c, session_id, plan.boundary, config.pins_window)?,
             already_compacted: Some(row.id),
         });
     }
@@ -126,7 +126,7 @@ pub fn preview(
     };
     let after = prev.as_ref().map_or(-1, |p| p.up_to_turn_index);
     let turns = store::load_history(c, session_id, after, plan.boundary, i64::MAX)?;
-    let pins = store::live_pins(c, session_id, plan.boundary)?;
+    let pins = store::live_pins(c, session_id, plan.boundary, config.pins_window)?;
     let tokens_before = replaced_tokens(config, prev.as_ref(), &turns)?;
     let cap = config.summary_chars(&session.model);
     let cfg = config;

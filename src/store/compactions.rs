@@ -57,6 +57,8 @@ pub struct CompactionStats {
     pub pins_live: Option<i64>,
     /// Pins the guard appended.
     pub pins_added: Option<i64>,
+    /// How many of the newest facts mentioned in passing counted as live.
+    pub pins_window: Option<i64>,
 }
 
 pub(crate) fn get_compaction(conn: &Connection, id: CompactionId) -> Result<CompactionRow> {
@@ -236,7 +238,8 @@ pub(crate) fn complete_compaction(
     let sql = "UPDATE compactions SET status = 'completed', summary = ?1, summary_sha256 = ?11, \
          model = ?2, prompt_sha256 = ?3, tokens_before = ?4, tokens_after = ?5, input_tokens = ?6, \
          output_tokens = ?7, summary_calls = ?8, completed_at = ?9, lease_expires_at = NULL, \
-         error = NULL, pins_live = ?12, pins_added = ?13 WHERE id = ?10 AND status = 'pending'";
+         error = NULL, pins_live = ?12, pins_added = ?13, pins_window = ?14 \
+         WHERE id = ?10 AND status = 'pending'";
     let n = tx.prepare_cached(sql)?.execute(params![
         summary,
         stats.model,
@@ -250,7 +253,8 @@ pub(crate) fn complete_compaction(
         id,
         crate::message::sha256_hex(summary.as_bytes()),
         stats.pins_live,
-        stats.pins_added
+        stats.pins_added,
+        stats.pins_window
     ])?;
     let row = get_compaction(&tx, id)?;
     tx.commit()?;

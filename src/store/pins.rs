@@ -71,10 +71,11 @@ pub(crate) fn record_facts(
                 }
             }
         };
-        written += conn
+        let n = conn
             .prepare_cached(
                 "INSERT OR IGNORE INTO pins (session_id, turn_index, kind, slot, value, sentence, \
-                 source, supersedes, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                 source, supersedes, windowed, created_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             )?
             .execute(params![
                 session_id,
@@ -85,8 +86,17 @@ pub(crate) fn record_facts(
                 f.sentence,
                 source.as_str(),
                 supersedes,
+                crate::pins::window_group(f.kind, f.slot.is_some(), source),
                 now
             ])?;
+        if let (1, Some(old)) = (n, supersedes) {
+            conn.prepare_cached(
+                "UPDATE pins SET superseded_by = ?1, superseded_at = ?2 \
+                 WHERE id = ?3 AND superseded_by IS NULL",
+            )?
+            .execute(params![conn.last_insert_rowid(), turn_index, old])?;
+        }
+        written += n;
     }
     Ok(written)
 }
@@ -143,20 +153,37 @@ pub(crate) fn pin_host_fact(conn: &Connection, session_id: SessionId, fact: &Fac
     Ok(next)
 }
 
-/// The live pins stated at or before turn `boundary`: every pin without a
-/// slot, and the newest of each slot; in the order they were stated.
+/// The live pins stated at or before turn `boundary`, in the order they were
+/// stated: the newest value of each slot, every other fact that is not
+/// mentioned in passing, and the `window` newest of those that are, counted
+/// apart for the user and for the tools and the assistant
+/// ([`Fact::in_passing`](crate::pins::Fact::in_passing)). Read through the
+/// `pins_live` index: never every value a slot ever had, nor every id a tool
+/// ever returned.
 pub(crate) fn live_pins(
     conn: &Connection,
     session_id: SessionId,
     boundary: i64,
+    window: usize,
 ) -> Result<Vec<Pin>> {
     let mut st = conn.prepare_cached(&format!(
-        "SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 AND p.turn_index <= ?2 \
-         AND (p.slot IS NULL OR p.id = (SELECT max(q.id) FROM pins q WHERE q.session_id = ?1 \
-              AND q.slot = p.slot AND q.turn_index <= ?2)) \
-         ORDER BY p.id"
+        "SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 AND p.windowed = 0 \
+         AND p.superseded_at IS NULL AND p.turn_index <= ?2 \
+         UNION ALL \
+         SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 AND p.windowed = 0 \
+         AND p.superseded_at > ?2 AND p.turn_index <= ?2 \
+         UNION ALL \
+         SELECT * FROM (SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 \
+         AND p.windowed = 1 AND p.superseded_at IS NULL AND p.turn_index <= ?2 \
+         ORDER BY p.turn_index DESC, p.id DESC LIMIT ?3) \
+         UNION ALL \
+         SELECT * FROM (SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 \
+         AND p.windowed = 2 AND p.superseded_at IS NULL AND p.turn_index <= ?2 \
+         ORDER BY p.turn_index DESC, p.id DESC LIMIT ?3) \
+         ORDER BY 1"
     ))?;
-    let rows = st.query_map(params![session_id, boundary], pin_from_row)?;
+    let window = i64::try_from(window).unwrap_or(i64::MAX);
+    let rows = st.query_map(params![session_id, boundary, window], pin_from_row)?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 

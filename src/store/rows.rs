@@ -340,13 +340,15 @@ pub struct CompactionRow {
     pub pins_live: Option<i64>,
     /// Of those, how many the guard appended (the summariser's text lacked them).
     pub pins_added: Option<i64>,
+    /// How many of the newest facts mentioned in passing counted as live.
+    pub pins_window: Option<i64>,
 }
 
 impl CompactionRow {
     pub(crate) const COLUMNS: &'static str = "id, session_id, up_to_turn_index, up_to_turn_id, \
          previous_id, status, summary, summary_sha256, trigger, focus, attempts, lease_owner, lease_expires_at, \
          model, prompt_sha256, trigger_tokens, tokens_before, tokens_after, input_tokens, \
-         output_tokens, summary_calls, error, created_at, completed_at, pins_live, pins_added";
+         output_tokens, summary_calls, error, created_at, completed_at, pins_live, pins_added, pins_window";
     pub(crate) fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
         Ok(CompactionRow {
             id: r.get(0)?,
@@ -375,6 +377,7 @@ impl CompactionRow {
             completed_at: r.get(23)?,
             pins_live: r.get(24)?,
             pins_added: r.get(25)?,
+            pins_window: r.get(26)?,
         })
     }
 }
