@@ -16,6 +16,7 @@
 use crate::text::truncate_chars;
 use regex::Regex;
 use serde::Serialize;
+use std::collections::HashSet;
 use std::sync::LazyLock;
 
 /// How many of the newest facts mentioned in passing count as live
@@ -378,11 +379,16 @@ pub fn sentences(text: &str) -> Vec<&str> {
 /// `value` with up to `n` chars of `text` on each side (cut between
 /// grapheme clusters), or `value` alone when it is not in `text`.
 fn around(text: &str, value: &str, n: usize) -> String {
-    let Some(at) = text.find(value) else {
-        return value.to_string();
-    };
-    let before = &text[..at];
-    let after = &text[at + value.len()..];
+    match text.find(value) {
+        Some(at) => around_at(text, at, value.len(), n),
+        None => value.to_string(),
+    }
+}
+
+/// The `len` bytes of `text` at byte `at` with up to `n` chars on each side.
+fn around_at(text: &str, at: usize, len: usize, n: usize) -> String {
+    let (before, rest) = text.split_at(at);
+    let (value, after) = rest.split_at(len);
     let head = &before[crate::text::tail_cut(before, n)..];
     let tail = truncate_chars(after, n);
     format!(
@@ -570,25 +576,23 @@ fn is_bare_number(w: &str) -> bool {
 }
 
 impl RuleExtractor {
-    fn sentence_facts(sentence: &str, source: FactSource, out: &mut Vec<Fact>) {
+    fn sentence_facts(sentence: &str, source: FactSource, out: &mut Found) {
         let user = source == FactSource::User;
         let kept = truncate_chars(sentence, MAX_SENTENCE_CHARS);
-        let mut carried: Vec<String> = Vec::new();
-        let push = |out: &mut Vec<Fact>, kind, slot: Option<String>, value: String| {
-            if !out.iter().any(|f| f.value == value && f.slot == slot) {
-                // A tool's result is no sentence: the words around the value.
-                let sentence = if source == FactSource::Tool {
-                    around(sentence, &value, 40)
-                } else {
-                    kept.clone()
-                };
-                out.push(Fact {
-                    kind,
-                    slot,
-                    value,
-                    sentence,
-                });
-            }
+        // What this sentence's facts already carry: values (a token equal to
+        // one is not pinned again) and the stated values and rules a token
+        // may sit inside (few per sentence).
+        let mut carried: HashSet<String> = HashSet::new();
+        let mut long: Vec<String> = Vec::new();
+        let inside = |v: &str, carried: &HashSet<String>, long: &[String]| {
+            carried.contains(v) || long.iter().any(|c| c.contains(v))
+        };
+        // The sentence of a fact: the sentence itself, or for a tool's result
+        // (no sentence) the words around the value at `at` (a byte offset).
+        let sentence_of = |value: &str, at: Option<usize>| match (source, at) {
+            (FactSource::Tool, Some(at)) => around_at(sentence, at, value.len(), 40),
+            (FactSource::Tool, None) => around(sentence, value, 40),
+            _ => kept.clone(),
         };
         if user {
             for re in [&*CHANGED, &*STATED] {
@@ -599,8 +603,8 @@ impl RuleExtractor {
                     let personal = !c[1].eq_ignore_ascii_case("the");
                     if !vague_slot(&slot) && (personal || known_slot(&slot)) {
                         if let Some(v) = stated_value(&c[3]) {
-                            carried.push(v.clone());
-                            push(out, FactKind::Stated, Some(slot), v);
+                            long.push(v.clone());
+                            out.push(FactKind::Stated, Some(slot), v, kept.clone());
                             break;
                         }
                     }
@@ -608,29 +612,29 @@ impl RuleExtractor {
             }
             if let Some(c) = CALL_ME.captures(sentence) {
                 let v = c[1].to_string();
-                if !carried.iter().any(|x| x.contains(&v)) {
-                    carried.push(v.clone());
-                    push(out, FactKind::Stated, Some("name".into()), v);
+                if !inside(&v, &carried, &long) {
+                    long.push(v.clone());
+                    out.push(FactKind::Stated, Some("name".into()), v, kept.clone());
                 }
             }
             if RULE.is_match(sentence) {
-                carried.push(kept.clone());
-                push(out, FactKind::Rule, None, kept.clone());
+                long.push(kept.clone());
+                out.push(FactKind::Rule, None, kept.clone(), kept.clone());
             }
         }
-        let inside = |v: &str, carried: &[String]| carried.iter().any(|c| c.contains(v));
-        for m in DATE.find_iter(sentence) {
-            let v = m.as_str().to_string();
-            if !inside(&v, &carried) {
-                carried.push(v.clone());
-                push(out, FactKind::Date, None, v);
-            }
-        }
-        for m in AMOUNT.find_iter(sentence) {
-            let v = m.as_str().trim().to_string();
-            if !inside(&v, &carried) {
-                carried.push(v.clone());
-                push(out, FactKind::Amount, None, v);
+        // Byte offset of a sub-slice of `sentence` within it.
+        let offset = |w: &str| w.as_ptr() as usize - sentence.as_ptr() as usize;
+        for (kind, re) in [(FactKind::Date, &*DATE), (FactKind::Amount, &*AMOUNT)] {
+            for m in re.find_iter(sentence) {
+                if out.full() {
+                    return;
+                }
+                let v = m.as_str().trim();
+                if !inside(v, &carried, &long) {
+                    carried.insert(v.to_string());
+                    let sentence = sentence_of(v, Some(offset(v)));
+                    out.push(kind, None, v.to_string(), sentence);
+                }
             }
         }
         let words: Vec<&str> = sentence
@@ -640,14 +644,18 @@ impl RuleExtractor {
         let mut name: Vec<&str> = Vec::new();
         let mut names: Vec<String> = Vec::new();
         for (i, raw) in words.iter().enumerate() {
+            if out.full() {
+                return;
+            }
             let w = trim_token(raw);
             if w.starts_with("http://") || w.starts_with("https://") {
                 let url = raw
                     .trim_start_matches(['"', '\'', '(', '<', '['])
                     .trim_end_matches(['"', '\'', ')', '>', ']', ',', '.', ';', '!', '?']);
-                if !inside(url, &carried) {
-                    carried.push(url.to_string());
-                    push(out, FactKind::Url, None, url.to_string());
+                if !inside(url, &carried, &long) {
+                    carried.insert(url.to_string());
+                    let sentence = sentence_of(url, Some(offset(url)));
+                    out.push(FactKind::Url, None, url.to_string(), sentence);
                 }
             } else {
                 // key=value (a log line, a setting): each side on its own.
@@ -663,12 +671,13 @@ impl RuleExtractor {
                     } else {
                         continue;
                     };
-                    if !inside(part, &carried) {
-                        carried.push(part.to_string());
+                    if !inside(part, &carried, &long) {
+                        carried.insert(part.to_string());
                         // "postal code 80273": a value right after a slot's
                         // name fills that slot (the user's words only).
                         let slot = user.then(|| slot_before(&words[..i])).flatten();
-                        push(out, kind, slot, part.to_string());
+                        let sentence = sentence_of(part, Some(offset(part)));
+                        out.push(kind, slot, part.to_string(), sentence);
                     }
                 }
             }
@@ -699,21 +708,61 @@ impl RuleExtractor {
             names.push(name.join(" "));
         }
         for v in names {
-            if !inside(&v, &carried) {
-                carried.push(v.clone());
-                push(out, FactKind::Name, None, v);
+            if !inside(&v, &carried, &long) {
+                carried.insert(v.clone());
+                out.push(FactKind::Name, None, v, kept.clone());
             }
         }
     }
 }
 
+/// The facts found in one text, each (slot, value) once, at most
+/// [`MAX_FACTS_PER_TEXT`].
+struct Found {
+    facts: Vec<Fact>,
+    seen: HashSet<(Option<String>, String)>,
+}
+
+/// Most facts one turn pins: its user's first, then the assistant's and the
+/// tools' in order. A tool result listing a hundred thousand ids pins the
+/// first ones, not all (only the newest `pins_window` of those are live).
+pub const MAX_PINS_PER_TURN: usize = 1_000;
+
+/// Most facts the built-in extractor returns for one text (a tool result
+/// listing a hundred thousand ids gives its first ones).
+pub const MAX_FACTS_PER_TEXT: usize = 1_000;
+
+impl Found {
+    fn full(&self) -> bool {
+        self.facts.len() >= MAX_FACTS_PER_TEXT
+    }
+
+    fn push(&mut self, kind: FactKind, slot: Option<String>, value: String, sentence: String) {
+        if self.full() || !self.seen.insert((slot.clone(), value.clone())) {
+            return;
+        }
+        self.facts.push(Fact {
+            kind,
+            slot,
+            value,
+            sentence,
+        });
+    }
+}
+
 impl PinExtractor for RuleExtractor {
     fn extract(&self, text: &str, source: FactSource) -> Vec<Fact> {
-        let mut out = Vec::new();
+        let mut out = Found {
+            facts: Vec::new(),
+            seen: HashSet::new(),
+        };
         for s in sentences(text) {
+            if out.full() {
+                break;
+            }
             RuleExtractor::sentence_facts(s, source, &mut out);
         }
-        out
+        out.facts
     }
 }
 

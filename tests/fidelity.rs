@@ -647,3 +647,48 @@ async fn facts_mentioned_in_passing_are_live_within_a_window_so_the_summary_stay
     let report = store.verify(Vec::new()).await.unwrap();
     assert!(report.ok, "{report:#?}");
 }
+
+/// 2 MB of tool result listing 150,000 ids.
+struct Flood;
+
+#[async_trait::async_trait]
+impl Tool for Flood {
+    async fn call(&self, _: &ToolCall) -> Result<Value, ToolError> {
+        let ids: Vec<String> = (0..150_000).map(|i| format!("id{i:06}x")).collect();
+        Ok(Value::String(ids.join(" ")))
+    }
+}
+
+/// A tool result listing 150,000 ids pins at most `MAX_PINS_PER_TURN` of
+/// them, the user's facts first; the turn completes and verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_ids_in_one_result_pins_a_bounded_number() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(&path).unwrap();
+    let spec = ToolSpec {
+        name: "logs".into(),
+        description: "flood".into(),
+        input_schema: json!({"type": "object"}),
+    };
+    let r = Runner::builder(store.clone(), Arc::new(Plain))
+        .tools(Tools::new().idempotent(spec, Flood))
+        .config(RunnerConfig::default().with_owner("flood"))
+        .compaction(CompactionConfig::default().with_compact_at(Threshold::Off))
+        .build()
+        .unwrap();
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    r.run_turn(s.id, "My e-mail is ana@example.org, logs please")
+        .await
+        .unwrap();
+    let pins = store.pins(s.id).await.unwrap();
+    assert_eq!(
+        pins.len(),
+        1_000,
+        "MAX_PINS_PER_TURN: {:?}",
+        pins.iter()
+            .filter(|p| p.source != abridge::pins::FactSource::Tool)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(pins[0].value, "ana@example.org");
+    assert!(store.verify(Vec::new()).await.unwrap().ok);
+}

@@ -6,7 +6,7 @@ use super::now_ms;
 use crate::error::Result;
 use crate::ids::SessionId;
 use crate::message::{ModelResponse, ResponseBlock};
-use crate::pins::{Fact, FactKind, FactSource, Pin, PinExtractor};
+use crate::pins::{Fact, FactKind, FactSource, Pin, PinExtractor, MAX_PINS_PER_TURN};
 use rusqlite::{params, Connection, OptionalExtension};
 
 const PIN_COLUMNS: &str = "p.id, p.turn_index, p.kind, p.slot, p.value, p.sentence, p.source, \
@@ -103,7 +103,8 @@ pub(crate) fn record_facts(
 
 /// Extracts and records the facts of turn `turn_index` (its input, the
 /// assistant's text and the full tool results of its completed steps), inside
-/// the transaction that finishes the turn.
+/// the transaction that finishes the turn; at most
+/// [`MAX_PINS_PER_TURN`](crate::pins::MAX_PINS_PER_TURN).
 pub(crate) fn pin_turn(
     conn: &Connection,
     session_id: SessionId,
@@ -111,27 +112,29 @@ pub(crate) fn pin_turn(
     extractor: &dyn PinExtractor,
 ) -> Result<usize> {
     let mut written = 0;
+    let mut seen = 0usize;
+    let mut record = |source: FactSource, text: &str| -> Result<()> {
+        if seen >= MAX_PINS_PER_TURN {
+            return Ok(());
+        }
+        let mut facts = extractor.extract(text, source);
+        facts.truncate(MAX_PINS_PER_TURN - seen);
+        seen += facts.len();
+        written += record_facts(conn, session_id, turn_index, source, &facts)?;
+        Ok(())
+    };
     for turn in load_history(conn, session_id, turn_index - 1, turn_index, i64::MAX)? {
-        let facts = extractor.extract(&turn.input, FactSource::User);
-        written += record_facts(conn, session_id, turn.idx, FactSource::User, &facts)?;
+        record(FactSource::User, &turn.input)?;
         for step in &turn.steps {
             if let Ok(resp) = serde_json::from_str::<ModelResponse>(&step.response) {
                 for block in &resp.blocks {
                     if let ResponseBlock::Text { text } = block {
-                        let facts = extractor.extract(text, FactSource::Assistant);
-                        written += record_facts(
-                            conn,
-                            session_id,
-                            turn.idx,
-                            FactSource::Assistant,
-                            &facts,
-                        )?;
+                        record(FactSource::Assistant, text)?;
                     }
                 }
             }
             for (_, result, _) in &step.results {
-                let facts = extractor.extract(result, FactSource::Tool);
-                written += record_facts(conn, session_id, turn.idx, FactSource::Tool, &facts)?;
+                record(FactSource::Tool, result)?;
             }
         }
     }
