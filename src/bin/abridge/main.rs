@@ -75,7 +75,7 @@ enum Cmd {
     #[cfg(unix)]
     #[command(hide = true)]
     ChaosLocker(chaos::LockerArgs),
-    /// Check guarantees G1-G7 on a whole database; exit 0 only when all hold.
+    /// Check guarantees G1-G8 on a whole database; exit 0 only when all hold.
     #[command(after_help = "Example:\n  abridge verify --db abridge-demo.db --json")]
     Verify(verify::Args),
     /// Migrate a store written by an older abridge to this build's schema.
