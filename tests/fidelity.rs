@@ -122,13 +122,23 @@ impl Summariser for Forgets {
 }
 
 fn runner(store: &Store, summariser: Arc<dyn Summariser>, cfg: CompactionConfig) -> Runner {
+    runner_with_logs(store, Logs, summariser, cfg)
+}
+
+/// The `Plain` model with `tool` as its `logs` tool.
+fn runner_with_logs(
+    store: &Store,
+    tool: impl Tool + 'static,
+    summariser: Arc<dyn Summariser>,
+    cfg: CompactionConfig,
+) -> Runner {
     let spec = ToolSpec {
         name: "logs".into(),
         description: "logs".into(),
         input_schema: json!({"type": "object"}),
     };
     Runner::builder(store.clone(), Arc::new(Plain))
-        .tools(Tools::new().idempotent(spec, Logs))
+        .tools(Tools::new().idempotent(spec, tool))
         .summariser_arc(summariser)
         .config(RunnerConfig::default().with_owner("fidelity-test"))
         .compaction(cfg)
@@ -608,20 +618,9 @@ impl Tool for Counter {
 async fn facts_mentioned_in_passing_are_live_within_a_window_so_the_summary_stays_bounded() {
     let (_d, path) = common::temp_db();
     let store = Store::open(&path).unwrap();
-    let spec = ToolSpec {
-        name: "logs".into(),
-        description: "tickets".into(),
-        input_schema: json!({"type": "object"}),
-    };
     let mut cfg = small_threshold();
     cfg.pins_window = 3;
-    let r = Runner::builder(store.clone(), Arc::new(Plain))
-        .tools(Tools::new().idempotent(spec, Counter(AtomicUsize::new(0))))
-        .summariser_arc(Arc::new(Forgets))
-        .config(RunnerConfig::default().with_owner("window"))
-        .compaction(cfg)
-        .build()
-        .unwrap();
+    let r = runner_with_logs(&store, Counter(AtomicUsize::new(0)), Arc::new(Forgets), cfg);
     let s = r.create_session("s", "m", "sys").await.unwrap();
     r.run_turn(s.id, &padded("My loyalty card is LC-4471-XZ."))
         .await
@@ -665,17 +664,12 @@ impl Tool for Flood {
 async fn a_flood_of_ids_in_one_result_pins_a_bounded_number() {
     let (_d, path) = common::temp_db();
     let store = Store::open(&path).unwrap();
-    let spec = ToolSpec {
-        name: "logs".into(),
-        description: "flood".into(),
-        input_schema: json!({"type": "object"}),
-    };
-    let r = Runner::builder(store.clone(), Arc::new(Plain))
-        .tools(Tools::new().idempotent(spec, Flood))
-        .config(RunnerConfig::default().with_owner("flood"))
-        .compaction(CompactionConfig::default().with_compact_at(Threshold::Off))
-        .build()
-        .unwrap();
+    let r = runner_with_logs(
+        &store,
+        Flood,
+        Arc::new(ExtractiveSummariser),
+        CompactionConfig::default().with_compact_at(Threshold::Off),
+    );
     let s = r.create_session("s", "m", "sys").await.unwrap();
     r.run_turn(s.id, "My e-mail is ana@example.org, logs please")
         .await

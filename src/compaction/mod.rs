@@ -849,11 +849,9 @@ impl Compactor {
         let cfg = &self.config;
         let mut text = text;
         let mut calls = calls;
-        if cfg.reask_missing_pins && !crate::pins::missing(pins, &text).is_empty() {
-            let list: Vec<String> = crate::pins::missing(pins, &text)
-                .iter()
-                .map(|p| p.line(false))
-                .collect();
+        let mut missing = crate::pins::missing(pins, &text);
+        if cfg.reask_missing_pins && !missing.is_empty() {
+            let list: Vec<String> = missing.iter().map(|p| p.line(false)).collect();
             let req = SummaryRequest {
                 rules: format!(
                     "{}\n\nThe summary below leaves out facts that must survive. Rewrite it \
@@ -870,15 +868,13 @@ impl Compactor {
             if let Ok(Ok(resp)) = again.await {
                 calls += 1;
                 let better = clean_summary(&resp.text, rules.summary_chars);
-                if !better.is_empty()
-                    && crate::pins::missing(pins, &better).len()
-                        < crate::pins::missing(pins, &text).len()
-                {
+                let still = crate::pins::missing(pins, &better);
+                if !better.is_empty() && still.len() < missing.len() {
                     text = better;
+                    missing = still;
                 }
             }
         }
-        let missing = crate::pins::missing(pins, &text);
         let (block, over) = crate::pins::render_block(&missing, cfg.pins_budget_chars);
         if over {
             let chars = block.chars().count();

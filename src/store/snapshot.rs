@@ -11,6 +11,27 @@ use std::time::Duration;
 /// host writes to it. Never creates or modifies the file.
 pub fn open_read_only(path: impl AsRef<Path>) -> Result<Connection> {
     let path = path.as_ref();
+    let (conn, version) = open_checked(path)?;
+    if version < super::SCHEMA_VERSION {
+        return Err(Error::SchemaTooOld {
+            path: path.to_path_buf(),
+            found: version,
+            supported: super::SCHEMA_VERSION,
+        });
+    }
+    Ok(conn)
+}
+
+/// The schema version of the store at `path` (`PRAGMA user_version`), read
+/// without writing; refuses what is not an abridge store or is newer than
+/// this build.
+pub fn read_only_version(path: impl AsRef<Path>) -> Result<i64> {
+    Ok(open_checked(path.as_ref())?.1)
+}
+
+/// An ordinary read-only connection to an existing abridge store, and its
+/// schema version (any this build can migrate).
+fn open_checked(path: &Path) -> Result<(Connection, i64)> {
     check_path(path)?;
     if !path.exists() {
         return Err(Error::NotFound {
@@ -29,14 +50,7 @@ pub fn open_read_only(path: impl AsRef<Path>) -> Result<Connection> {
             path: path.to_path_buf(),
         });
     }
-    if version < super::SCHEMA_VERSION {
-        return Err(Error::SchemaTooOld {
-            path: path.to_path_buf(),
-            found: version,
-            supported: super::SCHEMA_VERSION,
-        });
-    }
-    Ok(conn)
+    Ok((conn, version))
 }
 
 /// Runs `read` on a read-only view of the store at `path` that leaves no
@@ -140,25 +154,4 @@ fn open_immutable(path: &Path) -> Result<Connection> {
         });
     }
     Ok(conn)
-}
-
-/// The schema version of the store at `path` (`PRAGMA user_version`), read
-/// without writing; refuses what is not an abridge store or is newer than
-/// this build.
-pub fn read_only_version(path: impl AsRef<Path>) -> Result<i64> {
-    let path = path.as_ref();
-    check_path(path)?;
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(|e| map_open_err(path, e))?;
-    conn.busy_timeout(Duration::from_secs(10))?;
-    let version = check_file(&conn, path)?;
-    if version == 0 {
-        return Err(Error::ForeignDatabase {
-            path: path.to_path_buf(),
-        });
-    }
-    Ok(version)
 }
