@@ -156,6 +156,15 @@ fn padded(input: &str) -> String {
     )
 }
 
+/// A new session of `r` that has run `inputs`, each padded, as its turns.
+async fn padded_session(r: &Runner, inputs: &[&str]) -> abridge::store::SessionRow {
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    for input in inputs {
+        r.run_turn(s.id, &padded(input)).await.unwrap();
+    }
+    s
+}
+
 fn small_threshold() -> CompactionConfig {
     CompactionConfig::default().with_compact_at(Threshold::Tokens(150))
 }
@@ -176,15 +185,16 @@ async fn a_newer_value_supersedes_the_older_one_and_the_block_says_so() {
     let (_d, path) = common::temp_db();
     let store = Store::open(&path).unwrap();
     let r = runner(&store, Arc::new(Forgets), small_threshold());
-    let s = r.create_session("s", "m", "sys").await.unwrap();
-    for input in [
-        "My budget is 1,000 EUR.",
-        "Please change my budget to 1,250 EUR.",
-        "That is all for now, thanks a lot for your help with this.",
-        "One more thing: nothing else, just saying hello again today.",
-    ] {
-        r.run_turn(s.id, &padded(input)).await.unwrap();
-    }
+    let s = padded_session(
+        &r,
+        &[
+            "My budget is 1,000 EUR.",
+            "Please change my budget to 1,250 EUR.",
+            "That is all for now, thanks a lot for your help with this.",
+            "One more thing: nothing else, just saying hello again today.",
+        ],
+    )
+    .await;
     let pins = store.pins(s.id).await.unwrap();
     let budget: Vec<_> = pins
         .iter()
@@ -295,15 +305,16 @@ async fn pins_over_budget_are_all_kept_and_reported() {
     cfg.pins_budget_chars = 40;
     let r = runner(&store, Arc::new(Forgets), cfg);
     let mut events = r.subscribe();
-    let s = r.create_session("s", "m", "sys").await.unwrap();
-    for input in [
-        "My order number is ORD-1 and my postal code is 75001.",
-        "Send it to ana@example.org and bill FR-776-AB please.",
-        "Nothing else for today, thank you very much for your help.",
-        "Bye for now, I will come back tomorrow with more questions.",
-    ] {
-        r.run_turn(s.id, &padded(input)).await.unwrap();
-    }
+    let s = padded_session(
+        &r,
+        &[
+            "My order number is ORD-1 and my postal code is 75001.",
+            "Send it to ana@example.org and bill FR-776-AB please.",
+            "Nothing else for today, thank you very much for your help.",
+            "Bye for now, I will come back tomorrow with more questions.",
+        ],
+    )
+    .await;
     let summary = newest_summary(&store, s.id).await.summary.unwrap();
     for v in ["ORD-1", "75001", "ana@example.org", "FR-776-AB"] {
         assert!(summary.contains(v), "{v} dropped: {summary}");
@@ -356,13 +367,14 @@ async fn a_summariser_is_asked_once_more_for_the_facts_it_left_out() {
         requests: Mutex::default(),
     });
     let r = runner(&store, summariser.clone(), cfg);
-    let s = r.create_session("s", "m", "sys").await.unwrap();
-    for input in [
-        "My order number is ORD-77 and my postal code is 90210.",
-        "Nothing else for today, thank you very much for your help.",
-    ] {
-        r.run_turn(s.id, &padded(input)).await.unwrap();
-    }
+    let s = padded_session(
+        &r,
+        &[
+            "My order number is ORD-77 and my postal code is 90210.",
+            "Nothing else for today, thank you very much for your help.",
+        ],
+    )
+    .await;
     let row = newest_summary(&store, s.id).await;
     assert_eq!(
         row.summary.as_deref(),
@@ -381,13 +393,14 @@ async fn verify_reports_a_summary_that_lost_a_pin() {
     let (_d, path) = common::temp_db();
     let store = Store::open(&path).unwrap();
     let r = runner(&store, Arc::new(Forgets), small_threshold());
-    let s = r.create_session("s", "m", "sys").await.unwrap();
-    for input in [
-        "My loyalty card is LC-4471-XZ.",
-        "Nothing else for today, thank you very much for your help.",
-    ] {
-        r.run_turn(s.id, &padded(input)).await.unwrap();
-    }
+    let s = padded_session(
+        &r,
+        &[
+            "My loyalty card is LC-4471-XZ.",
+            "Nothing else for today, thank you very much for your help.",
+        ],
+    )
+    .await;
     let row = newest_summary(&store, s.id).await;
     let report = store.verify(Vec::new()).await.unwrap();
     let g8 = report

@@ -12,13 +12,7 @@ use std::time::Duration;
 pub fn open_read_only(path: impl AsRef<Path>) -> Result<Connection> {
     let path = path.as_ref();
     let (conn, version) = open_checked(path)?;
-    if version < super::SCHEMA_VERSION {
-        return Err(Error::SchemaTooOld {
-            path: path.to_path_buf(),
-            found: version,
-            supported: super::SCHEMA_VERSION,
-        });
-    }
+    current(path, version)?;
     Ok(conn)
 }
 
@@ -44,12 +38,7 @@ fn open_checked(path: &Path) -> Result<(Connection, i64)> {
     )
     .map_err(|e| map_open_err(path, e))?;
     conn.busy_timeout(Duration::from_secs(10))?;
-    let version = check_file(&conn, path)?;
-    if version == 0 {
-        return Err(Error::ForeignDatabase {
-            path: path.to_path_buf(),
-        });
-    }
+    let version = abridge_version(&conn, path)?;
     Ok((conn, version))
 }
 
@@ -140,12 +129,22 @@ fn open_immutable(path: &Path) -> Result<Connection> {
             | OpenFlags::SQLITE_OPEN_URI,
     )
     .map_err(|e| map_open_err(path, e))?;
-    let version = check_file(&conn, path)?;
-    if version == 0 {
-        return Err(Error::ForeignDatabase {
+    current(path, abridge_version(&conn, path)?)?;
+    Ok(conn)
+}
+
+/// The store's schema version; a file with no abridge version is foreign.
+fn abridge_version(conn: &Connection, path: &Path) -> Result<i64> {
+    match check_file(conn, path)? {
+        0 => Err(Error::ForeignDatabase {
             path: path.to_path_buf(),
-        });
+        }),
+        v => Ok(v),
     }
+}
+
+/// Refuses a store of an older schema: this build's queries would misread it.
+fn current(path: &Path, version: i64) -> Result<()> {
     if version < super::SCHEMA_VERSION {
         return Err(Error::SchemaTooOld {
             path: path.to_path_buf(),
@@ -153,5 +152,5 @@ fn open_immutable(path: &Path) -> Result<Connection> {
             supported: super::SCHEMA_VERSION,
         });
     }
-    Ok(conn)
+    Ok(())
 }
