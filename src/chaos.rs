@@ -55,6 +55,11 @@ pub struct Workload {
     pub epochs: u64,
     /// Compaction threshold, tokens.
     pub compact_at: u64,
+    /// Background compaction (at 80 % of the threshold, summarised by a task
+    /// while the steps go on). Which turns a summary covers then depends on
+    /// timing: the comparison with the control run leaves compaction records
+    /// and step hashes out (every step still rebuilds to its own hash, G3).
+    pub background: bool,
 }
 
 impl Workload {
@@ -83,6 +88,23 @@ pub struct FaultyModel {
     report: bool,
 }
 
+/// The key of a request's faults: its turn's own messages (the turn's input
+/// and what its steps added), not what comes before it, so that a step meets
+/// the same faults whichever summary it reads (with background compaction
+/// that depends on timing).
+fn turn_key(request: &ModelRequest) -> String {
+    use crate::message::{ContentBlock, Role};
+    let from = request
+        .messages
+        .iter()
+        .rposition(|m| {
+            m.role == Role::User
+                && matches!(m.content.first(), Some(ContentBlock::Text { text }) if !text.starts_with("[Summary of"))
+        })
+        .unwrap_or(0);
+    sha256_hex(&to_bytes(&request.messages[from..]))
+}
+
 fn fault_roll(seed: u64, key: &str, attempt: u32) -> u64 {
     stable_hash(seed, &[key, &attempt.to_string()]) % 1000
 }
@@ -96,7 +118,7 @@ fn say(line: &str) {
 #[async_trait::async_trait]
 impl ModelClient for FaultyModel {
     async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ModelError> {
-        let key = sha256_hex(&to_bytes(&request.messages));
+        let key = turn_key(request);
         let attempt = {
             let mut a = self.attempts.lock().expect("attempts lock");
             let n = a.entry(key.clone()).or_insert(0);
@@ -184,10 +206,13 @@ impl Summariser for FaultySummariser {
 }
 
 /// The chaos workload's compaction settings.
-fn chaos_compaction(compact_at: u64) -> CompactionConfig {
+fn chaos_compaction(w: &Workload) -> CompactionConfig {
     let mut compaction = CompactionConfig::default()
-        .with_compact_at(Threshold::Tokens(compact_at))
+        .with_compact_at(Threshold::Tokens(w.compact_at))
         .with_context_window(DEMO_MODEL, 32_000);
+    if !w.background {
+        compaction.background = None;
+    }
     compaction.retry = crate::retry::RetryPolicy::default()
         .with_backoff(Duration::from_millis(2), Duration::from_millis(20))
         .with_jitter(0.0);
@@ -200,8 +225,8 @@ fn chaos_compaction(compact_at: u64) -> CompactionConfig {
 }
 
 /// Lease, timeout and threshold settings of the chaos workload.
-fn chaos_config(owner: String, hook: Option<FaultHook>, compact_at: u64) -> RunnerConfig {
-    let compaction = chaos_compaction(compact_at);
+fn chaos_config(owner: String, hook: Option<FaultHook>, w: &Workload) -> RunnerConfig {
+    let compaction = chaos_compaction(w);
     RunnerConfig {
         owner,
         lease_ttl: Duration::from_millis(500),
@@ -248,7 +273,7 @@ fn chaos_runner(
         attempts: Mutex::default(),
         report,
     })
-    .config(chaos_config(owner, hook, w.compact_at))
+    .config(chaos_config(owner, hook, w))
     .build()
 }
 
@@ -405,7 +430,13 @@ pub fn kill_hook_from_env() -> Option<FaultHook> {
             None => (rng.lock().expect("rng").below(1_000_000) as f64) < p * 1_000_000.0,
         };
         if die {
-            say(&format!("KILL {point}"));
+            // Where: a point of a background summariser is named so.
+            let bg = if crate::compaction::in_background() {
+                "@background"
+            } else {
+                ""
+            };
+            say(&format!("KILL {point}{bg}"));
             // SIGKILL: no destructor, no flush, no rollback but SQLite's own.
             unsafe {
                 libc::kill(libc::getpid(), libc::SIGKILL);
@@ -458,6 +489,8 @@ pub struct ChaosOptions {
     pub point_kill_p: f64,
     /// Compaction threshold, tokens (low: most turns compact).
     pub compact_at: u64,
+    /// Background compaction (see [`Workload::background`]). Default true.
+    pub background: bool,
     /// Probability of freezing a worker as it starts a summary.
     pub freeze_mid_summary: f64,
     /// Give up after this long (a hung run is a failure).
@@ -477,6 +510,7 @@ impl Default for ChaosOptions {
             turns: 10,
             point_kill_p: 0.01,
             compact_at: 1_200,
+            background: true,
             freeze_mid_summary: 0.15,
             max_duration: Duration::from_secs(1_800),
             exe: None,
@@ -507,6 +541,11 @@ pub struct ChaosReport {
     pub turns_failed_by_policy: u64,
     /// Completed compactions.
     pub compactions: u64,
+    /// Of those, the ones summarised in the background (the kills at the
+    /// compaction points of those landed in background summarisers).
+    pub compactions_background: u64,
+    /// Steps that waited for a summary.
+    pub steps_waited_for_summary: u64,
     /// Sessions where an at-most-once call was cut by a kill: the model saw
     /// "outcome unknown" instead of the result, by design, so the session's
     /// transcript and transactional effects are compared with the control's
@@ -547,6 +586,8 @@ fn worker_command(exe: &Path, db: &Path, w: &Workload, id: u64) -> Command {
     ] {
         c.arg(flag).arg(v.to_string());
     }
+    c.arg("--background")
+        .arg(if w.background { "on" } else { "off" });
     c.stdin(Stdio::null()).stdout(Stdio::null());
     c
 }
@@ -623,6 +664,7 @@ pub async fn run_chaos(o: &ChaosOptions) -> Result<ChaosReport> {
         turns: o.turns,
         epochs: 1,
         compact_at: o.compact_at,
+        background: o.background,
     };
     open_workload_db(&o.db)?;
     let tally: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
@@ -944,8 +986,21 @@ fn compare(
     let want = session_fingerprints(&cconn, w)?;
     let got_fx = crate::store::demo::effects_by_session(&conn)?;
     let want_fx = crate::store::demo::effects_by_session(&cconn)?;
-    let keep = chaos_compaction(w.compact_at).keep_last_turns;
+    let keep = chaos_compaction(w).keep_last_turns;
+    // With background compaction, the turns a summary covers depend on
+    // timing: compaction records and step hashes are left out.
+    let turns_only = |t: &str| -> String {
+        t.lines()
+            .filter(|l| !l.contains("\"kind\":\"compaction\""))
+            .map(|l| format!("{l}\n"))
+            .collect()
+    };
     for ((ext, t1, h1), (_, t2, h2)) in got.iter().zip(&want) {
+        let (t1, t2) = if w.background {
+            (&turns_only(t1), &turns_only(t2))
+        } else {
+            (t1, t2)
+        };
         // The turn of an at-most-once call cut by a kill, if any.
         let mut cut_turn = None;
         if let Some(cut) = t1.find("outcome unknown") {
@@ -964,7 +1019,7 @@ fn compare(
             report.violations.push(format!(
                 "session {ext}: transcript differs from the control run"
             ));
-        } else if h1 != h2 {
+        } else if h1 != h2 && !w.background {
             report.violations.push(format!(
                 "session {ext}: step message bytes differ from the control run"
             ));
@@ -1001,6 +1056,9 @@ fn compare(
     report.turns = totals.1 as u64;
     report.turns_failed_by_policy = totals.2 as u64;
     report.compactions = totals.3 as u64;
+    let (background, waited) = crate::store::background_totals(&conn)?;
+    report.compactions_background = background as u64;
+    report.steps_waited_for_summary = waited as u64;
     let (turn_takeovers, compaction_takeovers) = crate::store::takeovers(&conn)?;
     report
         .races
@@ -1026,6 +1084,7 @@ pub async fn run_enumerate(o: &ChaosOptions) -> Result<ChaosReport> {
         turns: o.turns,
         epochs: 1,
         compact_at: o.compact_at,
+        background: o.background,
     };
     let mut report = ChaosReport::default();
     let control_path = build_control(o, &w).await?;

@@ -63,6 +63,16 @@ impl Context {
         Ok(ctx)
     }
 
+    /// `(turn idx, step idx)` it holds everything before.
+    pub(crate) fn at(&self) -> (i64, i64) {
+        self.at
+    }
+
+    /// The compaction it starts from.
+    pub(crate) fn compaction_id(&self) -> Option<CompactionId> {
+        self.compaction_id
+    }
+
     /// Whether this context can be extended to step `at` of `session` reading
     /// compaction `compaction_id`.
     pub(crate) fn continues_to(

@@ -552,6 +552,9 @@ pub struct DemoOptions {
     /// Lease owner identity; None: this process (a rerun after a kill takes the
     /// dead process's leases over at once).
     pub owner: Option<String>,
+    /// Background compaction (the default); false compacts inline only, so
+    /// that a run's transcript is the same whatever the timing.
+    pub background: bool,
 }
 
 impl Default for DemoOptions {
@@ -565,6 +568,7 @@ impl Default for DemoOptions {
             model_latency: Duration::ZERO,
             summary_latency: Duration::ZERO,
             owner: None,
+            background: true,
         }
     }
 }
@@ -601,6 +605,8 @@ pub struct CompactionFigure {
     pub pins_live: Option<i64>,
     /// Of those, the ones the guard appended.
     pub pins_added: Option<i64>,
+    /// Summarised in the background.
+    pub background: bool,
 }
 
 /// The figures of a demo run.
@@ -620,6 +626,12 @@ pub struct DemoReport {
     pub compactions_completed: i64,
     /// Compactions failed.
     pub compactions_failed: i64,
+    /// Of the completed ones, those summarised in the background.
+    pub compactions_background: i64,
+    /// Steps that waited for a summary before their model call.
+    pub steps_waited_for_summary: i64,
+    /// Their waits, summed (ms).
+    pub summary_wait_ms: i64,
     /// Per compaction.
     pub compactions: Vec<CompactionFigure>,
     /// Facts pinned (every value stated, superseded ones included).
@@ -650,6 +662,9 @@ pub fn demo_runner(
     cfg.compaction = crate::compaction::CompactionConfig::default()
         .with_compact_at(opts.compact_at)
         .with_context_window(DEMO_MODEL, 32_000);
+    if !opts.background {
+        cfg.compaction.background = None;
+    }
     let mut model = ScriptedModel::new(opts.seed);
     model.latency = opts.model_latency;
     crate::runner::Runner::builder(store.clone(), std::sync::Arc::new(model))
@@ -715,6 +730,9 @@ pub async fn run_demo(
     while let Some(r) = tasks.join_next().await {
         r.map_err(|e| crate::error::Error::Task(e.to_string()))??;
     }
+    // The summaries still being made in the background, finished before the
+    // report (a run killed before this leaves them to the next one).
+    runner.finish_background().await;
     let seed = opts.seed;
     let n = opts.sessions;
     let mut report = store
@@ -727,6 +745,9 @@ pub async fn run_demo(
                 tool_calls: 0,
                 compactions_completed: 0,
                 compactions_failed: 0,
+                compactions_background: 0,
+                steps_waited_for_summary: 0,
+                summary_wait_ms: 0,
                 compactions: Vec::new(),
                 pins: 0,
                 pins_live: 0,
@@ -748,6 +769,9 @@ pub async fn run_demo(
                 rep.tool_calls += k.tool_calls;
                 rep.compactions_completed += k.compactions_completed;
                 rep.compactions_failed += k.compactions_failed;
+                let (waited, wait_ms) = crate::store::summary_waits(c, s.id)?;
+                rep.steps_waited_for_summary += waited;
+                rep.summary_wait_ms += wait_ms;
                 rep.pins += crate::store::list_pins(c, s.id)?.len() as i64;
                 rep.pins_live +=
                     crate::store::live_pins(c, s.id, i64::MAX, crate::pins::DEFAULT_PINS_WINDOW)?
@@ -762,6 +786,9 @@ pub async fn run_demo(
                     rep.pins_added += newest.pins_added.unwrap_or(0);
                 }
                 for row in rows {
+                    if row.background && row.status == crate::store::CompactionStatus::Completed {
+                        rep.compactions_background += 1;
+                    }
                     rep.compactions.push(CompactionFigure {
                         session: ext.clone(),
                         up_to_turn: row.up_to_turn_index,
@@ -770,6 +797,7 @@ pub async fn run_demo(
                         tokens_after: row.tokens_after,
                         pins_live: row.pins_live,
                         pins_added: row.pins_added,
+                        background: row.background,
                     });
                 }
             }

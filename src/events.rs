@@ -171,6 +171,19 @@ pub enum EventKind {
         /// The measure that triggered it (None: a manual compaction).
         trigger_tokens: Option<i64>,
     },
+    /// A step waited for a summary before its model call: it reached the
+    /// hard threshold with no completed compaction at its boundary, and the
+    /// summary was made, finished or waited for inline. Background
+    /// compaction exists so that this is rare; the wait is also stored on
+    /// the step (`summary_wait_ms`).
+    WaitedForSummary {
+        /// The step.
+        step_id: StepId,
+        /// The boundary of the compaction it waited for.
+        boundary: i64,
+        /// Milliseconds waited.
+        waited_ms: i64,
+    },
     /// The row is pending under another live claim (another task, runner or
     /// process is summarising): this caller waits for it to settle, up to
     /// the compaction's `wait_timeout`. Sent once per wait.

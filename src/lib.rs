@@ -96,8 +96,9 @@ pub mod tools;
 pub mod verify;
 
 pub use compaction::{
-    CompactionConfig, Compactor, ExtractiveSummariser, FailurePolicy, ModelSummariser, PromptStyle,
-    Summariser, SummaryRequest, SummaryResponse, Threshold, TokenCounter,
+    Background, BackgroundWorker, CompactionConfig, Compactor, ExtractiveSummariser, FailurePolicy,
+    ModelSummariser, PromptStyle, Served, Summariser, SummaryRequest, SummaryResponse, Threshold,
+    TokenCounter,
 };
 pub use error::{Error, Result};
 pub use events::{Event, EventKind, Subject};

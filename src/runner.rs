@@ -124,8 +124,9 @@ enum Prepared {
 
 /// The work of a step to execute.
 enum Work {
-    /// Nothing to compact: the compaction it reads and its messages, built.
-    Ready(Option<CompactionRow>, Context),
+    /// Nothing to wait for: the compaction it reads and its messages, built;
+    /// with a (boundary, measure) to compact in the background.
+    Ready(Option<CompactionRow>, Context, Option<(i64, Option<i64>)>),
     /// A compaction is due first.
     Compact(Decision, Option<Context>),
 }
@@ -465,6 +466,27 @@ impl Runner {
         self.inner.compactor.compact_now(session_id, focus).await
     }
 
+    /// Waits for the background compactions this runner started (see
+    /// [`crate::compaction::Background`]) to end; returns how many it waited
+    /// for. A host awaits it before it exits so that no summary it started is
+    /// left pending (one left anyway, by a crash or a dropped runtime, is
+    /// finished by the next runner or by [`Runner::serve_pending`]).
+    pub async fn finish_background(&self) -> usize {
+        self.inner.compactor.finish_background().await
+    }
+
+    /// Background compactions of this runner still running.
+    pub fn background_running(&self) -> usize {
+        self.inner.compactor.background_running()
+    }
+
+    /// Finishes the store's pending compactions that no live other holds
+    /// (see [`Compactor::serve_pending`]): the background work of hosts that
+    /// leave it to another process (`abridge serve`).
+    pub async fn serve_pending(&self) -> Result<crate::compaction::Served> {
+        self.inner.compactor.serve_pending().await
+    }
+
     /// What [`Runner::compact_now`] would do now, without writing anything:
     /// the turns it would fold, the tokens before and expected after, the
     /// pinned facts it would carry (see [`crate::compaction::preview`]).
@@ -754,7 +776,13 @@ impl Runner {
         let (at, compactor) = ((turn.idx, step.idx), &self.inner.compactor);
         // One read transaction: one snapshot, and the file locks taken once.
         let found = store::in_read_tx(c, |c| {
-            let decision = match compactor.decide(c, session, turn.idx, step.idx) {
+            // What the turn's previous step read: the turn keeps it.
+            let prior = match &ctx {
+                _ if step.idx == 0 => None,
+                Some(ctx) if ctx.at().0 == turn.idx => Some(ctx.compaction_id()),
+                _ => Some(store::step_compaction_id(c, turn.id, step.idx - 1)?),
+            };
+            let decision = match compactor.decide(c, session, turn.idx, step.idx, prior) {
                 Ok(d) => d,
                 Err(e) if e.is_resumable() => return Err(e),
                 Err(e) => return Ok(Err(e)),
@@ -762,7 +790,15 @@ impl Runner {
             Ok(Ok(match decision {
                 Decision::Read(row) => {
                     let ctx = Context::advance(ctx, c, session, row.as_ref(), at)?;
-                    Work::Ready(row, ctx)
+                    Work::Ready(row, ctx, None)
+                }
+                Decision::Background {
+                    boundary,
+                    measure,
+                    read,
+                } => {
+                    let ctx = Context::advance(ctx, c, session, read.as_ref(), at)?;
+                    Work::Ready(read, ctx, Some((boundary, measure)))
                 }
                 other => Work::Compact(other, ctx),
             }))
@@ -784,15 +820,34 @@ impl Runner {
         work: Work,
     ) -> Result<(ModelResponse, Responded, Context)> {
         let (step_id, step_idx) = (step.id, step.idx);
+        let subject = || Subject::of(session, Some(turn.idx));
+        let mut summary_wait_ms = None;
         let (compaction, ctx) = match work {
-            Work::Ready(row, ctx) => (row, ctx),
+            Work::Ready(row, ctx, None) => (row, ctx),
+            Work::Ready(row, ctx, Some((boundary, measure))) => {
+                self.inner
+                    .compactor
+                    .background(&subject(), boundary, measure, row.as_ref())
+                    .await?;
+                (row, ctx)
+            }
             Work::Compact(decision, ctx) => {
-                // The hook where compaction runs: the step reads only what it returns.
+                // The hook where compaction runs: the step reads only what it
+                // returns, and waits for it.
+                let began = std::time::Instant::now();
+                let boundary = decision.boundary().unwrap_or_default(); // a claim names one
                 let row = self
                     .inner
                     .compactor
-                    .act(&Subject::of(session, Some(turn.idx)), turn.idx, decision)
+                    .act(&subject(), turn.idx, decision)
                     .await?;
+                let waited_ms = began.elapsed().as_millis().min(i64::MAX as u128) as i64;
+                summary_wait_ms = Some(waited_ms);
+                self.tell(session, Some(turn.idx), || EventKind::WaitedForSummary {
+                    step_id,
+                    boundary,
+                    waited_ms,
+                });
                 let (s, at, r) = (session.clone(), (turn.idx, step_idx), row.clone());
                 let ctx = self
                     .inner
@@ -842,6 +897,7 @@ impl Runner {
                 .map(|n| saturating_tokens(n, "output", step_id)),
             context_tokens,
             estimated,
+            summary_wait_ms,
         };
         Ok((response, r, ctx))
     }

@@ -8,7 +8,8 @@
 //! then; workers also kill themselves at named fault points. The run must end
 //! with every guarantee holding and every session equal to a control run with
 //! the same seed and no kills. The enumeration mode kills at each point of a
-//! small workload in turn, until none is left.
+//! small workload in turn, until none is left, inline and in background
+//! summarisers.
 
 use std::process::Command;
 
@@ -49,6 +50,9 @@ fn bounded_chaos_run_of_200_kills_holds_every_guarantee() {
     );
     assert!(r["races"]["turn_takeovers"].as_u64().unwrap() > 0, "{r}");
     assert!(r["compactions"].as_u64().unwrap() > 0, "{r}");
+    // Background compaction is on (the default): summaries made by tasks
+    // while other steps went on, under kills.
+    assert!(r["compactions_background"].as_u64().unwrap() > 0, "{r}");
     assert!(r["faults"].as_object().unwrap().len() >= 3, "{r}");
     println!("{r}");
 }
@@ -65,6 +69,8 @@ fn enumeration_kills_at_every_point_of_the_workload() {
         "400",
         "--seed",
         "3",
+        "--background",
+        "off",
     ]);
     assert_eq!(r["violations"].as_array().unwrap().len(), 0, "{r}");
     let points = r["kills_by_point"].as_object().unwrap();
@@ -74,4 +80,39 @@ fn enumeration_kills_at_every_point_of_the_workload() {
             "point {p} never hit: {points:?}"
         );
     }
+}
+
+/// With background compaction, the summariser runs in a task while the
+/// turn's steps go on: the enumeration kills the process at each compaction
+/// point reached inside that task (`@background`), and the rerun finishes
+/// the pending row; the turns equal the control run's.
+#[test]
+fn enumeration_kills_background_summarisers_at_every_compaction_point() {
+    let r = chaos(&[
+        "--enumerate",
+        "--sessions",
+        "1",
+        "--turns",
+        "5",
+        "--compact-at",
+        "900",
+        "--seed",
+        "3",
+        "--background",
+        "on",
+    ]);
+    assert_eq!(r["violations"].as_array().unwrap().len(), 0, "{r}");
+    let points = r["kills_by_point"].as_object().unwrap();
+    for p in [
+        abridge::FaultPoint::AfterClaim,
+        abridge::FaultPoint::MidSummary,
+        abridge::FaultPoint::AfterCompactionComplete,
+    ] {
+        let name = format!("{}@background", p.name());
+        assert!(
+            points.contains_key(&name),
+            "no kill in a background summariser at {p}: {points:?}"
+        );
+    }
+    assert!(r["compactions_background"].as_u64().unwrap() > 0, "{r}");
 }

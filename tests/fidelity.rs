@@ -445,7 +445,9 @@ async fn every_compaction_of_the_demo_leaves_the_context_under_the_target() {
     assert!(report.compactions_completed >= 10);
     let threshold = 4_000;
     let store = Store::open(&path).unwrap();
-    let after: Vec<(i64, i64)> = store
+    // (A summary made in the background after the session's last turn has
+    // no step that read it.)
+    let after: Vec<(i64, Option<i64>)> = store
         .with_conn(|c| {
             let mut st = c.prepare(
                 "SELECT c.id, (SELECT s.context_tokens FROM steps s WHERE s.compaction_id = c.id \
@@ -456,6 +458,7 @@ async fn every_compaction_of_the_demo_leaves_the_context_under_the_target() {
         })
         .unwrap();
     for (id, tokens) in after {
+        let Some(tokens) = tokens else { continue };
         assert!(
             tokens * 100 <= threshold * 60,
             "compaction {id}: the next step sent {tokens} tokens, over 60% of {threshold}"
@@ -517,7 +520,8 @@ async fn keep_recent_tokens_keeps_the_newest_turns_that_fit() {
     // A padded turn stores ~690 chars of input and 17 of answer: ~180 tokens.
     let cfg = CompactionConfig::default()
         .with_compact_at(Threshold::Tokens(700))
-        .with_keep_recent_tokens(400);
+        .with_keep_recent_tokens(400)
+        .with_background(None); // read by the step that claimed it
     let r = runner(&store, Arc::new(ExtractiveSummariser), cfg);
     let s = r.create_session("s", "m", "sys").await.unwrap();
     for _ in 0..8 {

@@ -6,7 +6,9 @@
 //! command again. The rerun takes the dead process's leases over at once (its
 //! owner identity names a process that no longer exists), finishes the same
 //! compactions it left pending, and ends with the transcript of an uninterrupted
-//! run; `verify` holds on the result.
+//! run; `verify` holds on the result. With background compaction, a kill
+//! while a summary is being made in the background leaves a pending row that
+//! the rerun finishes.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -32,6 +34,11 @@ fn demo(db: &Path, extra: &[&str]) -> Command {
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+    // Inline compaction unless the test asks for background: the transcript
+    // is then the same whatever the timing.
+    if !extra.contains(&"--background") {
+        c.args(["--background", "off"]);
+    }
     c
 }
 
@@ -175,5 +182,84 @@ fn two_processes_on_one_database_never_run_a_turn_twice() {
         );
     }
     assert_eq!(transcripts(&db), transcripts(&control));
+    verified(&db);
+}
+
+/// The transcript's records other than compactions: with background
+/// compaction, which turns a summary covers depends on timing, but the turns,
+/// tool calls and answers do not.
+fn turns_only(transcripts: Vec<String>) -> Vec<String> {
+    transcripts
+        .into_iter()
+        .map(|t| {
+            t.lines()
+                .filter(|l| !l.contains("\"kind\":\"compaction\""))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .collect()
+}
+
+#[test]
+fn killed_while_a_background_summary_is_made_the_rerun_finishes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = dir.path().join("control.db");
+    run_ok(demo(&control, &[]));
+    let db = dir.path().join("killed.db");
+    let slow = [
+        "--background",
+        "on",
+        "--model-latency",
+        "5",
+        "--summary-latency",
+        "3000",
+    ];
+    let child = demo(&db, &slow).spawn().unwrap();
+    // Killed once steps have gone on while the summary is being made.
+    assert!(kill_when(
+        child,
+        &db,
+        "SELECT count(*) FROM compactions c JOIN steps s ON s.responded_at > c.created_at \
+         WHERE c.status = 'pending' AND c.background = 1",
+        2
+    ));
+    let c = abridge::store::open_read_only(&db).unwrap();
+    let (pending_id, attempts, steps_then): (i64, i64, i64) = c
+        .query_row(
+            "SELECT id, attempts, (SELECT count(*) FROM steps) FROM compactions \
+             WHERE status = 'pending' AND background = 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    drop(c);
+    run_ok(demo(&db, &["--background", "on"]));
+    let c = abridge::store::open_read_only(&db).unwrap();
+    let (status, attempts_after, background): (String, i64, bool) = c
+        .query_row(
+            "SELECT status, attempts, background FROM compactions WHERE id = ?1",
+            [pending_id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert_eq!(
+        (status.as_str(), attempts_after, background),
+        ("completed", attempts + 1, true),
+        "the pending row is finished by the rerun, not re-decided"
+    );
+    let pending: i64 = c
+        .query_row(
+            "SELECT count(*) FROM compactions WHERE status = 'pending'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(pending, 0, "the rerun leaves nothing pending");
+    assert!(steps_then > 2);
+    drop(c);
+    assert_eq!(
+        turns_only(transcripts(&db)),
+        turns_only(transcripts(&control))
+    );
     verified(&db);
 }

@@ -102,6 +102,58 @@ pub enum FailurePolicy {
     ProceedUncompacted,
 }
 
+/// Background compaction: the row is claimed at a soft threshold, below the
+/// hard one, and summarised while the session's steps go on.
+///
+/// While the summary is pending, steps read the last completed compaction as
+/// before (G4); the new one is read from the first turn that begins after it
+/// completes, so a turn never changes context mid-way, unless the context
+/// reaches the hard threshold first: that step waits for the pending summary
+/// (the inline path, exactly-once as ever). The boundary is fixed when the row
+/// is claimed; the turns that run meanwhile stay verbatim after it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Background {
+    /// The soft threshold, as a share of the hard one (`compact_at`), in
+    /// (0, 1). Default 0.8.
+    pub soft_share: f64,
+    /// Who summarises a row claimed at the soft threshold.
+    pub worker: BackgroundWorker,
+}
+
+impl Default for Background {
+    fn default() -> Self {
+        Background {
+            soft_share: DEFAULT_SOFT_SHARE,
+            worker: BackgroundWorker::Task,
+        }
+    }
+}
+
+/// The soft threshold's default share of the hard one.
+pub const DEFAULT_SOFT_SHARE: f64 = 0.8;
+
+impl Background {
+    /// The soft threshold in tokens for a hard threshold of `hard` tokens
+    /// (at least 1, at most `hard`).
+    pub fn soft_tokens(&self, hard: u64) -> u64 {
+        ((hard as f64 * self.soft_share) as u64).clamp(1, hard)
+    }
+}
+
+/// Who summarises a compaction claimed in the background.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackgroundWorker {
+    /// A task of the runner that claimed it, spawned on the caller's tokio
+    /// runtime; a task that dies with its process leaves a pending row that
+    /// any runner (or [`crate::Compactor::serve_pending`]) finishes.
+    #[default]
+    Task,
+    /// Another process: the runner only records the pending row, unleased,
+    /// and [`crate::Compactor::serve_pending`] (`abridge serve`) summarises
+    /// it. A step that reaches the hard threshold first summarises it itself.
+    Elsewhere,
+}
+
 /// The summariser's rules.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum PromptStyle {
@@ -166,6 +218,10 @@ pub struct CompactionConfig {
     pub compact_at: Threshold,
     /// Most recent completed turns kept verbatim. Default 0.
     pub keep_last_turns: u32,
+    /// Background compaction at a soft threshold. Default on: at 80 % of the
+    /// hard threshold, by a task of the runner. None compacts only inline,
+    /// when a step reaches the hard threshold.
+    pub background: Option<Background>,
     /// Context windows registered by the host, by exact model name (these win
     /// over the built-in table).
     pub context_windows: HashMap<String, u64>,
@@ -246,6 +302,7 @@ impl Default for CompactionConfig {
         CompactionConfig {
             compact_at: Threshold::Fraction(0.9),
             keep_last_turns: 0,
+            background: Some(Background::default()),
             context_windows: HashMap::new(),
             token_counter: Arc::new(CharsPerFour),
             style: PromptStyle::Prose,
@@ -277,6 +334,11 @@ impl CompactionConfig {
     /// Sets `keep_last_turns`.
     pub fn with_keep_last_turns(mut self, n: u32) -> Self {
         self.keep_last_turns = n;
+        self
+    }
+    /// Sets background compaction (None: inline only).
+    pub fn with_background(mut self, b: Option<Background>) -> Self {
+        self.background = b;
         self
     }
     /// Registers a model's context window.
@@ -360,6 +422,14 @@ impl CompactionConfig {
             if !(share > 0.0 && share <= 1.0) {
                 return Err(Error::Config(format!(
                     "max_summary_share must be in (0, 1], got {share}"
+                )));
+            }
+        }
+        if let Some(b) = &self.background {
+            if !(b.soft_share > 0.0 && b.soft_share < 1.0) {
+                return Err(Error::Config(format!(
+                    "background soft_share must be in (0, 1), got {}",
+                    b.soft_share
                 )));
             }
         }

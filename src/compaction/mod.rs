@@ -12,7 +12,8 @@ mod preview;
 mod summarise;
 
 pub use config::{
-    CharsPerFour, CompactionConfig, FailurePolicy, PromptStyle, Threshold, TokenCounter,
+    Background, BackgroundWorker, CharsPerFour, CompactionConfig, FailurePolicy, PromptStyle,
+    Threshold, TokenCounter, DEFAULT_SOFT_SHARE,
 };
 pub use offline::{extract, ExtractiveSummariser};
 pub use preview::{preview, CompactionPreview};
@@ -33,10 +34,20 @@ use crate::render::SummaryView;
 use crate::store::{
     self, ClaimOutcome, CompactionRow, CompactionStats, CompactionStatus, SessionRow, Store,
 };
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tracing::{info, instrument, warn};
+
+tokio::task_local! {
+    static BACKGROUND: ();
+}
+
+/// Whether the caller runs inside a background compaction task of this
+/// process (fault hooks use it to say where a point was reached).
+pub fn in_background() -> bool {
+    BACKGROUND.try_with(|_| ()).is_ok()
+}
 
 /// A manual compaction's focus is cut to this many chars (it rides in the rules).
 pub const MAX_FOCUS_CHARS: usize = 1_000;
@@ -57,6 +68,7 @@ pub struct Compactor {
     pub(crate) holder_is_gone: GoneCheck,
     heartbeat: bool,
     warned: Arc<Mutex<HashSet<String>>>,
+    tasks: Tasks,
 }
 
 impl std::fmt::Debug for Compactor {
@@ -73,20 +85,62 @@ impl std::fmt::Debug for Compactor {
 pub(crate) enum Decision {
     /// Nothing to do: the step reads this completed row (or none).
     Read(Option<CompactionRow>),
-    /// Claim (or finish) the row at `boundary`.
+    /// Claim (or finish) the row at `boundary`: the step waits for it.
     Claim {
         boundary: i64,
         measure: Option<i64>,
         latest: Option<CompactionRow>,
     },
+    /// The step reads `read`; the row at `boundary` is claimed (or an
+    /// abandoned one finished) in the background.
+    Background {
+        boundary: i64,
+        measure: Option<i64>,
+        read: Option<CompactionRow>,
+    },
+}
+
+impl Decision {
+    fn claim(boundary: i64, measure: Option<i64>, latest: Option<CompactionRow>) -> Decision {
+        Decision::Claim {
+            boundary,
+            measure,
+            latest,
+        }
+    }
+
+    /// The boundary it names (None: nothing to compact).
+    pub(crate) fn boundary(&self) -> Option<i64> {
+        match self {
+            Decision::Read(_) => None,
+            Decision::Claim { boundary, .. } | Decision::Background { boundary, .. } => {
+                Some(*boundary)
+            }
+        }
+    }
 }
 
 /// Where a compaction request came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Trigger {
+    /// A step at the hard threshold (it waits).
     Auto,
+    /// The soft threshold: summarised in the background.
+    Background,
     Manual,
 }
+
+/// What [`Compactor::serve_pending`] did.
+#[derive(Debug, Clone, Default)]
+pub struct Served {
+    /// The rows it completed.
+    pub completed: Vec<CompactionRow>,
+    /// The rows whose every attempt failed: (row, last error).
+    pub failed: Vec<(CompactionId, String)>,
+}
+
+/// Background compaction tasks of a compactor, by (session, boundary).
+type Tasks = Arc<Mutex<HashMap<(SessionId, i64), tokio::task::JoinHandle<()>>>>;
 
 impl Compactor {
     pub(crate) fn new(
@@ -109,6 +163,7 @@ impl Compactor {
             holder_is_gone,
             heartbeat: testing.heartbeat,
             warned: Arc::default(),
+            tasks: Arc::default(),
         })
     }
 
@@ -169,7 +224,7 @@ impl Compactor {
         let (this, s) = (self.clone(), session.clone());
         let decision = self
             .store
-            .read(move |c| this.decide(c, &s, turn_idx, step_idx))
+            .read(move |c| this.decide(c, &s, turn_idx, step_idx, None))
             .await?;
         self.act(&Subject::of(session, Some(turn_idx)), turn_idx, decision)
             .await
@@ -179,17 +234,31 @@ impl Compactor {
     /// to three queries) and says whether there is anything to do. The runner
     /// calls it inside the same blocking call that claims the step and builds
     /// the messages, so a step below the threshold costs no extra round trip.
+    ///
+    /// `prior` is what the turn's previous step read (None for a turn's first
+    /// step): a turn keeps the compaction it began with, and a summary that
+    /// completed in the background since is read from the next turn on, or
+    /// at once when this step has reached the hard threshold.
     pub(crate) fn decide(
         &self,
         c: &rusqlite::Connection,
         session: &SessionRow,
         turn_idx: i64,
         step_idx: i64,
+        prior: Option<Option<CompactionId>>,
     ) -> Result<Decision> {
         let sid = session.id;
         let latest = store::latest_completed(c, sid, turn_idx)?;
+        let latest_id = latest.as_ref().map(|l| l.id);
+        let base = match prior {
+            Some(id) if id != latest_id => match id {
+                Some(id) => Some(store::get_compaction(c, id)?),
+                None => None,
+            },
+            _ => latest.clone(),
+        };
         let Some(b) = planner::boundary(turn_idx, self.config.keep_last_turns) else {
-            return Ok(Decision::Read(latest));
+            return Ok(Decision::Read(base));
         };
         let b = if self.config.keep_recent_tokens > 0 {
             let after = latest.as_ref().map_or(-1, |l| l.up_to_turn_index);
@@ -205,38 +274,97 @@ impl Compactor {
             b
         };
         if b < 0 {
-            return Ok(Decision::Read(latest));
+            return Ok(Decision::Read(base));
         }
+        // The newest measure, when it was taken on the compaction this step
+        // reads: one taken before a summary it now reads completed (in the
+        // background) says nothing of the context after it, and decides
+        // nothing; the step's own measure will.
+        let base_id = base.as_ref().map(|r| r.id);
+        let measure = || -> Result<Option<i64>> {
+            Ok(
+                match store::latest_context_tokens(c, sid, turn_idx, step_idx)? {
+                    Some((tokens, read)) if read == base_id => Some(tokens),
+                    _ => None,
+                },
+            )
+        };
+        // Over the hard threshold (None: no threshold for this model).
+        let over_hard = || -> Result<Option<(bool, Option<i64>)>> {
+            let Some(limit) = self.threshold_tokens(session, turn_idx) else {
+                return Ok(None);
+            };
+            let measure = measure()?;
+            Ok(Some((planner::should_compact(measure, limit), measure)))
+        };
         if latest.as_ref().is_some_and(|l| l.up_to_turn_index >= b) {
-            return Ok(Decision::Read(latest));
+            if base_id == latest_id {
+                return Ok(Decision::Read(base));
+            }
+            // Completed in the background since this turn began.
+            let hard = over_hard()?.is_some_and(|(over, _)| over);
+            return Ok(Decision::Read(if hard { latest } else { base }));
         }
         match store::compaction_at(c, sid, b)? {
             // Failed earlier in this turn (or before a crash): the policy
             // decides, and the boundary is not tried again automatically.
             Some(row) if row.status == CompactionStatus::Failed => {
-                self.on_failed(row, latest).map(Decision::Read)
+                self.on_failed(row, base).map(Decision::Read)
             }
             Some(row) if row.status == CompactionStatus::Completed => Ok(Decision::Read(Some(row))),
-            // Pending: finish it, whatever the measure says now.
-            Some(_) => Ok(Decision::Claim {
-                boundary: b,
-                measure: None,
-                latest,
-            }),
+            // Pending: finished, whatever the measure says now (never
+            // re-decided): in the background below the hard threshold, by
+            // this step at or over it.
+            Some(row) => {
+                let Some(bg) = self.config.background else {
+                    return Ok(Decision::claim(b, None, base));
+                };
+                if over_hard()?.is_none_or(|(over, _)| over) {
+                    return Ok(Decision::claim(b, None, base));
+                }
+                if self.held_or_elsewhere(&row, bg) {
+                    Ok(Decision::Read(base))
+                } else {
+                    Ok(Decision::Background {
+                        boundary: b,
+                        measure: None,
+                        read: base,
+                    })
+                }
+            }
             None => {
                 let Some(limit) = self.threshold_tokens(session, turn_idx) else {
-                    return Ok(Decision::Read(latest));
+                    return Ok(Decision::Read(base));
                 };
-                let measure = store::latest_context_tokens(c, sid, turn_idx, step_idx)?;
+                let measure = measure()?;
                 if planner::should_compact(measure, limit) {
-                    Ok(Decision::Claim {
-                        boundary: b,
-                        measure,
-                        latest,
-                    })
-                } else {
-                    Ok(Decision::Read(latest))
+                    return Ok(Decision::claim(b, measure, base));
                 }
+                let Some(bg) = self.config.background else {
+                    return Ok(Decision::Read(base));
+                };
+                if !planner::should_compact(measure, bg.soft_tokens(limit)) {
+                    return Ok(Decision::Read(base));
+                }
+                // A summary one turn after the last one buys no room (the
+                // turns are large for the threshold): the hard threshold
+                // decides, rather than a summariser call every turn.
+                if latest.as_ref().is_some_and(|l| b - l.up_to_turn_index <= 1) {
+                    return Ok(Decision::Read(base));
+                }
+                // One background summary of a session at a time: one still
+                // pending at an earlier boundary is let finish (taken over
+                // when abandoned), not overtaken by a second summariser call.
+                let (boundary, measure) = match store::newest_pending(c, sid)? {
+                    None => (b, measure),
+                    Some(p) if self.held_or_elsewhere(&p, bg) => return Ok(Decision::Read(base)),
+                    Some(p) => (p.up_to_turn_index, None),
+                };
+                Ok(Decision::Background {
+                    boundary,
+                    measure,
+                    read: base,
+                })
             }
         }
     }
@@ -252,26 +380,24 @@ impl Compactor {
         let sid = subject.session_id;
         let (b, measure, latest) = match decision {
             Decision::Read(row) => return Ok(row),
+            Decision::Background {
+                boundary,
+                measure,
+                read,
+            } => {
+                self.background(subject, boundary, measure, read.as_ref())
+                    .await?;
+                return Ok(read);
+            }
             Decision::Claim {
                 boundary,
                 measure,
                 latest,
             } => (boundary, measure, latest),
         };
-        if let Some(prev) = latest.as_ref().filter(|l| b - l.up_to_turn_index <= 1) {
-            if measure.is_some() {
-                warn!(session_id = %sid, boundary = b, "compacting again one turn after the last compaction");
-                self.events.emit(
-                    subject,
-                    EventKind::CompactingOften {
-                        boundary: b,
-                        previous_boundary: prev.up_to_turn_index,
-                    },
-                );
-            }
-        }
+        self.say_if_often(subject, b, measure, latest.as_ref());
         let row = self
-            .claim_and_finish(subject, b, Trigger::Auto, None, measure)
+            .claim_and_finish(subject, b, Trigger::Auto, None, measure, true)
             .await;
         match row {
             Ok(_row) => {
@@ -291,6 +417,188 @@ impl Compactor {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether a pending row is someone else's to finish: a live other
+    /// holds it, or background rows are served by another process.
+    fn held_or_elsewhere(&self, row: &CompactionRow, bg: Background) -> bool {
+        let dead = self.gone_check();
+        bg.worker == BackgroundWorker::Elsewhere
+            || store::held_by_live_other(row, &self.owner, store::now_ms(), &dead)
+    }
+
+    /// A new compaction one turn after the previous one: said in an event.
+    fn say_if_often(
+        &self,
+        subject: &Subject,
+        b: i64,
+        measure: Option<i64>,
+        latest: Option<&CompactionRow>,
+    ) {
+        if let Some(prev) = latest.filter(|l| b - l.up_to_turn_index <= 1) {
+            if measure.is_some() {
+                warn!(session_id = %subject.session_id, boundary = b, "compacting again one turn after the last compaction");
+                self.events.emit(
+                    subject,
+                    EventKind::CompactingOften {
+                        boundary: b,
+                        previous_boundary: prev.up_to_turn_index,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Starts the background compaction of `boundary`: a task of this
+    /// compactor claims and summarises it ([`BackgroundWorker::Task`]; at most
+    /// one task per boundary in this process), or the pending row is recorded
+    /// for another process to serve ([`BackgroundWorker::Elsewhere`]).
+    pub(crate) async fn background(
+        &self,
+        subject: &Subject,
+        boundary: i64,
+        measure: Option<i64>,
+        latest: Option<&CompactionRow>,
+    ) -> Result<()> {
+        let worker = self.config.background.unwrap_or_default().worker;
+        self.say_if_often(subject, boundary, measure, latest);
+        let sid = subject.session_id;
+        if worker == BackgroundWorker::Elsewhere {
+            let inserted = self
+                .store
+                .call(move |c| store::enqueue_compaction(c, sid, boundary, measure))
+                .await?;
+            if inserted {
+                info!(session_id = %sid, boundary, "compaction queued for a background server");
+            }
+            return Ok(());
+        }
+        // One background summary of a session at a time.
+        if self.background_running_for(sid) {
+            return Ok(());
+        }
+        // Claimed here, before the step goes on: the boundary is fixed now,
+        // and the next decide() sees the pending row. The task summarises
+        // under this claim (and its lease's heartbeat).
+        let claim = ClaimGuard::new(&self.owner);
+        let outcome = self
+            .claim(
+                sid,
+                boundary,
+                Trigger::Background,
+                &None,
+                measure,
+                claim.holder(),
+            )
+            .await?;
+        info!(session_id = %sid, boundary, outcome = outcome_name(&outcome), "background compaction claim");
+        let row = match outcome {
+            ClaimOutcome::Claimed(row) | ClaimOutcome::TakenOver(row) => row,
+            // Completed, failed, or someone else's: nothing to do here.
+            _ => return Ok(()),
+        };
+        let (this, subject) = (self.clone(), subject.clone());
+        let task = tokio::spawn(async move {
+            let done = BACKGROUND
+                .scope((), async {
+                    crate::error::check_fault(&this.fault, FaultPoint::AfterClaim)?;
+                    this.summarise_and_complete(row, &claim, &subject).await?;
+                    crate::error::check_fault(&this.fault, FaultPoint::AfterCompactionComplete)
+                })
+                .await;
+            if let Err(e) = done {
+                warn!(session_id = %sid, boundary, error = %e, "background compaction did not finish");
+            }
+        });
+        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        tasks.insert((sid, boundary), task);
+        Ok(())
+    }
+
+    /// Waits for every background compaction task of this compactor (and of
+    /// the runners that share it) to end: what a host awaits before it
+    /// exits, so that no summary it started is left to the next runner.
+    /// Returns how many it waited for.
+    pub async fn finish_background(&self) -> usize {
+        let mut n = 0;
+        loop {
+            let tasks: Vec<_> = {
+                let mut t = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+                t.drain().map(|(_, task)| task).collect()
+            };
+            if tasks.is_empty() {
+                return n;
+            }
+            for task in tasks {
+                n += 1;
+                let _ = task.await;
+            }
+        }
+    }
+
+    fn background_running_for(&self, sid: SessionId) -> bool {
+        let mut t = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        t.retain(|_, task| !task.is_finished());
+        t.keys().any(|(s, _)| *s == sid)
+    }
+
+    /// Background compactions of this compactor still running.
+    pub fn background_running(&self) -> usize {
+        let mut t = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        t.retain(|_, task| !task.is_finished());
+        t.len()
+    }
+
+    /// Finishes every pending compaction of the store that no live other
+    /// holds: a row queued for a background server
+    /// ([`BackgroundWorker::Elsewhere`]), or one left by a summariser that
+    /// died. Each is claimed under its lease and summarised by this
+    /// compactor's summariser, exactly once as ever (a row another server
+    /// claims first is left to it). Returns the rows completed by this call,
+    /// and the boundaries that failed.
+    pub async fn serve_pending(&self) -> Result<Served> {
+        let (owner, dead) = (self.owner.clone(), self.gone_check());
+        let rows = self
+            .store
+            .read(move |c| {
+                let now = store::now_ms();
+                let mut out = Vec::new();
+                for row in store::pending_compactions(c)? {
+                    if !store::held_by_live_other(&row, &owner, now, &dead) {
+                        let session = store::get_session(c, row.session_id)?;
+                        out.push((row, session));
+                    }
+                }
+                Ok(out)
+            })
+            .await?;
+        let mut served = Served::default();
+        for (row, session) in rows {
+            let subject = Subject::of(&session, None);
+            match self
+                .claim_and_finish(
+                    &subject,
+                    row.up_to_turn_index,
+                    Trigger::Background,
+                    None,
+                    None,
+                    false,
+                )
+                .await
+            {
+                Ok(done) if done.status == CompactionStatus::Completed => {
+                    served.completed.push(done)
+                }
+                Ok(_) => {}
+                Err(Error::CompactionFailed {
+                    compaction_id,
+                    message,
+                    ..
+                }) => served.failed.push((compaction_id, message)),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(served)
     }
 
     fn on_failed(
@@ -360,6 +668,7 @@ impl Compactor {
             Trigger::Manual,
             focus,
             None,
+            true,
         )
         .await
     }
@@ -395,11 +704,12 @@ impl Compactor {
                         boundary,
                         owner: &owner,
                         ttl_ms: ttl,
-                        trigger: if trigger == Trigger::Auto {
-                            "auto"
-                        } else {
+                        trigger: if trigger == Trigger::Manual {
                             "manual"
+                        } else {
+                            "auto"
                         },
+                        background: trigger == Trigger::Background,
                         focus: focus_c.as_deref(),
                         trigger_tokens: measure,
                     },
@@ -410,6 +720,8 @@ impl Compactor {
     }
 
     /// Claims the boundary and drives the row to completed (or failed).
+    /// Without `wait`, a row a live other holds is left to it (its pending
+    /// row is returned).
     async fn claim_and_finish(
         &self,
         subject: &Subject,
@@ -417,6 +729,7 @@ impl Compactor {
         trigger: Trigger,
         focus: Option<String>,
         measure: Option<i64>,
+        wait: bool,
     ) -> Result<CompactionRow> {
         let session_id = subject.session_id;
         let deadline = tokio::time::Instant::now() + self.config.wait_timeout;
@@ -464,6 +777,7 @@ impl Compactor {
                         message: row.error.unwrap_or_default(),
                     })
                 }
+                ClaimOutcome::HeldByLiveOther(row) if !wait => return Ok(row),
                 ClaimOutcome::HeldByLiveOther(row) => {
                     if cfg!(feature = "broken-draft-read") {
                         // Deliberately wrong (feature-gated): read the draft instead of waiting.

@@ -26,6 +26,16 @@ pub struct SessionCounts {
     pub context_tokens: Option<i64>,
 }
 
+/// Steps of a session that waited for a summary, and their waits summed (ms).
+pub(crate) fn summary_waits(conn: &Connection, session_id: SessionId) -> Result<(i64, i64)> {
+    Ok(conn.query_row(
+        "SELECT count(s.summary_wait_ms), coalesce(sum(s.summary_wait_ms), 0) \
+         FROM steps s JOIN turns t ON t.id = s.turn_id WHERE t.session_id = ?1",
+        [session_id],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?)
+}
+
 pub(crate) fn session_counts(conn: &Connection, session_id: SessionId) -> Result<SessionCounts> {
     Ok(conn.query_row(
         "SELECT
@@ -178,6 +188,17 @@ pub(crate) fn run_totals(conn: &Connection) -> Result<(i64, i64, i64, i64)> {
                 (SELECT count(*) FROM compactions WHERE status = 'completed')",
         [],
         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+    )?)
+}
+
+/// (completed compactions made in the background, steps that waited for a summary).
+#[cfg(all(feature = "harness", unix))]
+pub(crate) fn background_totals(conn: &Connection) -> Result<(i64, i64)> {
+    Ok(conn.query_row(
+        "SELECT (SELECT count(*) FROM compactions WHERE status = 'completed' AND background = 1), \
+                (SELECT count(*) FROM steps WHERE summary_wait_ms IS NOT NULL)",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
     )?)
 }
 

@@ -123,6 +123,8 @@ pub(crate) struct Claim<'a> {
     pub trigger: &'a str,
     pub focus: Option<&'a str>,
     pub trigger_tokens: Option<i64>,
+    /// Claimed at the soft threshold, to be summarised in the background.
+    pub background: bool,
 }
 
 /// Claims the compaction row for (session, boundary).
@@ -160,11 +162,11 @@ pub(crate) fn claim_compaction(
         tx.prepare_cached(
             "INSERT INTO compactions (session_id, up_to_turn_index, up_to_turn_id, previous_id, \
              status, trigger, focus, attempts, lease_owner, lease_expires_at, trigger_tokens, \
-             created_at) \
+             created_at, background) \
              SELECT ?1, ?2, t.id, \
                (SELECT id FROM compactions WHERE session_id = ?1 AND status = 'completed' \
                 AND up_to_turn_index < ?2 ORDER BY up_to_turn_index DESC LIMIT 1), \
-               'pending', ?3, ?4, 1, ?5, ?6, ?7, ?8 \
+               'pending', ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9 \
              FROM turns t WHERE t.session_id = ?1 AND t.idx = ?2 \
              ON CONFLICT (session_id, up_to_turn_index) DO NOTHING",
         )?
@@ -176,7 +178,8 @@ pub(crate) fn claim_compaction(
             c.owner,
             now + c.ttl_ms,
             c.trigger_tokens,
-            now
+            now,
+            c.background
         ])? == 1;
     let row = compaction_at(&tx, c.session_id, c.boundary)?.ok_or_else(|| Error::TurnConflict {
         session_id: c.session_id,
@@ -205,6 +208,60 @@ pub(crate) fn claim_compaction(
     };
     tx.commit()?;
     Ok(outcome)
+}
+
+/// Records a pending row at (session, boundary) for another process to
+/// summarise (background compaction served elsewhere): unleased, so the
+/// first server (or a step at the hard threshold) claims it. Under the same
+/// UNIQUE index as a claim: a row already there is left as it is. Returns
+/// whether this call inserted it.
+pub(crate) fn enqueue_compaction(
+    conn: &mut Connection,
+    session_id: SessionId,
+    boundary: i64,
+    trigger_tokens: Option<i64>,
+) -> Result<bool> {
+    let tx = write_tx(conn)?;
+    let n = tx
+        .prepare_cached(
+            "INSERT INTO compactions (session_id, up_to_turn_index, up_to_turn_id, previous_id, \
+             status, trigger, attempts, trigger_tokens, created_at, background) \
+             SELECT ?1, ?2, t.id, \
+               (SELECT id FROM compactions WHERE session_id = ?1 AND status = 'completed' \
+                AND up_to_turn_index < ?2 ORDER BY up_to_turn_index DESC LIMIT 1), \
+               'pending', 'auto', 0, ?3, ?4, 1 \
+             FROM turns t WHERE t.session_id = ?1 AND t.idx = ?2 \
+             ON CONFLICT (session_id, up_to_turn_index) DO NOTHING",
+        )?
+        .execute(params![session_id, boundary, trigger_tokens, now_ms()])?;
+    tx.commit()?;
+    Ok(n == 1)
+}
+
+/// The session's pending row at the highest boundary, if any.
+pub(crate) fn newest_pending(
+    conn: &Connection,
+    session_id: SessionId,
+) -> Result<Option<CompactionRow>> {
+    Ok(conn
+        .prepare_cached(&format!(
+            "SELECT {} FROM compactions WHERE session_id = ?1 AND status = 'pending' \
+             ORDER BY up_to_turn_index DESC LIMIT 1",
+            CompactionRow::COLUMNS
+        ))?
+        .query_row(params![session_id], CompactionRow::from_row)
+        .optional()?)
+}
+
+/// Every pending row of the store, oldest first: what a background server
+/// looks at (it claims only those no live other holds).
+pub(crate) fn pending_compactions(conn: &Connection) -> Result<Vec<CompactionRow>> {
+    let mut st = conn.prepare_cached(&format!(
+        "SELECT {} FROM compactions WHERE status = 'pending' ORDER BY created_at, id",
+        CompactionRow::COLUMNS
+    ))?;
+    let rows = st.query_map([], CompactionRow::from_row)?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
 /// Extends a pending row's lease while its holder is still summarising.

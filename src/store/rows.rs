@@ -212,12 +212,15 @@ pub struct StepRow {
     /// The message renderer its hash was computed with (see
     /// [`crate::render::RenderFormat`]).
     pub render_format: i64,
+    /// Milliseconds the step waited for a summary before its model call
+    /// (None: it did not wait).
+    pub summary_wait_ms: Option<i64>,
 }
 
 impl StepRow {
     pub(crate) const COLUMNS: &'static str = "id, turn_id, idx, status, compaction_id, \
          messages_sha256, response, input_tokens, output_tokens, context_tokens, estimated, error, \
-         render_format";
+         render_format, summary_wait_ms";
     pub(crate) fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
         Ok(StepRow {
             id: r.get(0)?,
@@ -233,6 +236,7 @@ impl StepRow {
             estimated: r.get(10)?,
             error: r.get(11)?,
             render_format: r.get(12)?,
+            summary_wait_ms: r.get(13)?,
         })
     }
 }
@@ -342,13 +346,15 @@ pub struct CompactionRow {
     pub pins_added: Option<i64>,
     /// How many of the newest facts mentioned in passing counted as live.
     pub pins_window: Option<i64>,
+    /// Claimed at the soft threshold and summarised in the background.
+    pub background: bool,
 }
 
 impl CompactionRow {
     pub(crate) const COLUMNS: &'static str = "id, session_id, up_to_turn_index, up_to_turn_id, \
          previous_id, status, summary, summary_sha256, trigger, focus, attempts, lease_owner, lease_expires_at, \
          model, prompt_sha256, trigger_tokens, tokens_before, tokens_after, input_tokens, \
-         output_tokens, summary_calls, error, created_at, completed_at, pins_live, pins_added, pins_window";
+         output_tokens, summary_calls, error, created_at, completed_at, pins_live, pins_added, pins_window, background";
     pub(crate) fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
         Ok(CompactionRow {
             id: r.get(0)?,
@@ -378,6 +384,7 @@ impl CompactionRow {
             pins_live: r.get(24)?,
             pins_added: r.get(25)?,
             pins_window: r.get(26)?,
+            background: r.get(27)?,
         })
     }
 }

@@ -8,6 +8,19 @@ use crate::error::{Error, Result};
 use crate::ids::{CompactionId, StepId, TurnId};
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
+/// The compaction step `idx` of `turn_id` read (None: none, or no such step).
+pub(crate) fn step_compaction_id(
+    conn: &Connection,
+    turn_id: TurnId,
+    idx: i64,
+) -> Result<Option<CompactionId>> {
+    Ok(conn
+        .prepare_cached("SELECT compaction_id FROM steps WHERE turn_id = ?1 AND idx = ?2")?
+        .query_row(params![turn_id, idx], |r| r.get(0))
+        .optional()?
+        .flatten())
+}
+
 pub(crate) fn get_step(conn: &Connection, id: StepId) -> Result<StepRow> {
     conn.prepare_cached(&format!(
         "SELECT {} FROM steps WHERE id = ?1",
@@ -76,6 +89,8 @@ pub(crate) struct Responded {
     pub output_tokens: Option<i64>,
     pub context_tokens: i64,
     pub estimated: bool,
+    /// Milliseconds waited for a summary before the model call (None: none).
+    pub summary_wait_ms: Option<i64>,
 }
 
 /// Writes a step's response, usage, hash, compaction read and context measure
@@ -86,7 +101,7 @@ pub(crate) fn write_response(tx: &Transaction<'_>, lease: &Lease, r: &Responded)
         .prepare_cached(
             "UPDATE steps SET status = 'responded', compaction_id = ?1, messages_sha256 = ?2, \
              response = ?3, input_tokens = ?4, output_tokens = ?5, context_tokens = ?6, \
-             estimated = ?7, responded_at = ?8, render_format = ?10 \
+             estimated = ?7, responded_at = ?8, render_format = ?10, summary_wait_ms = ?11 \
              WHERE id = ?9 AND status = 'running'",
         )?
         .execute(params![
@@ -99,7 +114,8 @@ pub(crate) fn write_response(tx: &Transaction<'_>, lease: &Lease, r: &Responded)
             r.estimated,
             now_ms(),
             r.step_id,
-            crate::render::RenderFormat::CURRENT.as_i64()
+            crate::render::RenderFormat::CURRENT.as_i64(),
+            r.summary_wait_ms
         ])?;
     if n == 0 {
         return Err(Error::LeaseLost {

@@ -5,7 +5,7 @@ use super::rows::*;
 use super::sessions::*;
 use super::{now_ms, write_tx};
 use crate::error::{Error, Result};
-use crate::ids::{SessionId, StepId, TurnId};
+use crate::ids::{CompactionId, SessionId, StepId, TurnId};
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
 pub(crate) fn get_turn(conn: &Connection, id: TurnId) -> Result<TurnRow> {
@@ -179,15 +179,17 @@ pub(crate) fn latest_context_tokens(
     session_id: SessionId,
     turn_idx: i64,
     step_idx: i64,
-) -> Result<Option<i64>> {
+) -> Result<Option<(i64, Option<CompactionId>)>> {
     Ok(conn
         .prepare_cached(
-            "SELECT s.context_tokens FROM turns t JOIN steps s ON s.turn_id = t.id \
+            "SELECT s.context_tokens, s.compaction_id FROM turns t JOIN steps s ON s.turn_id = t.id \
              WHERE t.session_id = ?1 AND s.context_tokens IS NOT NULL \
              AND (t.idx < ?2 OR (t.idx = ?2 AND s.idx < ?3)) \
              ORDER BY t.idx DESC, s.idx DESC LIMIT 1",
         )?
-        .query_row(params![session_id, turn_idx, step_idx], |r| r.get(0))
+        .query_row(params![session_id, turn_idx, step_idx], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
         .optional()?)
 }
 

@@ -35,6 +35,12 @@ pub struct Args {
     /// Compaction threshold, tokens (low, so most turns compact).
     #[arg(long, default_value_t = 1200, allow_negative_numbers = true, value_parser = at_least_one)]
     pub compact_at: u64,
+    /// Background compaction (on: summaries are made by tasks while steps go
+    /// on, and killed there too; the comparison with the control run then
+    /// leaves compaction records and step hashes out), or inline only (off:
+    /// the whole transcript and every step hash must equal the control's).
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub background: String,
     /// Kill at point 1, 2, 3, … of the workload in turn, until none is left.
     #[arg(long)]
     pub enumerate: bool,
@@ -57,6 +63,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         turns,
         point_kill_p,
         compact_at,
+        background,
         enumerate,
         max_seconds,
         json,
@@ -70,6 +77,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         turns,
         point_kill_p,
         compact_at,
+        background: background == "on",
         max_duration: Duration::from_secs(max_seconds),
         exe: None,
         ..Default::default()
@@ -108,6 +116,8 @@ pub struct WorkerArgs {
     pub worker: u64,
     #[arg(long)]
     pub compact_at: u64,
+    #[arg(long, value_parser = ["on", "off"])]
+    pub background: String,
 }
 
 /// Runs the verb.
@@ -120,6 +130,7 @@ pub async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
         epochs,
         worker,
         compact_at,
+        background,
     } = args;
     let w = abridge::chaos::Workload {
         seed,
@@ -127,6 +138,7 @@ pub async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
         turns,
         epochs,
         compact_at,
+        background: background == "on",
     };
     abridge::chaos::worker_main(&db, &w, worker).await?;
     Ok(ExitCode::SUCCESS)
@@ -175,7 +187,10 @@ fn print_chaos(r: &abridge::chaos::ChaosReport) {
         "  turns                  {} ({} failed by policy)",
         r.turns, r.turns_failed_by_policy
     );
-    println!("  compactions            {}", r.compactions);
+    println!(
+        "  compactions            {} ({} in the background; {} steps waited for a summary)",
+        r.compactions, r.compactions_background, r.steps_waited_for_summary
+    );
     println!(
         "  at-most-once unknown   {} session(s)",
         r.at_most_once_unknown_sessions

@@ -66,3 +66,20 @@ pub fn must_exist(db: &Path) -> abridge::Result<()> {
 pub fn print_json(v: &impl serde::Serialize) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
+
+/// The model of the verbs that only summarise (`compact`, `serve`, with the
+/// offline summariser): they never run a step. Holds the verb's name.
+pub struct NoModel(pub &'static str);
+
+#[async_trait::async_trait]
+impl abridge::ModelClient for NoModel {
+    async fn complete(
+        &self,
+        _: &abridge::ModelRequest,
+    ) -> Result<abridge::ModelResponse, abridge::ModelError> {
+        Err(abridge::ModelError::Permanent(format!(
+            "abridge {} runs no model steps",
+            self.0
+        )))
+    }
+}

@@ -1,7 +1,7 @@
 //! `abridge compact`: manual compaction from outside any running host.
 
 use crate::args::whole_u32;
-use crate::common::{must_exist, Failure};
+use crate::common::{must_exist, Failure, NoModel};
 use abridge::inspect;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -53,7 +53,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
     let mut cfg = abridge::RunnerConfig::default()
         .with_owner(abridge::owner::process_owner("abridge-compact"));
     cfg.compaction.keep_last_turns = keep_last_turns;
-    let runner = abridge::Runner::builder(store, std::sync::Arc::new(NoModel))
+    let runner = abridge::Runner::builder(store, std::sync::Arc::new(NoModel("compact")))
         .config(cfg)
         .build()?;
     let asked_at = abridge::store::now_ms();
@@ -123,20 +123,4 @@ fn preview(
         println!("  {}", pin.line(true).trim_start_matches("- "));
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The model of `abridge compact`: it never runs a step, only summarises
-/// (with the offline summariser).
-struct NoModel;
-
-#[async_trait::async_trait]
-impl abridge::ModelClient for NoModel {
-    async fn complete(
-        &self,
-        _: &abridge::ModelRequest,
-    ) -> Result<abridge::ModelResponse, abridge::ModelError> {
-        Err(abridge::ModelError::Permanent(
-            "abridge compact runs no model steps".into(),
-        ))
-    }
 }

@@ -33,6 +33,11 @@ pub struct Args {
     /// Simulated summariser latency, ms.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = whole)]
     pub summary_latency: u64,
+    /// Background compaction: a summary starts at 80% of the threshold and
+    /// is made while the session goes on (on), or only when a step reaches
+    /// the threshold, which then waits for it (off).
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub background: String,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -51,6 +56,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         seed,
         model_latency,
         summary_latency,
+        background,
         json,
         progress,
     } = args;
@@ -63,6 +69,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         model_latency: Duration::from_millis(model_latency),
         summary_latency: Duration::from_millis(summary_latency),
         owner: None,
+        background: background == "on",
     };
     let tty = (progress || std::io::stdout().is_terminal()) && !json;
     let report = run_demo(&opts, move |p| {
@@ -96,8 +103,12 @@ fn print_demo_table(r: &abridge::demo::DemoReport) {
     println!("  steps                  {}", r.steps);
     println!("  tool calls             {}", r.tool_calls);
     println!(
-        "  compactions            {} completed, {} failed",
-        r.compactions_completed, r.compactions_failed
+        "  compactions            {} completed ({} in the background), {} failed",
+        r.compactions_completed, r.compactions_background, r.compactions_failed
+    );
+    println!(
+        "  waited for a summary   {} steps, {} ms in all",
+        r.steps_waited_for_summary, r.summary_wait_ms
     );
     println!(
         "  pinned facts           {} stated, {} live, {} carried by the newest summaries ({} added by the guard)",

@@ -10,6 +10,7 @@ mod demo;
 mod export;
 mod inspect;
 mod replay;
+mod serve;
 mod upgrade;
 mod verify;
 
@@ -75,6 +76,13 @@ enum Cmd {
     #[cfg(unix)]
     #[command(hide = true)]
     ChaosLocker(chaos::LockerArgs),
+    /// Finish a store's pending compactions (background compaction served by
+    /// another process, or summaries left by a crash).
+    #[command(
+        after_help = "Examples:\n  abridge serve --db host.db\n  abridge serve --db host.db --watch --poll-ms 200\n\n\
+        Exit status 0 when every pending compaction it took was completed."
+    )]
+    Serve(serve::Args),
     /// Check guarantees G1-G8 on a whole database; exit 0 only when all hold.
     #[command(after_help = "Example:\n  abridge verify --db abridge-demo.db --json")]
     Verify(verify::Args),
@@ -95,6 +103,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode, Failure> {
         Cmd::ChaosWorker(a) => chaos::worker(a).await,
         #[cfg(unix)]
         Cmd::ChaosLocker(a) => chaos::locker(a).await,
+        Cmd::Serve(a) => serve::run(a).await,
         Cmd::Verify(a) => verify::run(a).await,
         Cmd::Upgrade(a) => upgrade::run(a).await,
     }

@@ -1,0 +1,67 @@
+//! `abridge serve`: the background compaction of hosts that leave it to
+//! another process: finishes the pending compactions of a store.
+
+use crate::common::{must_exist, Failure, NoModel};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Arguments of `abridge serve`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Database file.
+    #[arg(long)]
+    pub db: PathBuf,
+    /// Keep serving: look for pending compactions every `--poll-ms` until
+    /// stopped (a serve killed mid-summary leaves its row to the next one
+    /// once its lease expires).
+    #[arg(long)]
+    pub watch: bool,
+    /// With --watch: milliseconds between looks.
+    #[arg(long, default_value_t = 500, allow_negative_numbers = true, value_parser = crate::args::at_least_one)]
+    pub poll_ms: u64,
+}
+
+/// Runs the verb.
+pub async fn run(args: Args) -> Result<ExitCode, Failure> {
+    let Args { db, watch, poll_ms } = args;
+    must_exist(&db)?;
+    let store = abridge::Store::open(&db)?;
+    let cfg =
+        abridge::RunnerConfig::default().with_owner(abridge::owner::process_owner("abridge-serve"));
+    let runner = abridge::Runner::builder(store.clone(), std::sync::Arc::new(NoModel("serve")))
+        .config(cfg)
+        .build()?;
+    let (mut completed, mut failed) = (0usize, 0usize);
+    loop {
+        let served = runner.serve_pending().await?;
+        for row in &served.completed {
+            let sid = row.session_id;
+            let session = store.session(sid).await?;
+            println!(
+                "compaction {} of session {} up to turn {}: completed (tokens {} -> {}, {} pinned facts carried)",
+                row.id,
+                session.external_id,
+                row.up_to_turn_index,
+                row.tokens_before.unwrap_or(0),
+                row.tokens_after.unwrap_or(0),
+                row.pins_live.unwrap_or(0),
+            );
+        }
+        for (id, message) in &served.failed {
+            println!("compaction {id}: failed ({message})");
+        }
+        completed += served.completed.len();
+        failed += served.failed.len();
+        if !watch {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(poll_ms)).await;
+    }
+    println!("served {completed} pending compaction(s), {failed} failed");
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
