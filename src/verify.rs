@@ -243,7 +243,10 @@ fn pins_carried(
 }
 
 /// Sessions whose automatic compactions came in consecutive turns: each
-/// summary left no room under the threshold.
+/// summary left no room under the threshold. A pair whose first summary was
+/// made in the background is not counted: it was read a turn or more after
+/// its boundary, with the turns that ran while it was made, so the room was
+/// taken by those turns, not left out by the summary.
 fn compacting_often(compactions: &[store::CompactionRow]) -> Vec<String> {
     let mut by_session: std::collections::BTreeMap<i64, Vec<&store::CompactionRow>> =
         Default::default();
@@ -258,7 +261,9 @@ fn compacting_often(compactions: &[store::CompactionRow]) -> Vec<String> {
         let close = rows
             .windows(2)
             .filter(|w| {
-                w[1].trigger == "auto" && w[1].up_to_turn_index - w[0].up_to_turn_index <= 1
+                w[1].trigger == "auto"
+                    && !w[0].background
+                    && w[1].up_to_turn_index - w[0].up_to_turn_index <= 1
             })
             .count();
         if close > 0 {

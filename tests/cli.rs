@@ -729,18 +729,56 @@ fn the_readme_sample_output_is_what_the_demo_prints() {
         .unwrap();
     assert!(out.status.success());
     let printed = String::from_utf8(out.stdout).unwrap();
-    let printed: std::collections::HashSet<&str> = printed.lines().collect();
-    let mut checked = 0;
+    // With background compaction (the default), which turns a summary covers
+    // depends on timing: the lines about contexts, compactions and the facts
+    // the newest summaries carry are checked for their form (numbers aside);
+    // the workload's own figures exactly.
+    let shape = |l: &str| -> String {
+        l.chars()
+            .map(|c| if c.is_ascii_digit() { '#' } else { c })
+            .collect::<String>()
+            .split_whitespace()
+            .map(|w| {
+                if w.chars().all(|c| c == '#' || c == '.') {
+                    "#"
+                } else {
+                    w
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let exact: std::collections::HashSet<&str> = printed.lines().collect();
+    let shapes: std::collections::HashSet<String> = printed.lines().map(shape).collect();
+    let (mut checked, mut exactly) = (0, 0);
     for line in block.lines() {
-        // Timings vary; "..." stands for the rows left out; the per-turn lines
-        // of concurrent sessions interleave in any order (each is checked).
-        if line.trim().is_empty() || line.trim() == "..." || line.contains("wall time") {
+        // "..." stands for the rows left out; the per-turn lines of
+        // concurrent sessions interleave in any order (each is checked).
+        if line.trim().is_empty() || line.trim() == "..." {
             continue;
         }
-        assert!(printed.contains(line), "the demo no longer prints {line:?}");
+        let timed = [
+            "context",
+            "compactions",
+            "waited",
+            "pinned facts",
+            "wall time",
+        ]
+        .iter()
+        .any(|w| line.contains(w))
+            || line.starts_with("  demo-42-");
+        if timed {
+            assert!(
+                shapes.contains(&shape(line)),
+                "the demo no longer prints a line like {line:?}"
+            );
+        } else {
+            assert!(exact.contains(line), "the demo no longer prints {line:?}");
+            exactly += 1;
+        }
         checked += 1;
     }
-    assert!(checked >= 12, "{checked}");
+    assert!(checked >= 12 && exactly >= 6, "{checked} {exactly}");
 }
 
 #[test]

@@ -432,8 +432,11 @@ async fn verify_reports_a_summary_that_lost_a_pin() {
 }
 
 /// The documented target (docs/fidelity.md, "No thrash"): the first step
-/// after a compaction sends at most 60% of the threshold. Every compaction
-/// of the demo workload (3 sessions x 40 turns, threshold 4,000) meets it.
+/// after a compaction sends at most 60% of the threshold; after one made in
+/// the background (read a turn or more later, with the turns that ran while
+/// it was made), less than the soft threshold (80%), so that reading it does
+/// not start the next one. Every compaction of the demo workload (3 sessions
+/// x 40 turns, threshold 4,000, background compaction on) meets it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_compaction_of_the_demo_leaves_the_context_under_the_target() {
     let (_d, path) = common::temp_db();
@@ -447,23 +450,28 @@ async fn every_compaction_of_the_demo_leaves_the_context_under_the_target() {
     let store = Store::open(&path).unwrap();
     // (A summary made in the background after the session's last turn has
     // no step that read it.)
-    let after: Vec<(i64, Option<i64>)> = store
+    let after: Vec<(i64, bool, Option<i64>)> = store
         .with_conn(|c| {
             let mut st = c.prepare(
-                "SELECT c.id, (SELECT s.context_tokens FROM steps s WHERE s.compaction_id = c.id \
-                 ORDER BY s.id LIMIT 1) FROM compactions c WHERE c.status = 'completed'",
+                "SELECT c.id, c.background, (SELECT s.context_tokens FROM steps s \
+                 WHERE s.compaction_id = c.id ORDER BY s.id LIMIT 1) \
+                 FROM compactions c WHERE c.status = 'completed'",
             )?;
-            let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
             Ok(rows.collect::<rusqlite::Result<_>>()?)
         })
         .unwrap();
-    for (id, tokens) in after {
+    let mut background = 0;
+    for (id, in_background, tokens) in after {
         let Some(tokens) = tokens else { continue };
+        let share = if in_background { 80 } else { 60 };
+        background += usize::from(in_background);
         assert!(
-            tokens * 100 <= threshold * 60,
-            "compaction {id}: the next step sent {tokens} tokens, over 60% of {threshold}"
+            tokens * 100 < threshold * share || (!in_background && tokens * 100 == threshold * 60),
+            "compaction {id}: the next step sent {tokens} tokens, over {share}% of {threshold}"
         );
     }
+    assert!(background > 0, "the demo compacts in the background");
     let report = store.verify(Vec::new()).await.unwrap();
     assert!(report.notes.is_empty(), "{:?}", report.notes);
 }
@@ -485,7 +493,9 @@ impl Summariser for Bloated {
 async fn compacting_in_consecutive_turns_is_reported_by_an_event_and_verify() {
     let (_d, path) = common::temp_db();
     let store = Store::open(&path).unwrap();
-    let mut cfg = CompactionConfig::default().with_compact_at(Threshold::Tokens(400));
+    let mut cfg = CompactionConfig::default()
+        .with_compact_at(Threshold::Tokens(400))
+        .with_background(None);
     cfg.max_summary_share = Some(1.0);
     let r = runner(&store, Arc::new(Bloated), cfg);
     let mut events = r.subscribe();

@@ -338,6 +338,15 @@ impl Compactor {
                 };
                 let measure = measure()?;
                 if planner::should_compact(measure, limit) {
+                    // A background summary already on its way (an earlier
+                    // boundary) is waited for, not overtaken by a second
+                    // summariser call: the step reads it, and the next step
+                    // measures the context after it.
+                    if self.config.background.is_some() {
+                        if let Some(p) = store::newest_pending(c, sid)? {
+                            return Ok(Decision::claim(p.up_to_turn_index, None, base));
+                        }
+                    }
                     return Ok(Decision::claim(b, measure, base));
                 }
                 let Some(bg) = self.config.background else {
@@ -435,7 +444,9 @@ impl Compactor {
         measure: Option<i64>,
         latest: Option<&CompactionRow>,
     ) {
-        if let Some(prev) = latest.filter(|l| b - l.up_to_turn_index <= 1) {
+        // (Not after a background summary: it was read late, with the turns
+        // that ran while it was made, which took the room.)
+        if let Some(prev) = latest.filter(|l| b - l.up_to_turn_index <= 1 && !l.background) {
             if measure.is_some() {
                 warn!(session_id = %subject.session_id, boundary = b, "compacting again one turn after the last compaction");
                 self.events.emit(
