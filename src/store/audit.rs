@@ -27,6 +27,7 @@ pub struct SessionCounts {
 }
 
 /// Steps of a session that waited for a summary, and their waits summed (ms).
+#[cfg(feature = "harness")]
 pub(crate) fn summary_waits(conn: &Connection, session_id: SessionId) -> Result<(i64, i64)> {
     Ok(conn.query_row(
         "SELECT count(s.summary_wait_ms), coalesce(sum(s.summary_wait_ms), 0) \
