@@ -33,7 +33,8 @@ pub(crate) struct Context {
     /// `(turn idx, step idx)`: the array holds everything before step `at.1`
     /// of turn `at.0`, that turn's input included.
     at: (i64, i64),
-    messages: Vec<Message>,
+    /// Shared with the request of the step that reads it (no copy per step).
+    messages: std::sync::Arc<Vec<Message>>,
     /// `[` and the serialised messages joined by `,`: the bytes a step hashes,
     /// less the closing `]`.
     open_bytes: Vec<u8>,
@@ -54,7 +55,7 @@ impl Context {
             session_id: session.id,
             compaction_id: compaction.map(|c| c.id),
             at,
-            messages: Vec::with_capacity(messages.len()),
+            messages: std::sync::Arc::new(Vec::with_capacity(messages.len())),
             open_bytes: vec![b'['],
             hasher: Sha256::new(),
         };
@@ -128,7 +129,8 @@ impl Context {
             }
             serde_json::to_writer(&mut self.open_bytes, &m).expect("messages serialise");
             self.hasher.update(&self.open_bytes[start..]);
-            self.messages.push(m);
+            // Copies only when a request of an earlier step is still held.
+            std::sync::Arc::make_mut(&mut self.messages).push(m);
         }
     }
 
@@ -145,7 +147,7 @@ impl Context {
         std::str::from_utf8(&self.open_bytes).unwrap_or_default()
     }
 
-    /// The request for the model: a copy of the array.
+    /// The request for the model: the array, shared (not copied).
     pub(crate) fn request(
         &self,
         model: &str,
@@ -153,7 +155,7 @@ impl Context {
     ) -> ModelRequest {
         ModelRequest {
             model: model.to_string(),
-            messages: self.messages.clone(),
+            messages: std::sync::Arc::clone(&self.messages),
             tools,
             max_output_tokens: None,
         }
@@ -230,7 +232,7 @@ mod tests {
             session_id: SessionId(session_id),
             compaction_id: None,
             at: (0, 0),
-            messages: Vec::new(),
+            messages: Default::default(),
             open_bytes: vec![b'x'; n],
             hasher: Sha256::new(),
         };

@@ -90,8 +90,10 @@ pub struct ModelRequest {
     /// The model name (the session's model, or the summariser's).
     pub model: String,
     /// The message array, system prompt first. For a step, exactly the array whose
-    /// serialised bytes were hashed.
-    pub messages: Vec<Message>,
+    /// serialised bytes were hashed. Shared with the runner's kept context: a
+    /// step's request costs no copy of the array (a client that keeps the
+    /// request past its call makes the next step copy it once).
+    pub messages: std::sync::Arc<Vec<Message>>,
     /// The tools offered.
     pub tools: Vec<ToolSpec>,
     /// An upper bound on output tokens, where the caller has one.

@@ -877,8 +877,8 @@ impl Runner {
         let (context_tokens, estimated) = match response.usage.input_tokens {
             Some(n) => (saturating_tokens(n, "input", step_id), false),
             None => {
-                let text = format!("{}]", ctx.text());
-                let n = self.inner.cfg.compaction.token_counter.count(&text);
+                let counter = &self.inner.cfg.compaction.token_counter;
+                let n = counter.count_parts(&[ctx.text(), "]"]);
                 (n as i64, true)
             }
         };

@@ -186,10 +186,12 @@ async fn compaction_on_many_turns_verifies() {
 /// runtime) and falls back to the blocking pool on a current-thread runtime;
 /// the guarantees hold either way. Which path ran is seen from the task a
 /// transactional tool (run inside the store call) finds itself in: the turn's
-/// own task in place, a blocking-pool task otherwise.
+/// own task in place, a blocking-pool task otherwise. In place is the
+/// default: a step makes no thread hand-off.
 #[test]
 fn in_place_blocking_runs_turns_on_both_runtime_flavors() {
     for (multi, blocking, in_place) in [
+        (true, abridge::StoreOptions::default().blocking, true),
         (true, abridge::Blocking::InPlace, true),
         (false, abridge::Blocking::InPlace, false),
         (true, abridge::Blocking::Pool, false),

@@ -171,6 +171,14 @@ pub enum PromptStyle {
 pub trait TokenCounter: Send + Sync {
     /// Tokens in `text`.
     fn count(&self, text: &str) -> u64;
+
+    /// Tokens in the concatenation of `parts`, equal to `count` of it. The
+    /// default joins them (a copy); a counter that can count piece by piece
+    /// overrides it (the default [`CharsPerFour`] does), so that a step's
+    /// estimate costs no copy of its context.
+    fn count_parts(&self, parts: &[&str]) -> u64 {
+        self.count(&parts.concat())
+    }
 }
 
 /// The default counter: characters / 4, rounded up.
@@ -180,6 +188,11 @@ pub struct CharsPerFour;
 impl TokenCounter for CharsPerFour {
     fn count(&self, text: &str) -> u64 {
         (text.chars().count() as u64).div_ceil(4)
+    }
+
+    fn count_parts(&self, parts: &[&str]) -> u64 {
+        let chars: usize = parts.iter().map(|p| p.chars().count()).sum();
+        (chars as u64).div_ceil(4)
     }
 }
 

@@ -209,10 +209,10 @@ impl Summariser for ModelSummariser {
     async fn summarise(&self, request: &SummaryRequest) -> Result<SummaryResponse, ModelError> {
         let req = ModelRequest {
             model: self.model.clone(),
-            messages: vec![
+            messages: std::sync::Arc::new(vec![
                 Message::text(Role::System, request.rules.clone()),
                 Message::text(Role::User, request.body()),
-            ],
+            ]),
             tools: Vec::new(),
             max_output_tokens: self.max_output_tokens,
         };

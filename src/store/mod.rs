@@ -7,8 +7,10 @@
 //! `BEGIN IMMEDIATE`, so writers queue on SQLite's busy handler instead of
 //! failing with `SQLITE_BUSY` on lock upgrade.
 //!
-//! The async entry points run their SQLite work on tokio's blocking pool
-//! ([`Store::call`], or in place when [`Blocking::InPlace`] is chosen). The one
+//! The async entry points run their SQLite work in place on the calling
+//! worker of a multi-thread runtime (`block_in_place`, [`Blocking::InPlace`],
+//! the default) or on tokio's blocking pool ([`Blocking::Pool`], and on a
+//! current-thread runtime). The one
 //! exception is a short read that cannot wait (`ensure()`'s decision): it runs
 //! on the calling thread when a connection is idle, with SQLite's busy handler
 //! off, and through the pool otherwise.
@@ -111,15 +113,15 @@ pub struct StoreOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Blocking {
     /// On tokio's blocking pool (`spawn_blocking`): no runtime worker thread ever
-    /// blocks on SQLite. The default.
-    #[default]
+    /// blocks on SQLite, at the price of a thread hand-off per store call.
     Pool,
     /// On the calling worker thread, which first hands its other tasks to the
-    /// rest of the runtime (`block_in_place`). Saves the thread hand-off of each
-    /// store call (a step makes one; about a third of a compaction-on step in
-    /// the peers benchmark), at the price of one fewer worker while the call
-    /// runs. Falls back to `Pool` on a current-thread runtime, where
-    /// `block_in_place` is not allowed.
+    /// rest of the runtime (`block_in_place`), so the runtime goes on while
+    /// the call runs. Saves the thread hand-off of each store call (a step
+    /// makes one; about a third of a compaction-on step in the peers
+    /// benchmark). The default. Falls back to `Pool` on a current-thread
+    /// runtime, where `block_in_place` is not allowed.
+    #[default]
     InPlace,
 }
 
@@ -152,7 +154,7 @@ impl Default for StoreOptions {
             synchronous: Synchronous::Normal,
             busy_timeout: Duration::from_secs(10),
             max_connections: 8,
-            blocking: Blocking::Pool,
+            blocking: Blocking::default(),
         }
     }
 }
