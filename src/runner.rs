@@ -1076,7 +1076,7 @@ impl Runner {
             Err(refusal) => {
                 // No tool runs: record the error result the model sees.
                 let inv = new_invocation(plan.step_id, pos, &call, Effect::None);
-                let body = Box::new(move |_: &rusqlite::Transaction<'_>, _: &_| Ok(Err(refusal)));
+                let body = Box::new(move |_: &rusqlite::Transaction<'_>| Ok(Err(refusal)));
                 (
                     store::run_transactional(tx, lease, &inv, body)?,
                     Effect::None,
@@ -1085,7 +1085,7 @@ impl Runner {
             Ok((ToolImpl::Transactional(tool), _)) => {
                 let inv = new_invocation(plan.step_id, pos, &call, Effect::Transactional);
                 let tc = call.clone();
-                let body = move |tx: &rusqlite::Transaction<'_>, _: &store::InvocationRow| {
+                let body = move |tx: &rusqlite::Transaction<'_>| {
                     let r = std::panic::catch_unwind(AssertUnwindSafe(|| tool.call(tx, &tc)));
                     let out = match r {
                         Ok(Ok(v)) => render_result(v),

@@ -6,7 +6,7 @@ use super::now_ms;
 use super::rows::*;
 use crate::error::{Error, Result};
 use crate::ids::{InvocationId, StepId};
-use rusqlite::{params, Connection, Transaction};
+use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
 /// A tool call to record.
 #[derive(Debug, Clone)]
@@ -101,42 +101,98 @@ pub(crate) fn finish_invocation(
 }
 
 /// What a transactional tool body returns: Ok(result) commits with its writes.
-pub(crate) type TxBody<'f> = dyn FnOnce(&Transaction<'_>, &InvocationRow) -> Result<std::result::Result<String, String>>
-    + 'f;
+pub(crate) type TxBody<'f> =
+    dyn FnOnce(&Transaction<'_>) -> Result<std::result::Result<String, String>> + 'f;
 
-/// Runs a transactional tool inside the caller's fenced transaction: claims the
-/// invocation, runs `body` and records the result, so the tool's writes and its
-/// record commit together or not at all.
+/// Runs a transactional tool inside the caller's fenced transaction and
+/// records it with its result, so the tool's writes and its record commit
+/// together or not at all. The invocation row is written once, finished
+/// (nothing can see it in between: the transaction holds the write lock).
 ///
 /// An already-finished invocation does not run `body`. A body that returns
 /// `Ok(Err(msg))` (the tool refused) has its writes rolled back to a savepoint
 /// and the error result is recorded instead. A body returning `Err` aborts the
-/// caller's transaction (a crash: nothing recorded).
+/// caller's transaction (a crash: nothing recorded). A `started` row (written
+/// by an older build, which claimed the row before running the tool) is
+/// finished in place.
 pub(crate) fn run_transactional(
     tx: &Transaction<'_>,
     lease: &Lease,
     inv: &NewInvocation<'_>,
     body: Box<TxBody<'_>>,
 ) -> Result<Option<(InvocationId, bool)>> {
-    let (row, _) = insert_or_get_invocation(tx, inv)?;
-    if row.status != InvocationStatus::Started && !cfg!(feature = "broken-idempotency") {
+    let existing = get_invocation_by_call(tx, inv.step_id, inv.tool_call_id)?;
+    if existing
+        .as_ref()
+        .is_some_and(|row| row.status != InvocationStatus::Started)
+        && !cfg!(feature = "broken-idempotency")
+    {
         return Ok(None);
     }
     tx.prepare_cached("SAVEPOINT tool_body")?.execute([])?;
-    let ok = match body(tx, &row)? {
+    let (ok, result) = match body(tx)? {
         Ok(result) => {
             tx.prepare_cached("RELEASE tool_body")?.execute([])?;
-            finish_invocation(tx, lease, row.id, true, &result)?;
-            true
+            (true, result)
         }
         Err(msg) => {
             tx.prepare_cached("ROLLBACK TO tool_body")?.execute([])?;
             tx.prepare_cached("RELEASE tool_body")?.execute([])?;
-            finish_invocation(tx, lease, row.id, false, &msg)?;
-            false
+            (false, msg)
         }
     };
-    Ok(Some((row.id, ok)))
+    let id = match existing {
+        Some(row) => {
+            finish_invocation(tx, lease, row.id, ok, &result)?;
+            row.id
+        }
+        None => insert_finished_invocation(tx, inv, ok, &result)?,
+    };
+    Ok(Some((id, ok)))
+}
+
+/// The invocation of a step's call, if recorded.
+fn get_invocation_by_call(
+    tx: &Transaction<'_>,
+    step_id: StepId,
+    tool_call_id: &str,
+) -> Result<Option<InvocationRow>> {
+    Ok(tx
+        .prepare_cached(&format!(
+            "SELECT {} FROM tool_invocations WHERE step_id = ?1 AND tool_call_id = ?2",
+            InvocationRow::COLUMNS
+        ))?
+        .query_row(params![step_id, tool_call_id], InvocationRow::from_row)
+        .optional()?)
+}
+
+/// Inserts an invocation already finished (a transactional tool, run in this
+/// transaction): one row written once.
+fn insert_finished_invocation(
+    tx: &Transaction<'_>,
+    inv: &NewInvocation<'_>,
+    ok: bool,
+    result: &str,
+) -> Result<InvocationId> {
+    let now = now_ms();
+    tx.prepare_cached(
+        "INSERT INTO tool_invocations (step_id, position, tool_call_id, tool_name, arguments, \
+         effect, idempotency_key, status, result, created_at, completed_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)",
+    )?
+    .execute(params![
+        inv.step_id,
+        inv.position,
+        inv.tool_call_id,
+        inv.tool_name,
+        inv.arguments,
+        inv.effect.as_str(),
+        inv.idempotency_key,
+        if ok { "completed" } else { "failed" },
+        result,
+        now
+    ])?;
+    Ok(InvocationId(tx.last_insert_rowid()))
 }
 
 pub(crate) fn list_invocations(conn: &Connection, step_id: StepId) -> Result<Vec<InvocationRow>> {
