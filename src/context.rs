@@ -35,9 +35,14 @@ pub(crate) struct Context {
     at: (i64, i64),
     /// Shared with the request of the step that reads it (no copy per step).
     messages: std::sync::Arc<Vec<Message>>,
-    /// `[` and the serialised messages joined by `,`: the bytes a step hashes,
-    /// less the closing `]`.
-    open_bytes: Vec<u8>,
+    /// Length in bytes and in characters of `[` and the serialised messages
+    /// joined by `,` (the bytes a step hashes, less the closing `]`), which
+    /// are not kept: the hash state and these counts are all a step needs of
+    /// them, so a session's context is held once, as its message array.
+    bytes: usize,
+    chars: u64,
+    /// One message's bytes at a time, reused.
+    scratch: Vec<u8>,
     hasher: Sha256,
 }
 
@@ -56,7 +61,9 @@ impl Context {
             compaction_id: compaction.map(|c| c.id),
             at,
             messages: std::sync::Arc::new(Vec::with_capacity(messages.len())),
-            open_bytes: vec![b'['],
+            bytes: 1,
+            chars: 1,
+            scratch: Vec::new(),
             hasher: Sha256::new(),
         };
         ctx.hasher.update(b"[");
@@ -123,12 +130,16 @@ impl Context {
 
     fn push(&mut self, messages: Vec<Message>) {
         for m in messages {
-            let start = self.open_bytes.len();
+            self.scratch.clear();
             if !self.messages.is_empty() {
-                self.open_bytes.push(b',');
+                self.scratch.push(b',');
             }
-            serde_json::to_writer(&mut self.open_bytes, &m).expect("messages serialise");
-            self.hasher.update(&self.open_bytes[start..]);
+            serde_json::to_writer(&mut self.scratch, &m).expect("messages serialise");
+            self.hasher.update(&self.scratch);
+            self.bytes += self.scratch.len();
+            // serde_json writes UTF-8: a character is a byte that does not
+            // continue one.
+            self.chars += self.scratch.iter().filter(|b| (**b as i8) >= -0x40).count() as u64;
             // Copies only when a request of an earlier step is still held.
             std::sync::Arc::make_mut(&mut self.messages).push(m);
         }
@@ -141,10 +152,15 @@ impl Context {
         crate::message::hex(&h.finalize())
     }
 
-    /// The array's bytes as text, less the closing `]` (for a token estimate).
-    pub(crate) fn text(&self) -> &str {
-        // serde_json writes UTF-8; the check is a validation, not a copy.
-        std::str::from_utf8(&self.open_bytes).unwrap_or_default()
+    /// Characters of the array's bytes, the closing `]` included.
+    pub(crate) fn chars(&self) -> u64 {
+        self.chars + 1
+    }
+
+    /// The array's bytes as text, the closing `]` included: built anew (for a
+    /// token counter that needs the text).
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8(crate::message::to_bytes(&self.messages)).unwrap_or_default()
     }
 
     /// The request for the model: the array, shared (not copied).
@@ -163,7 +179,8 @@ impl Context {
 
     /// Roughly what the context holds in memory.
     fn weight(&self) -> usize {
-        2 * self.open_bytes.len()
+        // The array in memory is about the size of its serialised bytes.
+        self.bytes + self.scratch.capacity()
     }
 }
 
@@ -226,6 +243,40 @@ impl ContextCache {
 mod tests {
     use super::*;
 
+    /// The context keeps no copy of its bytes, only their hash state and
+    /// counts: those equal what the serialised array gives, and the request
+    /// shares the array.
+    #[test]
+    fn the_counts_and_hash_kept_equal_those_of_the_serialised_array() {
+        use crate::message::{to_bytes, Role};
+        let mut ctx = Context {
+            session_id: SessionId(1),
+            compaction_id: None,
+            at: (0, 0),
+            messages: Default::default(),
+            bytes: 1,
+            chars: 1,
+            scratch: Vec::new(),
+            hasher: Sha256::new(),
+        };
+        ctx.hasher.update(b"[");
+        let messages = vec![
+            Message::text(Role::System, "sys"),
+            Message::text(Role::User, "naïve café 👩‍👩‍👧 नमस्ते \"quoted\" \u{0}"),
+            Message::text(Role::Assistant, "ok"),
+        ];
+        ctx.push(messages[..2].to_vec());
+        ctx.push(messages[2..].to_vec());
+        let bytes = to_bytes(&messages);
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert_eq!(ctx.chars(), text.chars().count() as u64);
+        assert_eq!(ctx.bytes + 1, bytes.len());
+        assert_eq!(ctx.text(), text);
+        assert_eq!(ctx.sha256(), crate::message::sha256_hex(&bytes));
+        let request = ctx.request("m", Vec::new());
+        assert!(std::sync::Arc::ptr_eq(&request.messages, &ctx.messages));
+    }
+
     #[test]
     fn the_cache_keeps_the_budget_and_evicts_the_least_recently_used() {
         let ctx = |session_id: i64, n: usize| Context {
@@ -233,17 +284,19 @@ mod tests {
             compaction_id: None,
             at: (0, 0),
             messages: Default::default(),
-            open_bytes: vec![b'x'; n],
+            bytes: n,
+            chars: n as u64,
+            scratch: Vec::new(),
             hasher: Sha256::new(),
         };
         let cache = ContextCache::new(100);
-        cache.put(ctx(1, 20)); // weight 40
-        cache.put(ctx(2, 20)); // 80
-        cache.put(ctx(3, 20)); // 120 > 100: session 1 goes
+        cache.put(ctx(1, 40)); // weight 40
+        cache.put(ctx(2, 40)); // 80
+        cache.put(ctx(3, 40)); // 120 > 100: session 1 goes
         assert!(cache.take(SessionId(1)).is_none());
         assert!(cache.take(SessionId(2)).is_some());
         assert!(cache.take(SessionId(3)).is_some());
-        cache.put(ctx(4, 60)); // larger than the budget: not kept
+        cache.put(ctx(4, 120)); // larger than the budget: not kept
         assert!(cache.take(SessionId(4)).is_none());
         assert_eq!(cache.inner.lock().unwrap().weight, 0);
     }

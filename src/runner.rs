@@ -878,7 +878,9 @@ impl Runner {
             Some(n) => (saturating_tokens(n, "input", step_id), false),
             None => {
                 let counter = &self.inner.cfg.compaction.token_counter;
-                let n = counter.count_parts(&[ctx.text(), "]"]);
+                let n = counter
+                    .count_chars(ctx.chars())
+                    .unwrap_or_else(|| counter.count(&ctx.text()));
                 (n as i64, true)
             }
         };

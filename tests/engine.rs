@@ -487,3 +487,79 @@ async fn a_resumed_turn_reports_the_takeover_and_a_failed_turn_its_error() {
         "{got:?}"
     );
 }
+
+/// Counts bytes: a counter that needs the text (it has no `count_chars`).
+struct Bytes;
+
+impl abridge::TokenCounter for Bytes {
+    fn count(&self, text: &str) -> u64 {
+        text.len() as u64
+    }
+}
+
+/// Remembers the bytes of every request it answers; reports no usage.
+struct Recording(Mutex<Vec<Vec<u8>>>);
+
+#[async_trait::async_trait]
+impl ModelClient for Recording {
+    async fn complete(&self, req: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        self.0
+            .lock()
+            .unwrap()
+            .push(abridge::message::to_bytes(&req.messages));
+        Ok(ModelResponse {
+            blocks: vec![ResponseBlock::Text {
+                text: "noted — ça va 👍".into(),
+            }],
+            usage: Usage::default(),
+        })
+    }
+}
+
+/// Without reported usage a step's measure is the token counter's count of
+/// the exact bytes it sent: the default counter counts them from the kept
+/// counts (no copy of the context), a counter that needs the text gets the
+/// text, and both equal counting the bytes sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_estimate_counts_the_exact_bytes_sent_with_any_token_counter() {
+    for custom in [false, true] {
+        let (_d, path) = temp_db();
+        let store = abridge::Store::open(&path).unwrap();
+        let model = Arc::new(Recording(Mutex::new(Vec::new())));
+        let mut compaction = abridge::CompactionConfig::default().with_compact_at(Threshold::Off);
+        if custom {
+            compaction = compaction.with_token_counter(Bytes);
+        }
+        let runner = Runner::builder(store.clone(), model.clone())
+            .compaction(compaction)
+            .build()
+            .unwrap();
+        let s = runner.create_session("s", "m", "système").await.unwrap();
+        for t in 0..4 {
+            runner
+                .run_turn(s.id, &format!("turn {t}: naïve 👩‍👩‍👧 \"quoted\""))
+                .await
+                .unwrap();
+        }
+        let sent = model.0.lock().unwrap().clone();
+        let mut measured = Vec::new();
+        for turn in store.turns(s.id).await.unwrap() {
+            for step in store.steps(turn.id).await.unwrap() {
+                assert!(step.estimated);
+                measured.push(step.context_tokens.unwrap() as u64);
+            }
+        }
+        let want: Vec<u64> = sent
+            .iter()
+            .map(|b| {
+                let text = std::str::from_utf8(b).unwrap();
+                if custom {
+                    text.len() as u64
+                } else {
+                    (text.chars().count() as u64).div_ceil(4)
+                }
+            })
+            .collect();
+        assert_eq!(measured, want, "custom counter: {custom}");
+    }
+}

@@ -172,12 +172,13 @@ pub trait TokenCounter: Send + Sync {
     /// Tokens in `text`.
     fn count(&self, text: &str) -> u64;
 
-    /// Tokens in the concatenation of `parts`, equal to `count` of it. The
-    /// default joins them (a copy); a counter that can count piece by piece
-    /// overrides it (the default [`CharsPerFour`] does), so that a step's
-    /// estimate costs no copy of its context.
-    fn count_parts(&self, parts: &[&str]) -> u64 {
-        self.count(&parts.concat())
+    /// Tokens in any text of `chars` characters, for a counter that depends
+    /// on nothing else (the default [`CharsPerFour`]): a step's estimate then
+    /// needs no text at all. None (the default) makes the runner render the
+    /// step's messages as text and [`count`](Self::count) them.
+    fn count_chars(&self, chars: u64) -> Option<u64> {
+        let _ = chars;
+        None
     }
 }
 
@@ -190,9 +191,8 @@ impl TokenCounter for CharsPerFour {
         (text.chars().count() as u64).div_ceil(4)
     }
 
-    fn count_parts(&self, parts: &[&str]) -> u64 {
-        let chars: usize = parts.iter().map(|p| p.chars().count()).sum();
-        (chars as u64).div_ceil(4)
+    fn count_chars(&self, chars: u64) -> Option<u64> {
+        Some(chars.div_ceil(4))
     }
 }
 

@@ -323,6 +323,10 @@ impl Compactor {
                     return Ok(Decision::claim(b, None, base));
                 }
                 if self.held_or_elsewhere(&row, bg) {
+                    if cfg!(feature = "broken-draft-read") {
+                        // Deliberately wrong (feature-gated): read the draft.
+                        return Ok(Decision::Read(Some(row)));
+                    }
                     Ok(Decision::Read(base))
                 } else {
                     Ok(Decision::Background {
