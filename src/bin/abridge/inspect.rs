@@ -111,20 +111,27 @@ fn print_session(d: &inspect::SessionDetail) {
         );
     }
     println!("\ncompactions:");
-    let mut previous: Option<i64> = None;
+    let mut previous: Option<(i64, bool)> = None;
     for c in &d.compactions {
+        // (As verify counts them: not after a summary made in the background,
+        // read late with the turns that ran while it was made.)
         let close = c.status == abridge::store::CompactionStatus::Completed
             && c.trigger == "auto"
-            && previous.is_some_and(|p| c.up_to_turn_index - p <= 1);
+            && previous.is_some_and(|(p, bg)| !bg && c.up_to_turn_index - p <= 1);
         if c.status == abridge::store::CompactionStatus::Completed {
-            previous = Some(c.up_to_turn_index);
+            previous = Some((c.up_to_turn_index, c.background));
         }
+        let trigger = if c.background {
+            "background"
+        } else {
+            c.trigger.as_str()
+        };
         println!(
             "  up to turn {:>4}  {} attempts {} trigger {} tokens {} -> {} pins {}  {}",
             c.up_to_turn_index,
             pad(&c.status.to_string(), 9),
             c.attempts,
-            pad(&c.trigger, 6),
+            pad(trigger, 10),
             c.tokens_before.map_or("-".into(), |t| t.to_string()),
             c.tokens_after.map_or("-".into(), |t| t.to_string()),
             c.pins_live.map_or("-".into(), |t| t.to_string()),
