@@ -214,6 +214,12 @@ impl Compactor {
     ///   re-deciding the threshold.
     /// - The measure is the newest executed step's persisted context tokens, so a
     ///   re-run decides exactly as the first run did.
+    /// - With background compaction ([`CompactionConfig::background`]), a
+    ///   measure at the soft threshold claims the row and starts its summary
+    ///   in a task of this compactor, and this call returns at once with the
+    ///   last completed row; at the hard threshold it waits, as without.
+    ///   Called outside a turn, it reads the newest completed row (a runner's
+    ///   steps also keep the compaction their turn began with).
     #[instrument(skip(self, session), fields(session = %session.id))]
     pub async fn ensure(
         &self,
