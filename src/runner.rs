@@ -125,8 +125,15 @@ enum Prepared {
 /// The work of a step to execute.
 enum Work {
     /// Nothing to wait for: the compaction it reads and its messages, built;
-    /// with a (boundary, measure) to compact in the background.
-    Ready(Option<CompactionRow>, Context, Option<(i64, Option<i64>)>),
+    /// with a row claimed for a background summary, to spawn.
+    Ready(
+        Option<CompactionRow>,
+        Context,
+        Option<Box<crate::compaction::BackgroundClaim>>,
+    ),
+    /// As `Ready`, with the row at (boundary, measure) to claim for a
+    /// background summary (inside `prepare` only).
+    Background(Option<CompactionRow>, Context, i64, Option<i64>),
     /// A compaction is due first.
     Compact(Decision, Option<Context>),
 }
@@ -798,11 +805,29 @@ impl Runner {
                     read,
                 } => {
                     let ctx = Context::advance(ctx, c, session, read.as_ref(), at)?;
-                    Work::Ready(read, ctx, Some((boundary, measure)))
+                    Work::Background(read, ctx, boundary, measure)
                 }
                 other => Work::Compact(other, ctx),
             }))
         })?;
+        // A background compaction is claimed in this same blocking call (its
+        // own short write transaction, after the read), and summarised by a
+        // task the step spawns.
+        let found = match found {
+            Ok(Work::Background(read, ctx, boundary, measure)) => {
+                let claimed = compactor
+                    .claim_background(c, session.id, boundary, measure)?
+                    .map(Box::new);
+                compactor.say_if_often(
+                    &Subject::of(session, Some(turn.idx)),
+                    boundary,
+                    measure,
+                    read.as_ref(),
+                );
+                Ok(Work::Ready(read, ctx, claimed))
+            }
+            other => other,
+        };
         match found {
             Ok(work) => Ok(Prepared::Run(step, Box::new(work))),
             Err(e) => Ok(Prepared::Fail(step, e)),
@@ -823,14 +848,14 @@ impl Runner {
         let subject = || Subject::of(session, Some(turn.idx));
         let mut summary_wait_ms = None;
         let (compaction, ctx) = match work {
-            Work::Ready(row, ctx, None) => (row, ctx),
-            Work::Ready(row, ctx, Some((boundary, measure))) => {
-                self.inner
-                    .compactor
-                    .background(&subject(), boundary, measure, row.as_ref())
-                    .await?;
+            Work::Ready(row, ctx, claimed) => {
+                if let Some(claimed) = claimed {
+                    self.inner.compactor.spawn_background(&subject(), *claimed);
+                }
                 (row, ctx)
             }
+            // Turned into `Ready` by `prepare`.
+            Work::Background(row, ctx, ..) => (row, ctx),
             Work::Compact(decision, ctx) => {
                 // The hook where compaction runs: the step reads only what it
                 // returns, and waits for it.

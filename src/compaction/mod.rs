@@ -139,6 +139,12 @@ pub struct Served {
     pub failed: Vec<(CompactionId, String)>,
 }
 
+/// A row claimed for a background summary, with the claim that holds it.
+pub(crate) struct BackgroundClaim {
+    row: CompactionRow,
+    claim: ClaimGuard,
+}
+
 /// Background compaction tasks of a compactor, by (session, boundary).
 type Tasks = Arc<Mutex<HashMap<(SessionId, i64), tokio::task::JoinHandle<()>>>>;
 
@@ -447,7 +453,7 @@ impl Compactor {
     }
 
     /// A new compaction one turn after the previous one: said in an event.
-    fn say_if_often(
+    pub(crate) fn say_if_often(
         &self,
         subject: &Subject,
         b: i64,
@@ -472,7 +478,7 @@ impl Compactor {
 
     /// Starts the background compaction of `boundary`: a task of this
     /// compactor claims and summarises it ([`BackgroundWorker::Task`]; at most
-    /// one task per boundary in this process), or the pending row is recorded
+    /// one task per session in this process), or the pending row is recorded
     /// for another process to serve ([`BackgroundWorker::Elsewhere`]).
     pub(crate) async fn background(
         &self,
@@ -481,43 +487,72 @@ impl Compactor {
         measure: Option<i64>,
         latest: Option<&CompactionRow>,
     ) -> Result<()> {
-        let worker = self.config.background.unwrap_or_default().worker;
+        let (this, sid) = (self.clone(), subject.session_id);
+        let claimed = self
+            .store
+            .call(move |c| this.claim_background(c, sid, boundary, measure))
+            .await?;
         self.say_if_often(subject, boundary, measure, latest);
-        let sid = subject.session_id;
-        if worker == BackgroundWorker::Elsewhere {
-            let inserted = self
-                .store
-                .call(move |c| store::enqueue_compaction(c, sid, boundary, measure))
-                .await?;
-            if inserted {
+        if let Some(claimed) = claimed {
+            self.spawn_background(subject, claimed);
+        }
+        Ok(())
+    }
+
+    /// The synchronous half of [`Compactor::background`], run on a connection
+    /// the caller holds (the runner: in the blocking call that completed the
+    /// previous step): claims the row for a task of this compactor, or queues
+    /// it for another process (then None).
+    pub(crate) fn claim_background(
+        &self,
+        c: &mut rusqlite::Connection,
+        sid: SessionId,
+        boundary: i64,
+        measure: Option<i64>,
+    ) -> Result<Option<BackgroundClaim>> {
+        if self.config.background.unwrap_or_default().worker == BackgroundWorker::Elsewhere {
+            if store::enqueue_compaction(c, sid, boundary, measure)? {
                 info!(session_id = %sid, boundary, "compaction queued for a background server");
             }
-            return Ok(());
+            return Ok(None);
         }
         // One background summary of a session at a time.
         if self.background_running_for(sid) {
-            return Ok(());
+            return Ok(None);
         }
-        // Claimed here, before the step goes on: the boundary is fixed now,
-        // and the next decide() sees the pending row. The task summarises
-        // under this claim (and its lease's heartbeat).
+        // Claimed before the step goes on: the boundary is fixed now, and the
+        // next decide() sees the pending row. The task summarises under this
+        // claim (and its lease's heartbeat).
         let claim = ClaimGuard::new(&self.owner);
-        let outcome = self
-            .claim(
-                sid,
+        let outcome = store::claim_compaction(
+            c,
+            &store::Claim {
+                session_id: sid,
                 boundary,
-                Trigger::Background,
-                &None,
-                measure,
-                claim.holder(),
-            )
-            .await?;
+                owner: claim.holder(),
+                ttl_ms: self.config.lease_ttl.as_millis() as i64,
+                trigger: "auto",
+                focus: None,
+                trigger_tokens: measure,
+                background: true,
+            },
+            &self.gone_check(),
+        )?;
         info!(session_id = %sid, boundary, outcome = outcome_name(&outcome), "background compaction claim");
-        let row = match outcome {
-            ClaimOutcome::Claimed(row) | ClaimOutcome::TakenOver(row) => row,
+        Ok(match outcome {
+            ClaimOutcome::Claimed(row) | ClaimOutcome::TakenOver(row) => {
+                Some(BackgroundClaim { row, claim })
+            }
             // Completed, failed, or someone else's: nothing to do here.
-            _ => return Ok(()),
-        };
+            _ => None,
+        })
+    }
+
+    /// Summarises a claimed row in a task of this compactor (on the caller's
+    /// tokio runtime).
+    pub(crate) fn spawn_background(&self, subject: &Subject, claimed: BackgroundClaim) {
+        let BackgroundClaim { row, claim } = claimed;
+        let (sid, boundary) = (row.session_id, row.up_to_turn_index);
         let (this, subject) = (self.clone(), subject.clone());
         let task = tokio::spawn(async move {
             let done = BACKGROUND
@@ -533,7 +568,6 @@ impl Compactor {
         });
         let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
         tasks.insert((sid, boundary), task);
-        Ok(())
     }
 
     /// Waits for every background compaction task of this compactor (and of
