@@ -204,9 +204,20 @@ async fn until_pending(r: &Runner, store: &Store, sid: SessionId, from: usize) -
     panic!("no background compaction was claimed");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn below_the_hard_threshold_no_step_waits_for_a_summary() {
-    let (_d, path) = common::temp_db();
+/// A session of a runner with a shut gate, run until its background
+/// compaction is claimed (pending).
+struct GatedSession {
+    _dir: tempfile::TempDir,
+    store: Store,
+    gate: Gate,
+    r: Runner,
+    s: abridge::store::SessionRow,
+    /// The next turn's number.
+    next: usize,
+}
+
+async fn gated_until_pending() -> GatedSession {
+    let (_dir, path) = common::temp_db();
     let store = Store::open(&path).unwrap();
     let gate = Gate::closed();
     let r = runner_with(
@@ -217,7 +228,27 @@ async fn below_the_hard_threshold_no_step_waits_for_a_summary() {
         None,
     );
     let s = r.create_session("s", "m", "sys").await.unwrap();
-    let mut next = until_pending(&r, &store, s.id, 0).await;
+    let next = until_pending(&r, &store, s.id, 0).await;
+    GatedSession {
+        _dir,
+        store,
+        gate,
+        r,
+        s,
+        next,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn below_the_hard_threshold_no_step_waits_for_a_summary() {
+    let GatedSession {
+        _dir,
+        store,
+        gate,
+        r,
+        s,
+        mut next,
+    } = gated_until_pending().await;
     // The summary stays pending (the gate is shut) while the session goes on,
     // up to just below the hard threshold.
     let claimed_after = steps(&store, s.id).len();
@@ -313,19 +344,15 @@ async fn a_turn_keeps_the_compaction_it_began_with() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reaching_the_hard_threshold_while_a_background_summary_is_pending_waits_for_it() {
-    let (_d, path) = common::temp_db();
-    let store = Store::open(&path).unwrap();
-    let gate = Gate::closed();
-    let r = runner_with(
-        &store,
-        gate.summariser.clone(),
-        compaction(BackgroundWorker::Task),
-        "bg",
-        None,
-    );
+    let GatedSession {
+        _dir,
+        store,
+        gate,
+        r,
+        s,
+        mut next,
+    } = gated_until_pending().await;
     let mut events = r.subscribe();
-    let s = r.create_session("s", "m", "sys").await.unwrap();
-    let mut next = until_pending(&r, &store, s.id, 0).await;
     let pending = rows(&store, s.id)[0].0;
     // Past the hard threshold with the gate shut: a turn must wait.
     let waiting = loop {

@@ -24,23 +24,13 @@ pub(super) fn insert_or_get_invocation(
     tx: &Transaction<'_>,
     inv: &NewInvocation<'_>,
 ) -> Result<(InvocationRow, bool)> {
-    let inserted =
-        tx.prepare_cached(
-            "INSERT INTO tool_invocations (step_id, position, tool_call_id, tool_name, arguments, \
-             effect, idempotency_key, status, created_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'started', ?8) \
-             ON CONFLICT (step_id, tool_call_id) DO NOTHING",
-        )?
-        .execute(params![
-            inv.step_id,
-            inv.position,
-            inv.tool_call_id,
-            inv.tool_name,
-            inv.arguments,
-            inv.effect.as_str(),
-            inv.idempotency_key,
-            now_ms()
-        ])? == 1;
+    let inserted = insert_invocation(
+        tx,
+        inv,
+        "started",
+        None,
+        " ON CONFLICT (step_id, tool_call_id) DO NOTHING",
+    )? == 1;
     let row = tx
         .prepare_cached(&format!(
             "SELECT {} FROM tool_invocations WHERE step_id = ?1 AND tool_call_id = ?2",
@@ -51,6 +41,38 @@ pub(super) fn insert_or_get_invocation(
             InvocationRow::from_row,
         )?;
     Ok((row, inserted))
+}
+
+/// Inserts an invocation row in `status` (with its result when finished);
+/// `tail` ends the statement. Returns the rows inserted.
+fn insert_invocation(
+    tx: &Transaction<'_>,
+    inv: &NewInvocation<'_>,
+    status: &str,
+    result: Option<&str>,
+    tail: &str,
+) -> Result<usize> {
+    let now = now_ms();
+    let finished_at = result.map(|_| now);
+    Ok(tx
+        .prepare_cached(&format!(
+            "INSERT INTO tool_invocations (step_id, position, tool_call_id, tool_name, arguments, \
+             effect, idempotency_key, status, result, created_at, completed_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11){tail}"
+        ))?
+        .execute(params![
+            inv.step_id,
+            inv.position,
+            inv.tool_call_id,
+            inv.tool_name,
+            inv.arguments,
+            inv.effect.as_str(),
+            inv.idempotency_key,
+            status,
+            result,
+            now,
+            finished_at
+        ])?)
 }
 
 /// Records that a tool call is about to run (or returns its row if it exists),
@@ -174,24 +196,8 @@ fn insert_finished_invocation(
     ok: bool,
     result: &str,
 ) -> Result<InvocationId> {
-    let now = now_ms();
-    tx.prepare_cached(
-        "INSERT INTO tool_invocations (step_id, position, tool_call_id, tool_name, arguments, \
-         effect, idempotency_key, status, result, created_at, completed_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)",
-    )?
-    .execute(params![
-        inv.step_id,
-        inv.position,
-        inv.tool_call_id,
-        inv.tool_name,
-        inv.arguments,
-        inv.effect.as_str(),
-        inv.idempotency_key,
-        if ok { "completed" } else { "failed" },
-        result,
-        now
-    ])?;
+    let status = if ok { "completed" } else { "failed" };
+    insert_invocation(tx, inv, status, Some(result), "")?;
     Ok(InvocationId(tx.last_insert_rowid()))
 }
 

@@ -83,3 +83,18 @@ impl abridge::ModelClient for NoModel {
         )))
     }
 }
+
+/// One line for a compaction a verb made or finished: `compaction ID of
+/// session EXT up to turn B: STATUS (tokens A -> B, N pinned facts carried)`.
+pub fn compaction_line(row: &abridge::store::CompactionRow, session: &str) -> String {
+    format!(
+        "compaction {} of session {} up to turn {}: {} (tokens {} -> {}, {} pinned facts carried)",
+        row.id,
+        session,
+        row.up_to_turn_index,
+        row.status,
+        row.tokens_before.unwrap_or(0),
+        row.tokens_after.unwrap_or(0),
+        row.pins_live.unwrap_or(0),
+    )
+}

@@ -1,7 +1,7 @@
 //! `abridge compact`: manual compaction from outside any running host.
 
 use crate::args::whole_u32;
-use crate::common::{must_exist, Failure, NoModel};
+use crate::common::{compaction_line, must_exist, Failure, NoModel};
 use abridge::inspect;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -63,14 +63,8 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         .map_err(|e| Failure::session(&typed, e))?;
     let earlier = row.completed_at.is_some_and(|t| t < asked_at);
     println!(
-        "compaction {} of session {} up to turn {}: {} (tokens {} -> {}, {} pinned facts carried){}",
-        row.id,
-        s.external_id,
-        row.up_to_turn_index,
-        row.status,
-        row.tokens_before.unwrap_or(0),
-        row.tokens_after.unwrap_or(0),
-        row.pins_live.unwrap_or(0),
+        "{}{}",
+        compaction_line(&row, &s.external_id),
         if earlier {
             " - already compacted up to here earlier; a completed summary never changes"
         } else {

@@ -1,7 +1,7 @@
 //! `abridge serve`: the background compaction of hosts that leave it to
 //! another process: finishes the pending compactions of a store.
 
-use crate::common::{must_exist, Failure, NoModel};
+use crate::common::{compaction_line, must_exist, Failure, NoModel};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -38,15 +38,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         for row in &served.completed {
             let sid = row.session_id;
             let session = store.session(sid).await?;
-            println!(
-                "compaction {} of session {} up to turn {}: completed (tokens {} -> {}, {} pinned facts carried)",
-                row.id,
-                session.external_id,
-                row.up_to_turn_index,
-                row.tokens_before.unwrap_or(0),
-                row.tokens_after.unwrap_or(0),
-                row.pins_live.unwrap_or(0),
-            );
+            println!("{}", compaction_line(row, &session.external_id));
         }
         for (id, message) in &served.failed {
             println!("compaction {id}: failed ({message})");
