@@ -83,11 +83,11 @@ fn enumeration_kills_at_every_point_of_the_workload() {
 }
 
 /// With background compaction, the summariser runs in a task while the
-/// turn's steps go on: the enumeration kills the process at each compaction
-/// point reached inside that task (`@background`), and the rerun finishes
+/// turn's steps go on: the enumeration kills the process at the compaction
+/// points reached inside that task (`@background`), and the rerun finishes
 /// the pending row; the turns equal the control run's.
 #[test]
-fn enumeration_kills_background_summarisers_at_every_compaction_point() {
+fn enumeration_kills_background_summarisers_at_their_compaction_points() {
     let r = chaos(&[
         "--enumerate",
         "--sessions",
@@ -103,10 +103,10 @@ fn enumeration_kills_background_summarisers_at_every_compaction_point() {
     ]);
     assert_eq!(r["violations"].as_array().unwrap().len(), 0, "{r}");
     let points = r["kills_by_point"].as_object().unwrap();
+    // The claim and the summary happen only in the task: killed there.
     for p in [
         abridge::FaultPoint::AfterClaim,
         abridge::FaultPoint::MidSummary,
-        abridge::FaultPoint::AfterCompactionComplete,
     ] {
         let name = format!("{}@background", p.name());
         assert!(
@@ -114,5 +114,13 @@ fn enumeration_kills_background_summarisers_at_every_compaction_point() {
             "no kill in a background summariser at {p}: {points:?}"
         );
     }
+    // The completion is a point of the task and, when a step at the hard
+    // threshold waited for it, of that step too: which one comes first is
+    // timing, and the enumeration kills at whichever does.
+    let done = abridge::FaultPoint::AfterCompactionComplete.name();
+    assert!(
+        points.contains_key(&format!("{done}@background")) || points.contains_key(done),
+        "no kill after a background compaction completed: {points:?}"
+    );
     assert!(r["compactions_background"].as_u64().unwrap() > 0, "{r}");
 }
