@@ -29,11 +29,13 @@ impl ModelClient for EchoModel {
                 id: "call-1".into(),
                 name: "weather".into(),
                 input: json!({"city": "Lisbon"}),
+                raw_input: None,
             }],
         };
         Ok(ModelResponse {
             blocks,
             usage: Usage::default(),
+            ..Default::default()
         })
     }
 }

@@ -47,6 +47,7 @@ impl ModelClient for PeerModel {
                     id: format!("call_{done}_0"),
                     name: "lookup_order".into(),
                     input: json!({"order_id": "ORD-10042"}),
+                    raw_input: None,
                 },
             ]
         } else {
@@ -59,7 +60,9 @@ impl ModelClient for PeerModel {
             usage: Usage {
                 input_tokens: None, // estimated by abridge from the built bytes
                 output_tokens: Some(20),
+                ..Default::default()
             },
+            ..Default::default()
         })
     }
 }

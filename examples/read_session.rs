@@ -28,6 +28,7 @@ impl ModelClient for Clerk {
                 id: "lookup-1".into(),
                 name: "lookup_order".into(),
                 input: json!({"order": "ORD-1234"}),
+                raw_input: None,
             }],
         };
         Ok(ModelResponse {
@@ -35,7 +36,9 @@ impl ModelClient for Clerk {
             usage: Usage {
                 input_tokens: Some(req.messages.len() as u64 * 40),
                 output_tokens: Some(12),
+                ..Default::default()
             },
+            ..Default::default()
         })
     }
 }

@@ -152,6 +152,7 @@ impl ModelClient for FaultyModel {
             None if empty => Ok(ModelResponse {
                 blocks: Vec::new(),
                 usage: Default::default(),
+                ..Default::default()
             }),
             None => self.inner.complete(request).await,
         }

@@ -33,6 +33,10 @@ pub(crate) struct Context {
     /// `(turn idx, step idx)`: the array holds everything before step `at.1`
     /// of turn `at.0`, that turn's input included.
     at: (i64, i64),
+    /// The tool results of turn `at.0`'s first `elided` steps are
+    /// placeholders (context overflow inside the turn; see
+    /// `render::elide_results`). Holds for that turn only.
+    elided: i64,
     /// Shared with the request of the step that reads it (no copy per step).
     messages: std::sync::Arc<Vec<Message>>,
     /// Length in bytes and in characters of `[` and the serialised messages
@@ -48,18 +52,20 @@ pub(crate) struct Context {
 
 impl Context {
     /// Builds the array of step `at.1` of turn `at.0` reading `compaction`, in
-    /// full.
+    /// full, with the results of that turn's first `elided` steps elided.
     pub(crate) fn build(
         conn: &Connection,
         session: &SessionRow,
         compaction: Option<&CompactionRow>,
         at: (i64, i64),
+        elided: i64,
     ) -> Result<Context> {
-        let messages = build_for(conn, session, at.0, at.1, compaction, RenderFormat::CURRENT)?;
+        let messages = build_for(conn, session, at, compaction, elided, RenderFormat::CURRENT)?;
         let mut ctx = Context {
             session_id: session.id,
             compaction_id: compaction.map(|c| c.id),
             at,
+            elided,
             messages: std::sync::Arc::new(Vec::with_capacity(messages.len())),
             bytes: 1,
             chars: 1,
@@ -81,32 +87,45 @@ impl Context {
         self.compaction_id
     }
 
+    /// The steps of its turn whose tool results it holds as placeholders.
+    pub(crate) fn elided(&self) -> i64 {
+        self.elided
+    }
+
     /// Whether this context can be extended to step `at` of `session` reading
-    /// compaction `compaction_id`.
+    /// compaction `compaction_id` with `elided` steps' results elided (an
+    /// elision holds within its turn only).
     pub(crate) fn continues_to(
         &self,
         session_id: SessionId,
         compaction_id: Option<CompactionId>,
         at: (i64, i64),
+        elided: i64,
     ) -> bool {
-        self.session_id == session_id && self.compaction_id == compaction_id && self.at <= at
+        self.session_id == session_id
+            && self.compaction_id == compaction_id
+            && self.at <= at
+            && self.elided == elided
+            && (elided == 0 || self.at.0 == at.0)
     }
 
-    /// The array of step `at`: this one, extended with the rows written since,
-    /// or built in full when this one cannot be extended there.
+    /// The array of step `at` (eliding the results of that turn's first
+    /// `elided` steps): this one, extended with the rows written since, or
+    /// built in full when this one cannot be extended there.
     pub(crate) fn advance(
         this: Option<Context>,
         conn: &Connection,
         session: &SessionRow,
         compaction: Option<&CompactionRow>,
         at: (i64, i64),
+        elided: i64,
     ) -> Result<Context> {
         match this {
-            Some(mut ctx) if ctx.continues_to(session.id, compaction.map(|c| c.id), at) => {
+            Some(mut ctx) if ctx.continues_to(session.id, compaction.map(|c| c.id), at, elided) => {
                 ctx.extend(conn, at)?;
                 Ok(ctx)
             }
-            _ => Context::build(conn, session, compaction, at),
+            _ => Context::build(conn, session, compaction, at, elided),
         }
     }
 
@@ -253,6 +272,7 @@ mod tests {
             session_id: SessionId(1),
             compaction_id: None,
             at: (0, 0),
+            elided: 0,
             messages: Default::default(),
             bytes: 1,
             chars: 1,
@@ -283,6 +303,7 @@ mod tests {
             session_id: SessionId(session_id),
             compaction_id: None,
             at: (0, 0),
+            elided: 0,
             messages: Default::default(),
             bytes: n,
             chars: n as u64,

@@ -247,6 +247,8 @@ impl ScriptedModel {
                         ContentBlock::ToolResult { content, .. } => content.chars().count() as u64,
                         ContentBlock::ToolUse { input, .. } => input.to_string().len() as u64,
                         ContentBlock::Data { value } => value.to_string().len() as u64,
+                        ContentBlock::Thinking { thinking, .. } => thinking.chars().count() as u64,
+                        ContentBlock::RedactedThinking { data } => data.len() as u64,
                     })
                     .sum::<u64>()
                     / 4
@@ -261,6 +263,7 @@ impl ScriptedModel {
                     id: format!("call_{done}_{j}"),
                     name: name.clone(),
                     input: args.clone(),
+                    raw_input: None,
                 });
             }
             b
@@ -275,10 +278,12 @@ impl ScriptedModel {
                 Usage {
                     input_tokens: Some(input_tokens),
                     output_tokens: Some(20),
+                    ..Default::default()
                 }
             } else {
                 Usage::default()
             },
+            ..Default::default()
         }
     }
 }

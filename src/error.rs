@@ -236,6 +236,27 @@ pub enum Error {
         message: String,
     },
 
+    /// The model refused the step's context as longer than its window, and
+    /// neither compacting every earlier turn nor leaving out the older tool
+    /// results of this turn made it fit. The turn is failed.
+    #[error("the context does not fit the model's window even compacted and with older tool results left out: {message}")]
+    ContextOverflow {
+        /// The step.
+        step_id: StepId,
+        /// What the provider said last.
+        message: String,
+    },
+
+    /// No context window is known for the model and the threshold is a
+    /// fraction of it: compaction could never trigger. Raised when the
+    /// runner is built or a session is created; register the window
+    /// (`CompactionConfig::with_context_window`) or use a token threshold.
+    #[error("no context window is known for model {model:?}, and the compaction threshold is a fraction of it: register its window (with_context_window) or use a token threshold")]
+    UnknownWindow {
+        /// The model id.
+        model: String,
+    },
+
     /// A compaction failed after its last attempt and the failure policy says the
     /// turn fails. The row is marked failed; `retry_compaction` re-arms it.
     #[error("compaction up to turn {boundary} failed: {message}")]

@@ -184,6 +184,20 @@ pub enum EventKind {
         /// Milliseconds waited.
         waited_ms: i64,
     },
+    /// The model (or the estimate against its window) said a step's context
+    /// is too long; the step is tried once more with a smaller one.
+    ContextOverflow {
+        /// The step.
+        step_id: StepId,
+        /// What was done: `"compacted"` (every turn before this one folded
+        /// into a summary) or `"elided"` (the results of this turn's first
+        /// `elided_steps` steps sent as placeholders).
+        remedy: &'static str,
+        /// For `"elided"`, the steps whose results are placeholders.
+        elided_steps: i64,
+        /// What the provider said.
+        message: String,
+    },
     /// The row is pending under another live claim (another task, runner or
     /// process is summarising): this caller waits for it to settle, up to
     /// the compaction's `wait_timeout`. Sent once per wait.

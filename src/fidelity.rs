@@ -228,6 +228,7 @@ impl ModelClient for FidelityModel {
         let text = |t: String| ModelResponse {
             blocks: vec![ResponseBlock::Text { text: t }],
             usage: Usage::default(),
+            ..Default::default()
         };
         if last.contains("tool_result") {
             return Ok(text(
@@ -244,8 +245,10 @@ impl ModelClient for FidelityModel {
                     id: format!("logs_{n}"),
                     name: "fetch_logs".into(),
                     input: json!({"batch": n}),
+                    raw_input: None,
                 }],
                 usage: Usage::default(),
+                ..Default::default()
             }),
             _ => Ok(text("Noted, thank you.".into())),
         }

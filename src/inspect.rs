@@ -335,8 +335,19 @@ fn records(conn: &Connection, session: &SessionRow) -> Result<Vec<serde_json::Va
                 for b in &resp.blocks {
                     let v = match b {
                         ResponseBlock::Text { text } => json!({"kind": "assistant", "text": text}),
-                        ResponseBlock::ToolUse { id, name, input } => {
+                        ResponseBlock::ToolUse {
+                            id, name, input, ..
+                        } => {
                             json!({"kind": "tool_call", "id": id, "name": name, "input": input})
+                        }
+                        ResponseBlock::Thinking {
+                            thinking,
+                            signature,
+                        } => {
+                            json!({"kind": "thinking", "text": thinking, "signature": signature})
+                        }
+                        ResponseBlock::RedactedThinking { data } => {
+                            json!({"kind": "redacted_thinking", "data": data})
                         }
                         ResponseBlock::Data { value } => json!({"kind": "data", "value": value}),
                         ResponseBlock::Other { kind, value } => {

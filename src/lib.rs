@@ -34,6 +34,9 @@
 //! - default `cli`: the `abridge` command, with `harness`.
 //! - `harness`: the demo workload (`demo`, `store::demo`), the chaos harness
 //!   (`chaos`, Unix), bench seeding and the scripted models.
+//! - default `providers` (= `openai` + `anthropic`): model clients for real
+//!   providers in `providers` (reqwest over rustls).
+//! - `tiktoken`: `TiktokenCounter`, a real tokenizer as the token counter.
 //!
 //! An app embeds the engine alone with `default-features = false`: no
 //! command-line, demo or test machinery, and it builds off Unix (where a lease
@@ -50,6 +53,8 @@
 //! - [`runner`]: the durable turn/step runner, leases and fencing, tool effect modes.
 //! - [`tools`]: the tool traits and registry.
 //! - [`model`]: the model client trait and its crash contract.
+//! - `providers` (features `openai`, `anthropic`): OpenAI Chat Completions
+//!   and Responses, Anthropic Messages; errors classified.
 //! - [`compaction`]: ensure(), claim/complete protocol, summarisers, planner.
 //! - [`events`]: the subscribable event stream.
 //! - [`fault`]: named fault points for crash tests and the chaos harness.
@@ -86,6 +91,8 @@ pub mod model;
 pub mod owner;
 pub mod pins;
 mod platform;
+#[cfg(any(feature = "openai", feature = "anthropic"))]
+pub mod providers;
 pub mod render;
 pub mod replay;
 pub mod retry;
@@ -95,6 +102,8 @@ pub mod text;
 pub mod tools;
 pub mod verify;
 
+#[cfg(feature = "tiktoken")]
+pub use compaction::TiktokenCounter;
 pub use compaction::{
     Background, BackgroundWorker, CompactionConfig, Compactor, ExtractiveSummariser, FailurePolicy,
     ModelSummariser, PromptStyle, Served, Summariser, SummaryRequest, SummaryResponse, Threshold,

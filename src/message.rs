@@ -37,6 +37,12 @@ pub enum ContentBlock {
         name: String,
         /// The arguments, as the model sent them.
         input: Value,
+        /// The arguments as the exact JSON text the provider sent (OpenAI's
+        /// argument string), where it sent text: an adapter sends these bytes
+        /// back rather than re-serialising `input`. Absent from the stored
+        /// bytes when None.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        raw_input: Option<String>,
     },
     /// The result of a tool call.
     ToolResult {
@@ -51,6 +57,20 @@ pub enum ContentBlock {
     Data {
         /// The value.
         value: Value,
+    },
+    /// The model's reasoning, sent back as it came (Anthropic's extended
+    /// thinking must precede the tool calls it led to, signature and all).
+    Thinking {
+        /// The reasoning text (possibly a provider's summary of it).
+        thinking: String,
+        /// The provider's signature over it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signature: Option<String>,
+    },
+    /// Reasoning the provider returned encrypted, sent back as it came.
+    RedactedThinking {
+        /// The opaque data.
+        data: String,
     },
 }
 
@@ -119,11 +139,29 @@ pub enum ResponseBlock {
         name: String,
         /// The arguments.
         input: Value,
+        /// The arguments as the exact JSON text the provider sent, where it
+        /// sent text (OpenAI): kept so they are sent back byte for byte.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        raw_input: Option<String>,
     },
     /// Structured output.
     Data {
         /// The value.
         value: Value,
+    },
+    /// The model's reasoning (Anthropic extended thinking), stored and sent
+    /// back in place: a tool-using turn must return it before its calls.
+    Thinking {
+        /// The reasoning text.
+        thinking: String,
+        /// The provider's signature, which must come back unchanged.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signature: Option<String>,
+    },
+    /// Reasoning the provider returned encrypted; sent back unchanged.
+    RedactedThinking {
+        /// The opaque data.
+        data: String,
     },
     /// A block of a type abridge does not know (a provider's new feature). It is
     /// stored with the response, so nothing is lost, but not sent back to the model.
@@ -136,29 +174,56 @@ pub enum ResponseBlock {
 }
 
 /// Token usage as the provider reported it; each figure is optional.
+///
+/// `input_tokens` is the whole prompt, cached or not (an adapter adds up a
+/// provider's separate figures, as Anthropic reports them): it is the
+/// context's measure. The cache figures are parts of it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
-    /// Input (prompt) tokens.
+    /// Input (prompt) tokens, cached ones included.
     pub input_tokens: Option<u64>,
     /// Output (completion) tokens.
     pub output_tokens: Option<u64>,
+    /// Input tokens read from the provider's prompt cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read_tokens: Option<u64>,
+    /// Input tokens written to the provider's prompt cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_tokens: Option<u64>,
+}
+
+impl Usage {
+    /// Input and output tokens, with no cache figures.
+    pub fn new(input_tokens: Option<u64>, output_tokens: Option<u64>) -> Usage {
+        Usage {
+            input_tokens,
+            output_tokens,
+            ..Usage::default()
+        }
+    }
 }
 
 /// A model's answer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelResponse {
     /// The blocks, in order.
     pub blocks: Vec<ResponseBlock>,
     /// Reported usage.
     #[serde(default)]
     pub usage: Usage,
+    /// Why the model stopped, in the provider's words (`end_turn`,
+    /// `tool_use`, `max_tokens`, `stop`, `length`, ...), where it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
 }
 
 impl ModelResponse {
     /// The tool calls, in order.
     pub fn tool_calls(&self) -> impl Iterator<Item = (&str, &str, &Value)> {
         self.blocks.iter().filter_map(|b| match b {
-            ResponseBlock::ToolUse { id, name, input } => Some((id.as_str(), name.as_str(), input)),
+            ResponseBlock::ToolUse {
+                id, name, input, ..
+            } => Some((id.as_str(), name.as_str(), input)),
             _ => None,
         })
     }
@@ -180,7 +245,9 @@ impl ModelResponse {
     pub fn is_empty(&self) -> bool {
         self.blocks.iter().all(|b| match b {
             ResponseBlock::Text { text } => text.trim().is_empty(),
-            ResponseBlock::Other { .. } => true,
+            ResponseBlock::Other { .. }
+            | ResponseBlock::Thinking { .. }
+            | ResponseBlock::RedactedThinking { .. } => true,
             _ => false,
         })
     }
@@ -255,7 +322,9 @@ impl ModelResponse {
                 ResponseBlock::ToolUse { input, .. } => cap_depth(input, "arguments"),
                 ResponseBlock::Data { value } => cap_depth(value, "data"),
                 ResponseBlock::Other { value, .. } => cap_depth(value, "a block"),
-                ResponseBlock::Text { .. } => false,
+                ResponseBlock::Text { .. }
+                | ResponseBlock::Thinking { .. }
+                | ResponseBlock::RedactedThinking { .. } => false,
             };
             n += capped as usize;
         }

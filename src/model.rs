@@ -4,15 +4,44 @@ use crate::message::{ModelRequest, ModelResponse};
 use async_trait::async_trait;
 
 /// Why a model call failed.
+///
+/// The runner retries [`ModelError::Transient`] and [`ModelError::RateLimited`]
+/// under `RunnerConfig::model_retry`, fails the step on
+/// [`ModelError::Permanent`], and meets [`ModelError::ContextOverflow`] by
+/// making the context smaller and trying the step once more (see
+/// `docs/design.md`, "Context overflow").
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ModelError {
-    /// Worth retrying (rate limit, overload, network).
+    /// Worth retrying (overload, 5xx, network, timeout).
     #[error("transient model error: {0}")]
     Transient(String),
+    /// Rate limited (HTTP 429): worth retrying, not before `retry_after` when
+    /// the provider said when.
+    #[error("rate limited: {message}")]
+    RateLimited {
+        /// What the provider said.
+        message: String,
+        /// The provider's `Retry-After`, if it sent one.
+        retry_after: Option<std::time::Duration>,
+    },
+    /// The request is longer than the model's context window. Retrying the
+    /// same request cannot help; a smaller one can.
+    #[error("context overflow: {0}")]
+    ContextOverflow(String),
     /// Retrying will not help (bad request, auth).
     #[error("model error: {0}")]
     Permanent(String),
+}
+
+impl ModelError {
+    /// True for the errors a retry of the same request can cure.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            ModelError::Transient(_) | ModelError::RateLimited { .. }
+        )
+    }
 }
 
 /// A model endpoint.

@@ -9,6 +9,27 @@
 use crate::error::Result;
 use crate::message::{ContentBlock, Message, ModelResponse, ResponseBlock, Role};
 use crate::store::{HistoryStep, HistoryTurn};
+
+/// The text a tool result is sent as when it was left out to fit the context
+/// window (context overflow inside one turn). Part of the stored format: it
+/// names the call and the result's size; the result itself stays in the store.
+pub fn elided_result_text(tool_use_id: &str, chars: usize) -> String {
+    format!(
+        "[result of tool call {tool_use_id} left out to fit the context window: \
+         {chars} characters, kept in the store]"
+    )
+}
+
+/// Replaces the tool results of `turn`'s steps with index below `elided_steps`
+/// by [`elided_result_text`] (their error flag kept). What a step that
+/// recorded `elided_steps` sent, for the turn it ran in.
+pub fn elide_results(turn: &mut HistoryTurn, elided_steps: i64) {
+    for step in turn.steps.iter_mut().filter(|s| s.idx < elided_steps) {
+        for (id, result, _) in &mut step.results {
+            *result = elided_result_text(id, result.chars().count());
+        }
+    }
+}
 use std::collections::HashMap;
 
 /// How stored rows are rendered into message bytes. Each executed step records
@@ -58,7 +79,9 @@ impl RenderFormat {
                     ResponseBlock::ToolUse { input: v, .. }
                     | ResponseBlock::Data { value: v }
                     | ResponseBlock::Other { value: v, .. } => crate::legacy::lossy_floats(v),
-                    ResponseBlock::Text { .. } => {}
+                    ResponseBlock::Text { .. }
+                    | ResponseBlock::Thinking { .. }
+                    | ResponseBlock::RedactedThinking { .. } => {}
                 }
             }
         }
@@ -95,7 +118,8 @@ pub fn summary_message(view: SummaryView<'_>) -> Message {
 /// the step produced them.
 ///
 /// Blocks of unknown type ([`ResponseBlock::Other`]) stay in the store but are
-/// not sent back. A tool call with no recorded result (impossible for a completed
+/// not sent back; reasoning blocks ([`ResponseBlock::Thinking`],
+/// [`ResponseBlock::RedactedThinking`]) are sent back in their place. A tool call with no recorded result (impossible for a completed
 /// step) is rendered as an error result, so no tool call is ever orphaned.
 pub fn build_messages(
     system_prompt: &str,
@@ -145,17 +169,33 @@ fn render_step(
     for block in &response.blocks {
         match block {
             ResponseBlock::Text { text } => content.push(ContentBlock::Text { text: text.clone() }),
-            ResponseBlock::ToolUse { id, name, input } => {
+            ResponseBlock::ToolUse {
+                id,
+                name,
+                input,
+                raw_input,
+            } => {
                 calls.push(id.as_str());
                 content.push(ContentBlock::ToolUse {
                     id: id.clone(),
                     name: name.clone(),
                     input: input.clone(),
+                    raw_input: raw_input.clone(),
                 });
             }
             ResponseBlock::Data { value } => content.push(ContentBlock::Data {
                 value: value.clone(),
             }),
+            ResponseBlock::Thinking {
+                thinking,
+                signature,
+            } => content.push(ContentBlock::Thinking {
+                thinking: thinking.clone(),
+                signature: signature.clone(),
+            }),
+            ResponseBlock::RedactedThinking { data } => {
+                content.push(ContentBlock::RedactedThinking { data: data.clone() })
+            }
             ResponseBlock::Other { .. } => {}
         }
     }

@@ -29,17 +29,24 @@ impl Rebuilt {
     }
 }
 
-/// Builds the messages of step `step_idx` of turn `turn_idx`, reading `compaction`.
+/// Builds the messages of step `step_idx` of turn `turn_idx`, reading
+/// `compaction`, with the tool results of that turn's first `elided_steps`
+/// steps as placeholders (see [`crate::render::elide_results`]).
 pub(crate) fn build_for(
     conn: &Connection,
     session: &SessionRow,
-    turn_idx: i64,
-    step_idx: i64,
+    (turn_idx, step_idx): (i64, i64),
     compaction: Option<&CompactionRow>,
+    elided_steps: i64,
     format: RenderFormat,
 ) -> Result<Vec<Message>> {
     let after = compaction.map_or(-1, |c| c.up_to_turn_index);
-    let history = store::load_history(conn, session.id, after, turn_idx, step_idx)?;
+    let mut history = store::load_history(conn, session.id, after, turn_idx, step_idx)?;
+    if elided_steps > 0 {
+        if let Some(turn) = history.last_mut().filter(|t| t.idx == turn_idx) {
+            crate::render::elide_results(turn, elided_steps);
+        }
+    }
     let view = compaction.map(|c| SummaryView {
         up_to_turn_index: c.up_to_turn_index,
         summary: c.summary.as_deref().unwrap_or(""),
@@ -75,9 +82,9 @@ pub fn rebuild_step(conn: &Connection, step_id: StepId) -> Result<Rebuilt> {
     let messages = build_for(
         conn,
         &session,
-        turn.idx,
-        step.idx,
+        (turn.idx, step.idx),
         compaction.as_ref(),
+        step.elided_steps,
         format,
     )?;
     let bytes = to_bytes(&messages);
@@ -105,9 +112,9 @@ pub fn build_at(
     build_for(
         conn,
         &session,
-        turn_idx,
-        step_idx,
+        (turn_idx, step_idx),
         compaction.as_ref(),
+        0,
         RenderFormat::CURRENT,
     )
 }

@@ -122,6 +122,15 @@ enum Prepared {
     Run(store::StepRow, Box<Work>),
 }
 
+/// The context-overflow remedies a step has used (each at most once).
+#[derive(Default)]
+struct Remedies {
+    compacted: bool,
+    tried_elision: bool,
+    /// The steps of the turn whose results the step's context elides.
+    elided: i64,
+}
+
 /// The work of a step to execute.
 enum Work {
     /// Nothing to wait for: the compaction it reads and its messages, built;
@@ -134,8 +143,9 @@ enum Work {
     /// As `Ready`, with the row at (boundary, measure) to claim for a
     /// background summary (inside `prepare` only).
     Background(Option<CompactionRow>, Context, i64, Option<i64>),
-    /// A compaction is due first.
-    Compact(Decision, Option<Context>),
+    /// A compaction is due first (then the context is built, eliding the
+    /// results of the turn's first steps as its previous step did).
+    Compact(Decision, Option<Context>, i64),
 }
 
 /// How a turn ended.
@@ -187,9 +197,23 @@ pub struct RunnerBuilder {
     cfg: RunnerConfig,
     compaction: Option<CompactionConfig>,
     fault_hook: Option<FaultHook>,
+    models: Vec<String>,
 }
 
 impl RunnerBuilder {
+    /// The model ids the host will create sessions with: `build` refuses one
+    /// whose context window is unknown while the threshold is a fraction of
+    /// the window ([`Error::UnknownWindow`]), rather than the first
+    /// `create_session` with it.
+    pub fn models<I, S>(mut self, models: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.models.extend(models.into_iter().map(Into::into));
+        self
+    }
+
     /// The tools offered to the model.
     pub fn tools(mut self, tools: Tools) -> Self {
         self.tools = tools;
@@ -239,6 +263,9 @@ impl RunnerBuilder {
         if cfg.owner.is_empty() {
             return Err(Error::Config("owner must not be empty".into()));
         }
+        for model in &self.models {
+            cfg.compaction.check_model(model)?;
+        }
         let events = EventSink::default();
         let dead: crate::compaction::GoneCheck = if cfg.take_over_dead_local_owners {
             |h, o| crate::owner::holder_is_gone(h, o, true)
@@ -282,6 +309,7 @@ impl Runner {
             cfg: RunnerConfig::default(),
             compaction: None,
             fault_hook: None,
+            models: Vec::new(),
         }
     }
 
@@ -320,12 +348,16 @@ impl Runner {
     }
 
     /// Creates a session, or returns the one with this external id.
+    ///
+    /// Refuses a model whose context window is unknown while the threshold
+    /// is a fraction of it ([`Error::UnknownWindow`]).
     pub async fn create_session(
         &self,
         external_id: &str,
         model: &str,
         system_prompt: &str,
     ) -> Result<SessionRow> {
+        self.inner.cfg.compaction.check_model(model)?;
         let (e, m, s) = (
             external_id.to_string(),
             model.to_string(),
@@ -721,7 +753,7 @@ impl Runner {
             let mut advanced = self.advance(&plan, 0, persist, None).await?;
             next = loop {
                 match advanced {
-                    Advanced::Next(p) => break p,
+                    Advanced::Next(p) => break *p,
                     Advanced::Finished(turn, output) => {
                         return Ok(TurnOutcome {
                             turn,
@@ -783,11 +815,15 @@ impl Runner {
         let (at, compactor) = ((turn.idx, step.idx), &self.inner.compactor);
         // One read transaction: one snapshot, and the file locks taken once.
         let found = store::in_read_tx(c, |c| {
-            // What the turn's previous step read: the turn keeps it.
-            let prior = match &ctx {
-                _ if step.idx == 0 => None,
-                Some(ctx) if ctx.at().0 == turn.idx => Some(ctx.compaction_id()),
-                _ => Some(store::step_compaction_id(c, turn.id, step.idx - 1)?),
+            // What the turn's previous step read: the turn keeps it, and
+            // the results it elided (context overflow) stay elided.
+            let (prior, elided) = match &ctx {
+                _ if step.idx == 0 => (None, 0),
+                Some(ctx) if ctx.at().0 == turn.idx => (Some(ctx.compaction_id()), ctx.elided()),
+                _ => {
+                    let (read, elided) = store::step_read(c, turn.id, step.idx - 1)?;
+                    (Some(read), elided)
+                }
             };
             let decision = match compactor.decide(c, session, turn.idx, step.idx, prior) {
                 Ok(d) => d,
@@ -796,7 +832,7 @@ impl Runner {
             };
             Ok(Ok(match decision {
                 Decision::Read(row) => {
-                    let ctx = Context::advance(ctx, c, session, row.as_ref(), at)?;
+                    let ctx = Context::advance(ctx, c, session, row.as_ref(), at, elided)?;
                     Work::Ready(row, ctx, None)
                 }
                 Decision::Background {
@@ -804,10 +840,10 @@ impl Runner {
                     measure,
                     read,
                 } => {
-                    let ctx = Context::advance(ctx, c, session, read.as_ref(), at)?;
+                    let ctx = Context::advance(ctx, c, session, read.as_ref(), at, elided)?;
                     Work::Background(read, ctx, boundary, measure)
                 }
-                other => Work::Compact(other, ctx),
+                other => Work::Compact(other, ctx, elided),
             }))
         })?;
         // A background compaction is claimed in this same blocking call (its
@@ -847,7 +883,7 @@ impl Runner {
         let (step_id, step_idx) = (step.id, step.idx);
         let subject = || Subject::of(session, Some(turn.idx));
         let mut summary_wait_ms = None;
-        let (compaction, ctx) = match work {
+        let (mut compaction, mut ctx) = match work {
             Work::Ready(row, ctx, claimed) => {
                 if let Some(claimed) = claimed {
                     self.inner.compactor.spawn_background(&subject(), *claimed);
@@ -856,7 +892,7 @@ impl Runner {
             }
             // Turned into `Ready` by `prepare`.
             Work::Background(row, ctx, ..) => (row, ctx),
-            Work::Compact(decision, ctx) => {
+            Work::Compact(decision, ctx, elided) => {
                 // The hook where compaction runs: the step reads only what it
                 // returns, and waits for it.
                 let began = std::time::Instant::now();
@@ -877,7 +913,7 @@ impl Runner {
                 let ctx = self
                     .inner
                     .store
-                    .call(move |conn| Context::advance(ctx, conn, &s, r.as_ref(), at))
+                    .call(move |conn| Context::advance(ctx, conn, &s, r.as_ref(), at, elided))
                     .await?;
                 (row, ctx)
             }
@@ -887,9 +923,28 @@ impl Runner {
             FaultPoint::BeforeModelCall,
         )?;
 
+        // A context the model refuses as too long is made smaller, once by
+        // each remedy, and the step tried again; see `Runner::shrink`.
+        let mut remedies = Remedies {
+            elided: ctx.elided(),
+            ..Remedies::default()
+        };
+        let mut response = loop {
+            let request = ctx.request(&session.model, self.inner.tools.specs());
+            match self.call_model(request, step_id).await {
+                Err(Error::ContextOverflow { message, .. }) => {
+                    match self
+                        .shrink(session, turn, step, &compaction, &mut remedies, &message)
+                        .await?
+                    {
+                        Some((row, smaller)) => (compaction, ctx) = (row, smaller),
+                        None => return Err(Error::ContextOverflow { step_id, message }),
+                    }
+                }
+                other => break other?,
+            }
+        };
         let sha = ctx.sha256();
-        let request = ctx.request(&session.model, self.inner.tools.specs());
-        let mut response = self.call_model(request, step_id).await?;
         // What is committed must read back: nothing deeper than the parser takes.
         if response.cap_depth() > 0 {
             warn!(step_id = %step_id, "a response value nested too deep was replaced");
@@ -925,18 +980,89 @@ impl Runner {
             context_tokens,
             estimated,
             summary_wait_ms,
+            cache_read_tokens: response
+                .usage
+                .cache_read_tokens
+                .map(|n| saturating_tokens(n, "cache read", step_id)),
+            cache_write_tokens: response
+                .usage
+                .cache_write_tokens
+                .map(|n| saturating_tokens(n, "cache write", step_id)),
+            elided_steps: ctx.elided(),
         };
         Ok((response, r, ctx))
+    }
+
+    /// A smaller context for a step the model refused as too long, by the
+    /// first remedy not yet tried: every turn before this one compacted now
+    /// (exactly once, as any compaction), then the tool results of this
+    /// turn's steps before its newest one sent as placeholders (recorded on
+    /// the step as `elided_steps`, so a rebuild gives the bytes sent). None
+    /// when neither is left or makes a difference.
+    async fn shrink(
+        &self,
+        session: &SessionRow,
+        turn: &TurnRow,
+        step: &store::StepRow,
+        compaction: &Option<CompactionRow>,
+        remedies: &mut Remedies,
+        message: &str,
+    ) -> Result<Option<(Option<CompactionRow>, Context)>> {
+        let subject = Subject::of(session, Some(turn.idx));
+        let at = (turn.idx, step.idx);
+        let mut elided = remedies.elided;
+        let mut row = compaction.clone();
+        let remedy = loop {
+            if !remedies.compacted {
+                remedies.compacted = true;
+                let folded = self
+                    .inner
+                    .compactor
+                    .compact_for_overflow(&subject, turn.idx)
+                    .await?;
+                if let Some(folded) = folded.filter(|f| Some(f.id) != row.as_ref().map(|r| r.id)) {
+                    row = Some(folded);
+                    break "compacted";
+                }
+            } else if !remedies.tried_elision {
+                remedies.tried_elision = true;
+                let newest = step.idx - 1;
+                if newest > remedies.elided {
+                    elided = newest;
+                    break "elided";
+                }
+            } else {
+                return Ok(None);
+            }
+        };
+        warn!(step_id = %step.id, remedy, "the model refused the context as too long");
+        self.tell(session, Some(turn.idx), || EventKind::ContextOverflow {
+            step_id: step.id,
+            remedy,
+            elided_steps: elided,
+            message: message.to_string(),
+        });
+        remedies.elided = elided;
+        let (s, r) = (session.clone(), row.clone());
+        let ctx = self
+            .inner
+            .store
+            .call(move |c| Context::build(c, &s, r.as_ref(), at, elided))
+            .await?;
+        Ok(Some((row, ctx)))
     }
 
     async fn call_model(&self, request: ModelRequest, step_id: StepId) -> Result<ModelResponse> {
         let cfg = &self.inner.cfg;
         let request = Arc::new(request);
         let mut last = String::new();
+        let mut not_before = Duration::ZERO;
         for attempt in 1..=cfg.model_retry.max_attempts {
             if attempt > 1 {
-                tokio::time::sleep(cfg.model_retry.delay(attempt - 1)).await;
+                // A provider's Retry-After is honoured when longer.
+                tokio::time::sleep(cfg.model_retry.delay(attempt - 1).max(not_before)).await;
             }
+            not_before = Duration::ZERO;
             let call = CatchUnwind(self.inner.model.complete(&request));
             match tokio::time::timeout(cfg.model_timeout, call).await {
                 Ok(Ok(Ok(resp))) => return Ok(resp),
@@ -945,6 +1071,13 @@ impl Runner {
                         step_id,
                         message: m,
                     });
+                }
+                Ok(Ok(Err(ModelError::ContextOverflow(message)))) => {
+                    return Err(Error::ContextOverflow { step_id, message });
+                }
+                Ok(Ok(Err(e @ ModelError::RateLimited { retry_after, .. }))) => {
+                    not_before = retry_after.unwrap_or_default();
+                    last = e.to_string();
                 }
                 Ok(Ok(Err(e))) => last = e.to_string(),
                 Ok(Err(p)) => last = format!("model client panicked: {}", panic_message(&p)),
@@ -1080,7 +1213,7 @@ impl Runner {
             return Ok(Advanced::Finished(turn, plan.final_text.clone()));
         }
         let next = self.prepare(c, &plan.session, &plan.turn, lease, ctx)?;
-        Ok(Advanced::Next(next))
+        Ok(Advanced::Next(Box::new(next)))
     }
 
     /// Tool call `pos` of the step, inside the step's transaction: a refusal
@@ -1261,7 +1394,7 @@ enum Advanced {
     /// The step was the turn's last.
     Finished(TurnRow, String),
     /// The step is completed; the next one is prepared.
-    Next(Prepared),
+    Next(Box<Prepared>),
 }
 
 /// What [`Runner::tool_in_tx`] did with a tool call.

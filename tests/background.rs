@@ -43,6 +43,7 @@ impl ModelClient for Chat {
                 id: "h1".into(),
                 name: "hold".into(),
                 input: json!({}),
+                raw_input: None,
             }
         } else {
             ResponseBlock::Text {
@@ -52,6 +53,7 @@ impl ModelClient for Chat {
         Ok(ModelResponse {
             blocks: vec![block],
             usage: Usage::default(),
+            ..Default::default()
         })
     }
 }

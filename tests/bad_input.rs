@@ -34,6 +34,7 @@ impl ModelClient for SecondTurn {
         Ok(ModelResponse {
             blocks,
             usage: Usage::default(),
+            ..Default::default()
         })
     }
 }
@@ -46,6 +47,7 @@ fn call(id: &str, name: &str, input: Value) -> ResponseBlock {
         id: id.into(),
         name: name.into(),
         input,
+        raw_input: None,
     }
 }
 fn spec(name: &str) -> ToolSpec {
@@ -274,6 +276,7 @@ async fn max_steps_fails_the_turn_with_a_typed_error() {
             Ok(ModelResponse {
                 blocks: self.0.clone(),
                 usage: Usage::default(),
+                ..Default::default()
             })
         }
     }
@@ -420,6 +423,7 @@ impl abridge::ModelClient for FlakyModel {
                 text: "finally".into(),
             }],
             usage: Default::default(),
+            ..Default::default()
         })
     }
 }
@@ -487,6 +491,7 @@ impl ModelClient for Deep {
                         .into_iter()
                         .collect(),
                 ),
+                raw_input: None,
             }]
         } else {
             vec![text("done")]
@@ -494,6 +499,7 @@ impl ModelClient for Deep {
         Ok(ModelResponse {
             blocks,
             usage: Usage::default(),
+            ..Default::default()
         })
     }
 }
@@ -658,7 +664,9 @@ impl ModelClient for HugeUsage {
             usage: Usage {
                 input_tokens: Some(u64::MAX),
                 output_tokens: Some(u64::MAX - 1),
+                ..Default::default()
             },
+            ..Default::default()
         })
     }
 }

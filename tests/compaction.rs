@@ -205,20 +205,49 @@ async fn fraction_threshold_uses_the_context_window() {
     assert!(at.compactor().ensure(&s, 4, 0).await.unwrap().is_some());
 }
 
+/// A fraction threshold needs the model's window: a model with none known is
+/// refused when the runner is built (for the models it is told of) and when a
+/// session is created, never silently left uncompacted; a session stored with
+/// one earlier runs uncompacted, said once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unknown_window_means_off_and_is_said_once() {
+async fn an_unknown_window_with_a_fraction_threshold_is_refused_and_a_stored_one_is_said_once() {
     let (_d, path) = temp_db();
     let store = open(&path);
-    let r = runner_with(&store, "u", extractive(), |c| {
+    let fraction = |c: &mut RunnerConfig| {
         c.compaction.context_windows.clear();
         c.compaction.compact_at = Threshold::Fraction(0.01);
-    });
-    let mut events = r.subscribe();
-    let sid = r
+    };
+    let r = runner_with(&store, "u", extractive(), fraction);
+    match r
+        .create_session("unknown", "model-nobody-knows", "sys")
+        .await
+    {
+        Err(abridge::Error::UnknownWindow { model }) => assert_eq!(model, "model-nobody-knows"),
+        other => panic!("expected UnknownWindow, got {other:?}"),
+    }
+    // Told of the models, the builder refuses at once.
+    let mut cfg = test_config(Threshold::Tokens(1), None, "b");
+    fraction(&mut cfg);
+    let built = |models: &[&str]| {
+        Runner::builder(store.clone(), Arc::new(demo_model(SEED, &[])))
+            .config(cfg.clone())
+            .models(models.iter().copied())
+            .build()
+    };
+    assert!(matches!(
+        built(&["gpt-4o", "gpt-4.5"]),
+        Err(abridge::Error::UnknownWindow { model }) if model == "gpt-4.5"
+    ));
+    assert!(built(&["gpt-4o", "claude-sonnet-4-20250514"]).is_ok());
+    // A session stored earlier with such a model (here by a runner with a
+    // token threshold) runs uncompacted, and says so once.
+    let tokens = runner_with(&store, "t", extractive(), |_| {});
+    let sid = tokens
         .create_session("unknown", "model-nobody-knows", "sys")
         .await
         .unwrap()
         .id;
+    let mut events = r.subscribe();
     for t in 0..4 {
         r.run_turn_at(sid, t, &user_turn(SEED, 0, t as u64))
             .await
@@ -233,11 +262,38 @@ async fn unknown_window_means_off_and_is_said_once() {
         }
     }
     assert_eq!(warnings, 1);
-    // The built-in table knows common models.
+}
+
+/// The built-in windows are exact ids and their dated or versioned
+/// snapshots; nothing matches by prefix (`gpt-4.5` is not `gpt-4`).
+#[test]
+fn built_in_windows_match_exact_ids_and_their_snapshots_only() {
     let cfg = abridge::CompactionConfig::default();
-    assert_eq!(cfg.context_window("gpt-4o-mini"), Some(128_000));
-    assert_eq!(cfg.context_window("claude-sonnet-4-5"), Some(200_000));
-    assert_eq!(cfg.context_window("nope"), None);
+    let w = |m: &str| cfg.context_window(m);
+    assert_eq!(w("gpt-4o-mini"), Some(128_000));
+    assert_eq!(w("gpt-4o-2024-08-06"), Some(128_000));
+    assert_eq!(w("gpt-4"), Some(8_192));
+    assert_eq!(w("gpt-4-0613"), Some(8_192));
+    assert_eq!(w("gpt-4.1-mini-2025-04-14"), Some(1_047_576));
+    assert_eq!(w("claude-sonnet-4-5"), Some(200_000));
+    assert_eq!(w("claude-sonnet-4-20250514"), Some(200_000));
+    assert_eq!(w("claude-3-5-sonnet-latest"), Some(200_000));
+    assert_eq!(w("gemini-1.5-pro-002"), Some(2_097_152));
+    for unknown in [
+        "gpt-4.5",
+        "gpt-4o-audio",
+        "claude",
+        "gpt-4-",
+        "llama-3-70b",
+        "nope",
+        "",
+    ] {
+        assert_eq!(w(unknown), None, "{unknown:?}");
+    }
+    // The host's own entries win, by exact id.
+    let cfg = cfg.with_context_window("gpt-4", 9_000);
+    assert_eq!(cfg.context_window("gpt-4"), Some(9_000));
+    assert_eq!(cfg.context_window("gpt-4-0613"), Some(8_192));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -561,6 +617,7 @@ impl Summariser for Recording {
             usage: abridge::Usage {
                 input_tokens: Some(n),
                 output_tokens: Some(5),
+                ..Default::default()
             },
         })
     }

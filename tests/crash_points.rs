@@ -110,6 +110,7 @@ impl abridge::ModelClient for ToolsThenAnswer {
                     id: format!("c{i}"),
                     name: (*name).into(),
                     input: serde_json::json!({"order_id": "ORD-1"}),
+                    raw_input: None,
                 })
                 .collect()
         } else {
@@ -120,6 +121,7 @@ impl abridge::ModelClient for ToolsThenAnswer {
         Ok(abridge::ModelResponse {
             blocks,
             usage: Default::default(),
+            ..Default::default()
         })
     }
 }

@@ -24,16 +24,19 @@ impl ModelClient for ThreeModes {
                     text: "done".into(),
                 }],
                 usage: Usage::default(),
+                ..Default::default()
             });
         }
         let call = |id: &str, name: &str| ResponseBlock::ToolUse {
             id: id.into(),
             name: name.into(),
             input: json!({"order": "ORD-7", "turn": req.messages.len()}),
+            raw_input: None,
         };
         Ok(ModelResponse {
             blocks: vec![call("a", "note"), call("b", "lookup"), call("c", "send")],
             usage: Usage::default(),
+            ..Default::default()
         })
     }
 }
@@ -512,6 +515,7 @@ impl ModelClient for Recording {
                 text: "noted — ça va 👍".into(),
             }],
             usage: Usage::default(),
+            ..Default::default()
         })
     }
 }

@@ -80,6 +80,7 @@ impl ModelClient for Plain {
                 id: "l1".into(),
                 name: "logs".into(),
                 input: json!({}),
+                raw_input: None,
             }
         } else {
             ResponseBlock::Text {
@@ -89,6 +90,7 @@ impl ModelClient for Plain {
         Ok(ModelResponse {
             blocks: vec![block],
             usage: Usage::default(),
+            ..Default::default()
         })
     }
 }
@@ -257,7 +259,7 @@ async fn facts_are_pinned_once_in_the_transaction_that_finishes_the_turn() {
         .fault_hook(common::fail_at(FaultPoint::BeforeStepComplete, 1))
         .build()
         .unwrap();
-    let s = crashing.create_session("s", "m", "sys").await.unwrap();
+    let s = crashing.create_session("s", "gpt-4o", "sys").await.unwrap();
     let err = crashing
         .run_turn(s.id, "My e-mail is ana@example.org.")
         .await

@@ -38,8 +38,62 @@ impl ModelClient for GoldenModel {
         }
         let is_tool_result = text.contains("tool_result");
         let n = req.messages.len() as f64;
+        // From schema 5: a turn of several tool steps whose fourth step is
+        // refused as too long until older results are left out (after the
+        // earlier turns were compacted for it).
+        let input = req
+            .messages
+            .iter()
+            .rev()
+            .find(|m| {
+                matches!(m.content.first(), Some(abridge::ContentBlock::Text { .. }))
+                    && m.role == abridge::Role::User
+            })
+            .map(|m| serde_json::to_string(&m.content).unwrap())
+            .unwrap_or_default();
+        if input.contains("MANY") {
+            let steps = req
+                .messages
+                .iter()
+                .rev()
+                .take_while(|m| {
+                    !(m.role == abridge::Role::User
+                        && matches!(m.content.first(), Some(abridge::ContentBlock::Text { .. })))
+                })
+                .filter(|m| m.role == abridge::Role::Assistant)
+                .count();
+            let all = serde_json::to_string(&*req.messages).unwrap();
+            if steps < 3 {
+                return Ok(ModelResponse {
+                    blocks: vec![ResponseBlock::ToolUse {
+                        id: format!("m{steps}"),
+                        name: "lookup".into(),
+                        input: json!({"step": steps}),
+                        raw_input: Some(format!("{{ \"step\" :{steps} }}")),
+                    }],
+                    stop_reason: Some("tool_use".into()),
+                    ..Default::default()
+                });
+            }
+            if !all.contains("left out to fit the context window") {
+                return Err(ModelError::ContextOverflow("prompt is too long".into()));
+            }
+            return Ok(ModelResponse {
+                blocks: vec![ResponseBlock::Text {
+                    text: "many done".into(),
+                }],
+                ..Default::default()
+            });
+        }
         if !is_tool_result {
             let blocks = vec![
+                ResponseBlock::Thinking {
+                    thinking: "The user wants an order — look it up. 考える".into(),
+                    signature: Some("EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxDx==".into()),
+                },
+                ResponseBlock::RedactedThinking {
+                    data: "EmwKAhgBEgy3va3pzix/LafPsn4aDF==".into(),
+                },
                 ResponseBlock::Text {
                     text: "Je regarde ça — 一下 🚚 नमस्ते".into(),
                 },
@@ -47,16 +101,21 @@ impl ModelClient for GoldenModel {
                     id: "c1".into(),
                     name: "note".into(),
                     input: json!({"text": "naïve café ﷽ 👩‍👩‍👧", "weight": 1.0715660391465826e-75, "w2": -1.81996730402717e-179}),
+                    raw_input: None,
                 },
                 ResponseBlock::ToolUse {
                     id: "c2".into(),
                     name: "lookup".into(),
                     input: json!({"amount": 0.1 + 0.2, "n": n, "big": 1.7976931348623157e308}),
+                    raw_input: Some(format!(
+                        "{{\"n\":{n},  \"amount\": 0.30000000000000004, \"big\": 1.7976931348623157e308}}"
+                    )),
                 },
                 ResponseBlock::ToolUse {
                     id: "c3".into(),
                     name: "send".into(),
                     input: json!({"to": "ana@example.org", "ratio": 2.0f64.sqrt() / 3.0}),
+                    raw_input: None,
                 },
             ];
             return Ok(ModelResponse {
@@ -64,7 +123,9 @@ impl ModelClient for GoldenModel {
                 usage: Usage {
                     input_tokens: None,
                     output_tokens: Some(40),
+                    ..Default::default()
                 },
+                stop_reason: Some("tool_use".into()),
             });
         }
         Ok(ModelResponse {
@@ -74,7 +135,13 @@ impl ModelClient for GoldenModel {
                     req.messages.len()
                 ),
             }],
-            usage: Usage::default(),
+            usage: Usage {
+                input_tokens: Some(n as u64 * 50),
+                output_tokens: Some(12),
+                cache_read_tokens: Some(n as u64 * 40),
+                cache_write_tokens: Some(n as u64 * 5),
+            },
+            stop_reason: Some("end_turn".into()),
         })
     }
 }
@@ -151,6 +218,8 @@ fn write_golden_store() {
             for t in 0..8 {
                 let input = if s == 1 && t == 5 {
                     "please FAIL this turn".to_string()
+                } else if s == 2 && t == 4 {
+                    "MANY lookups, please".to_string()
                 } else {
                     format!("Turn {t}: where is order ORD-{}{t}? Ünïcödé ☃ 𝄞", 1000 + s)
                 };

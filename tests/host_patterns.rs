@@ -140,11 +140,13 @@ impl ModelClient for ChargeModel {
                 id: "c1".into(),
                 name: "charge".into(),
                 input: json!({"amount": 12}),
+                raw_input: None,
             }]
         };
         Ok(ModelResponse {
             blocks,
             usage: Default::default(),
+            ..Default::default()
         })
     }
 }
@@ -189,7 +191,11 @@ async fn sixteen_tasks_running_one_turn_make_one_runner_and_no_outcome_unknown()
     let store = open(&path);
     let calls = Arc::new(AtomicUsize::new(0));
     let runner = charge_runner(&store, calls.clone(), RunnerConfig::default());
-    let sid = runner.create_session("host", "m", "sys").await.unwrap().id;
+    let sid = runner
+        .create_session("host", "gpt-4o", "sys")
+        .await
+        .unwrap()
+        .id;
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..16 {
         let r = runner.clone();
@@ -235,11 +241,13 @@ impl ModelClient for FloatModel {
                 id: "m1".into(),
                 name: "measure".into(),
                 input: json!({"w": 1.0715660391465826e-75, "v": [-1.81996730402717e-179, -1.603964615428183e143]}),
+                raw_input: None,
             }]
         };
         Ok(ModelResponse {
             blocks,
             usage: Default::default(),
+            ..Default::default()
         })
     }
 }

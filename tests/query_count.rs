@@ -75,6 +75,7 @@ impl ModelClient for TwoSteps {
                 id: "c1".into(),
                 name: "lookup_order".into(),
                 input: serde_json::json!({"order_id": "ORD-1"}),
+                raw_input: None,
             }]
         } else {
             vec![ResponseBlock::Text {
@@ -86,7 +87,9 @@ impl ModelClient for TwoSteps {
             usage: Usage {
                 input_tokens: Some(100),
                 output_tokens: Some(5),
+                ..Default::default()
             },
+            ..Default::default()
         })
     }
 }

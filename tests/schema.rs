@@ -286,7 +286,10 @@ async fn a_blank_session_id_is_refused() {
         .build()
         .unwrap();
     for blank in ["", "   ", "\t\n"] {
-        let err = runner.create_session(blank, "m", "s").await.unwrap_err();
+        let err = runner
+            .create_session(blank, "gpt-4o", "s")
+            .await
+            .unwrap_err();
         assert!(matches!(err, Error::Config(_)), "{blank:?}: {err}");
     }
 }

@@ -13,8 +13,11 @@ pub enum Threshold {
     Off,
     /// Compact when the context reaches this many tokens (> 0).
     Tokens(u64),
-    /// Compact at this fraction, in (0, 1], of the model's context window. An
-    /// unknown window means off (said once in a warning event).
+    /// Compact at this fraction, in (0, 1], of the model's context window. A
+    /// model with no known window is refused when the runner is built (for
+    /// the models it is told of) and when a session is created
+    /// ([`crate::Error::UnknownWindow`]); a session stored with one before
+    /// runs uncompacted, said once in a warning event.
     Fraction(f64),
 }
 
@@ -196,31 +199,98 @@ impl TokenCounter for CharsPerFour {
     }
 }
 
-/// Built-in context windows, by model-name prefix (longest prefix wins).
-const WINDOWS: &[(&str, u64)] = &[
-    ("gpt-4o", 128_000),
-    ("gpt-4.1", 1_047_576),
-    ("gpt-4-turbo", 128_000),
-    ("gpt-4", 8_192),
+/// Built-in context windows, by exact model id. A dated or versioned
+/// snapshot of a listed id (`gpt-4o-2024-08-06`, `claude-sonnet-4-20250514`,
+/// `gemini-1.5-pro-002`, `claude-3-5-sonnet-latest`) has the window of the id
+/// it snapshots; nothing else matches by prefix (`gpt-4.5` is not `gpt-4`).
+/// A host registers others with [`CompactionConfig::with_context_window`].
+pub const CONTEXT_WINDOWS: &[(&str, u64)] = &[
+    // OpenAI
     ("gpt-3.5-turbo", 16_385),
+    ("gpt-4", 8_192),
+    ("gpt-4-32k", 32_768),
+    ("gpt-4-turbo", 128_000),
+    ("gpt-4-turbo-preview", 128_000),
+    ("gpt-4o", 128_000),
+    ("gpt-4o-mini", 128_000),
+    ("chatgpt-4o", 128_000),
+    ("gpt-4.1", 1_047_576),
+    ("gpt-4.1-mini", 1_047_576),
+    ("gpt-4.1-nano", 1_047_576),
+    ("gpt-4.5-preview", 128_000),
     ("gpt-5", 400_000),
+    ("gpt-5-mini", 400_000),
+    ("gpt-5-nano", 400_000),
+    ("gpt-5-codex", 400_000),
+    ("gpt-5.1", 400_000),
     ("o1", 200_000),
+    ("o1-mini", 128_000),
+    ("o1-pro", 200_000),
     ("o3", 200_000),
+    ("o3-mini", 200_000),
+    ("o3-pro", 200_000),
     ("o4-mini", 200_000),
-    ("claude-3", 200_000),
+    // Anthropic
+    ("claude-3-haiku", 200_000),
+    ("claude-3-sonnet", 200_000),
+    ("claude-3-opus", 200_000),
+    ("claude-3-5-haiku", 200_000),
+    ("claude-3-5-sonnet", 200_000),
+    ("claude-3-7-sonnet", 200_000),
     ("claude-sonnet-4", 200_000),
+    ("claude-sonnet-4-0", 200_000),
     ("claude-opus-4", 200_000),
-    ("claude-haiku-4", 200_000),
-    ("claude", 200_000),
+    ("claude-opus-4-0", 200_000),
+    ("claude-opus-4-1", 200_000),
+    ("claude-sonnet-4-5", 200_000),
+    ("claude-haiku-4-5", 200_000),
+    ("claude-opus-4-5", 200_000),
+    // Google
     ("gemini-1.5-pro", 2_097_152),
     ("gemini-1.5-flash", 1_048_576),
-    ("gemini-2", 1_048_576),
-    ("gemini", 1_048_576),
+    ("gemini-2.0-flash", 1_048_576),
+    ("gemini-2.0-flash-lite", 1_048_576),
+    ("gemini-2.5-pro", 1_048_576),
+    ("gemini-2.5-flash", 1_048_576),
+    ("gemini-2.5-flash-lite", 1_048_576),
+    // Others served under their own ids
+    ("deepseek-chat", 128_000),
+    ("deepseek-reasoner", 128_000),
     ("mistral-large", 128_000),
-    ("llama-3", 128_000),
-    ("deepseek", 128_000),
-    ("qwen", 131_072),
+    ("mistral-medium", 128_000),
+    ("mistral-small", 128_000),
 ];
+
+/// The id `model` is a snapshot of: `model` less a snapshot suffix (a date
+/// `-YYYY-MM-DD`, `-YYYYMMDD` or `-MMDD`, a version `-NNN`, or `-latest`),
+/// or None.
+fn snapshot_of(model: &str) -> Option<&str> {
+    let digits = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit());
+    if let Some(base) = model.strip_suffix("-latest") {
+        return Some(base);
+    }
+    let (base, last) = model.rsplit_once('-')?;
+    if digits(last, 8) || digits(last, 4) || digits(last, 3) {
+        return Some(base);
+    }
+    // -YYYY-MM-DD
+    let (base, dd) = (base, last);
+    let (base, mm) = base.rsplit_once('-')?;
+    let (base, yyyy) = base.rsplit_once('-')?;
+    (digits(yyyy, 4) && digits(mm, 2) && digits(dd, 2)).then_some(base)
+}
+
+/// The built-in window of `model`: its exact id, else the id it is a
+/// snapshot of.
+pub fn builtin_context_window(model: &str) -> Option<u64> {
+    let exact = |id: &str| {
+        CONTEXT_WINDOWS
+            .iter()
+            .find(|(m, _)| *m == id)
+            .map(|(_, w)| *w)
+    };
+    exact(model).or_else(|| snapshot_of(model).and_then(exact))
+}
 
 /// How compaction behaves. Build with [`CompactionConfig::default`] and the
 /// `with_*` methods; [`CompactionConfig::validate`] runs when the runner is built.
@@ -399,16 +469,26 @@ impl CompactionConfig {
         }
     }
 
-    /// The context window of `model`: registered, else the built-in table.
+    /// The context window of `model`: registered, else the built-in table
+    /// ([`CONTEXT_WINDOWS`], exact ids and their snapshots).
     pub fn context_window(&self, model: &str) -> Option<u64> {
         if let Some(w) = self.context_windows.get(model) {
             return Some(*w);
         }
-        WINDOWS
-            .iter()
-            .filter(|(p, _)| model.starts_with(p))
-            .max_by_key(|(p, _)| p.len())
-            .map(|(_, w)| *w)
+        builtin_context_window(model)
+    }
+
+    /// Refuses a model whose window is unknown while the threshold is a
+    /// fraction of the window ([`Error::UnknownWindow`]): compaction could
+    /// never trigger for it.
+    pub fn check_model(&self, model: &str) -> Result<()> {
+        if matches!(self.compact_at, Threshold::Fraction(_)) && self.context_window(model).is_none()
+        {
+            return Err(Error::UnknownWindow {
+                model: model.to_string(),
+            });
+        }
+        Ok(())
     }
 
     /// Tokens of a summariser request that are not transcript: the rules, the

@@ -10,10 +10,12 @@ mod offline;
 pub mod planner;
 mod preview;
 mod summarise;
+#[cfg(feature = "tiktoken")]
+mod tiktoken;
 
 pub use config::{
-    Background, BackgroundWorker, CharsPerFour, CompactionConfig, FailurePolicy, PromptStyle,
-    Threshold, TokenCounter, DEFAULT_SOFT_SHARE,
+    builtin_context_window, Background, BackgroundWorker, CharsPerFour, CompactionConfig,
+    FailurePolicy, PromptStyle, Threshold, TokenCounter, CONTEXT_WINDOWS, DEFAULT_SOFT_SHARE,
 };
 pub use offline::{extract, ExtractiveSummariser};
 pub use preview::{preview, CompactionPreview};
@@ -22,6 +24,8 @@ pub use summarise::{
     Summariser, SummaryRequest, SummaryResponse, PROSE_RULES, PROSE_UPDATE_RULES, STRUCTURED_RULES,
     STRUCTURED_UPDATE_RULES,
 };
+#[cfg(feature = "tiktoken")]
+pub use tiktoken::TiktokenCounter;
 
 use crate::error::{Error, Result};
 use crate::events::{EventKind, EventSink, Subject};
@@ -440,6 +444,36 @@ impl Compactor {
             {
                 Ok(latest)
             }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Compacts every turn before `turn_idx` now, for a step whose context
+    /// the model refused as too long (the claim and protocol of any other
+    /// compaction; exactly once). None when there is nothing more to fold
+    /// or the compaction failed: the caller tries the next remedy.
+    pub(crate) async fn compact_for_overflow(
+        &self,
+        subject: &Subject,
+        turn_idx: i64,
+    ) -> Result<Option<CompactionRow>> {
+        let (sid, b) = (subject.session_id, turn_idx - 1);
+        if b < 0 {
+            return Ok(None);
+        }
+        let latest = self
+            .store
+            .read(move |c| store::latest_completed(c, sid, turn_idx))
+            .await?;
+        if latest.is_some_and(|l| l.up_to_turn_index >= b) {
+            return Ok(None);
+        }
+        match self
+            .claim_and_finish(subject, b, Trigger::Auto, None, None, true)
+            .await
+        {
+            Ok(row) if row.status == CompactionStatus::Completed => Ok(Some(row)),
+            Ok(_) | Err(Error::CompactionFailed { .. }) => Ok(None),
             Err(e) => Err(e),
         }
     }

@@ -259,7 +259,9 @@ pub fn transcript_entries(span: &[HistoryTurn], text_cap: usize, tool_cap: usize
                         "[turn {t}] assistant: {}",
                         cap_block(text, text_cap)
                     )),
-                    ResponseBlock::ToolUse { id, name, input } => {
+                    ResponseBlock::ToolUse {
+                        id, name, input, ..
+                    } => {
                         names.insert(id.as_str(), name.as_str());
                         out.push(format!(
                             "[turn {t}] tool call {name}({})",

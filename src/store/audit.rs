@@ -24,6 +24,24 @@ pub struct SessionCounts {
     pub compactions_failed: i64,
     /// Context tokens of the newest executed step.
     pub context_tokens: Option<i64>,
+    /// Input tokens of the steps whose provider reported its prompt cache
+    /// (None: no step did).
+    pub cache_input_tokens: Option<i64>,
+    /// Of those, read from the provider's prompt cache.
+    pub cache_read_tokens: Option<i64>,
+    /// Of those, written to the provider's prompt cache.
+    pub cache_write_tokens: Option<i64>,
+}
+
+impl SessionCounts {
+    /// The share of input tokens served from the provider's prompt cache,
+    /// over the steps that reported it (None: none did).
+    pub fn cached_input_share(&self) -> Option<f64> {
+        match (self.cache_read_tokens, self.cache_input_tokens) {
+            (Some(read), Some(input)) if input > 0 => Some(read as f64 / input as f64),
+            _ => None,
+        }
+    }
 }
 
 /// Steps of a session that waited for a summary, and their waits summed (ms).
@@ -50,7 +68,13 @@ pub(crate) fn session_counts(conn: &Connection, session_id: SessionId) -> Result
            (SELECT count(*) FROM compactions WHERE session_id = ?1 AND status = 'failed'),
            (SELECT s.context_tokens FROM steps s JOIN turns t ON s.turn_id = t.id
               WHERE t.session_id = ?1 AND s.context_tokens IS NOT NULL
-              ORDER BY t.idx DESC, s.idx DESC LIMIT 1)",
+              ORDER BY t.idx DESC, s.idx DESC LIMIT 1),
+           c.input, c.read, c.write
+         FROM (SELECT sum(s.input_tokens) AS input, sum(coalesce(s.cache_read_tokens, 0)) AS read,
+                      sum(coalesce(s.cache_write_tokens, 0)) AS write
+                 FROM steps s JOIN turns t ON s.turn_id = t.id
+                WHERE t.session_id = ?1
+                  AND (s.cache_read_tokens IS NOT NULL OR s.cache_write_tokens IS NOT NULL)) c",
         [session_id],
         |r| {
             Ok(SessionCounts {
@@ -62,6 +86,9 @@ pub(crate) fn session_counts(conn: &Connection, session_id: SessionId) -> Result
                 compactions_completed: r.get(5)?,
                 compactions_failed: r.get(6)?,
                 context_tokens: r.get(7)?,
+                cache_input_tokens: r.get(8)?,
+                cache_read_tokens: r.get::<_, Option<i64>>(8)?.and(r.get(9)?),
+                cache_write_tokens: r.get::<_, Option<i64>>(8)?.and(r.get(10)?),
             })
         },
     )?)

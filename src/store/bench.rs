@@ -56,6 +56,7 @@ pub fn seed_history(conn: &mut Connection, session_id: SessionId, shape: &SeedSh
         let usage = Usage {
             input_tokens: Some(1_000),
             output_tokens: Some(20),
+            ..Default::default()
         };
         let k = shape.tool_steps.max(1);
         for step_idx in 0..=k {
@@ -69,9 +70,11 @@ pub fn seed_history(conn: &mut Connection, session_id: SessionId, shape: &SeedSh
                             id: format!("call_{step_idx}_0"),
                             name: "lookup_order".into(),
                             input: serde_json::json!({"order_id": format!("ORD-{}", 10_000 + idx)}),
+                            raw_input: None,
                         },
                     ],
                     usage,
+                    ..Default::default()
                 }
             } else {
                 ModelResponse {
@@ -83,6 +86,7 @@ pub fn seed_history(conn: &mut Connection, session_id: SessionId, shape: &SeedSh
                         ),
                     }],
                     usage,
+                    ..Default::default()
                 }
             };
             let json = serde_json::to_string(&resp)?;

@@ -215,12 +215,20 @@ pub struct StepRow {
     /// Milliseconds the step waited for a summary before its model call
     /// (None: it did not wait).
     pub summary_wait_ms: Option<i64>,
+    /// Input tokens the provider read from its prompt cache (None: not
+    /// reported).
+    pub cache_read_tokens: Option<i64>,
+    /// Input tokens the provider wrote to its prompt cache.
+    pub cache_write_tokens: Option<i64>,
+    /// The tool results of this turn's first `elided_steps` steps were sent
+    /// as placeholders (context overflow inside the turn); 0 for most steps.
+    pub elided_steps: i64,
 }
 
 impl StepRow {
     pub(crate) const COLUMNS: &'static str = "id, turn_id, idx, status, compaction_id, \
          messages_sha256, response, input_tokens, output_tokens, context_tokens, estimated, error, \
-         render_format, summary_wait_ms";
+         render_format, summary_wait_ms, cache_read_tokens, cache_write_tokens, elided_steps";
     pub(crate) fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
         Ok(StepRow {
             id: r.get(0)?,
@@ -237,6 +245,9 @@ impl StepRow {
             error: r.get(11)?,
             render_format: r.get(12)?,
             summary_wait_ms: r.get(13)?,
+            cache_read_tokens: r.get(14)?,
+            cache_write_tokens: r.get(15)?,
+            elided_steps: r.get(16)?,
         })
     }
 }

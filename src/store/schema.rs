@@ -19,10 +19,11 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("migrations/0002_append_only.sql")),
     (3, include_str!("migrations/0003_pins.sql")),
     (4, include_str!("migrations/0004_background.sql")),
+    (5, include_str!("migrations/0005_providers.sql")),
 ];
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 pub(super) fn map_open_err(path: &Path, e: rusqlite::Error) -> Error {
     match e.sqlite_error_code() {

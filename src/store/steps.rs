@@ -8,17 +8,20 @@ use crate::error::{Error, Result};
 use crate::ids::{CompactionId, StepId, TurnId};
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
-/// The compaction step `idx` of `turn_id` read (None: none, or no such step).
-pub(crate) fn step_compaction_id(
+/// What step `idx` of `turn_id` read: the compaction (None: none, or no such
+/// step) and how many of the turn's steps had their results elided.
+pub(crate) fn step_read(
     conn: &Connection,
     turn_id: TurnId,
     idx: i64,
-) -> Result<Option<CompactionId>> {
+) -> Result<(Option<CompactionId>, i64)> {
     Ok(conn
-        .prepare_cached("SELECT compaction_id FROM steps WHERE turn_id = ?1 AND idx = ?2")?
-        .query_row(params![turn_id, idx], |r| r.get(0))
+        .prepare_cached(
+            "SELECT compaction_id, elided_steps FROM steps WHERE turn_id = ?1 AND idx = ?2",
+        )?
+        .query_row(params![turn_id, idx], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?
-        .flatten())
+        .unwrap_or((None, 0)))
 }
 
 pub(crate) fn get_step(conn: &Connection, id: StepId) -> Result<StepRow> {
@@ -91,6 +94,10 @@ pub(crate) struct Responded {
     pub estimated: bool,
     /// Milliseconds waited for a summary before the model call (None: none).
     pub summary_wait_ms: Option<i64>,
+    pub cache_read_tokens: Option<i64>,
+    pub cache_write_tokens: Option<i64>,
+    /// This turn's first steps whose tool results were sent as placeholders.
+    pub elided_steps: i64,
 }
 
 /// Writes a step's response, usage, hash, compaction read and context measure
@@ -101,7 +108,8 @@ pub(crate) fn write_response(tx: &Transaction<'_>, lease: &Lease, r: &Responded)
         .prepare_cached(
             "UPDATE steps SET status = 'responded', compaction_id = ?1, messages_sha256 = ?2, \
              response = ?3, input_tokens = ?4, output_tokens = ?5, context_tokens = ?6, \
-             estimated = ?7, responded_at = ?8, render_format = ?10, summary_wait_ms = ?11 \
+             estimated = ?7, responded_at = ?8, render_format = ?10, summary_wait_ms = ?11, \
+             cache_read_tokens = ?12, cache_write_tokens = ?13, elided_steps = ?14 \
              WHERE id = ?9 AND status = 'running'",
         )?
         .execute(params![
@@ -115,7 +123,10 @@ pub(crate) fn write_response(tx: &Transaction<'_>, lease: &Lease, r: &Responded)
             now_ms(),
             r.step_id,
             crate::render::RenderFormat::CURRENT.as_i64(),
-            r.summary_wait_ms
+            r.summary_wait_ms,
+            r.cache_read_tokens,
+            r.cache_write_tokens,
+            r.elided_steps
         ])?;
     if n == 0 {
         return Err(Error::LeaseLost {

@@ -52,7 +52,7 @@ fn pad(s: &str, width: usize) -> String {
 
 fn print_sessions(all: &[inspect::SessionSummary]) {
     println!(
-        "{:>4}  {} {} {:>6} {:>6} {:>6} {:>11} {:>9}",
+        "{:>4}  {} {} {:>6} {:>6} {:>6} {:>11} {:>9} {:>7}",
         "id",
         pad("external id", 20),
         pad("model", 20),
@@ -60,11 +60,12 @@ fn print_sessions(all: &[inspect::SessionSummary]) {
         "steps",
         "tools",
         "compactions",
-        "context"
+        "context",
+        "cached"
     );
     for s in all {
         println!(
-            "{:>4}  {} {} {:>6} {:>6} {:>6} {:>11} {:>9}",
+            "{:>4}  {} {} {:>6} {:>6} {:>6} {:>11} {:>9} {:>7}",
             s.session.id,
             pad(&s.session.external_id, 20),
             pad(&s.session.model, 20),
@@ -74,14 +75,32 @@ fn print_sessions(all: &[inspect::SessionSummary]) {
             s.counts.compactions_completed,
             s.counts
                 .context_tokens
-                .map_or("-".into(), |t| t.to_string())
+                .map_or("-".into(), |t| t.to_string()),
+            cached(&s.counts)
         );
     }
+}
+
+/// The share of input tokens read from the provider's prompt cache, or `-`.
+fn cached(c: &abridge::store::SessionCounts) -> String {
+    c.cached_input_share()
+        .map_or("-".into(), |r| format!("{:.1}%", r * 100.0))
 }
 
 fn print_session(d: &inspect::SessionDetail) {
     let s = &d.summary.session;
     println!("session {} (id {}), model {}", s.external_id, s.id, s.model);
+    let counts = &d.summary.counts;
+    if let (Some(input), Some(read), Some(write)) = (
+        counts.cache_input_tokens,
+        counts.cache_read_tokens,
+        counts.cache_write_tokens,
+    ) {
+        println!(
+            "prompt cache: {} of {input} input tokens read from the cache ({read}), {write} written",
+            cached(counts)
+        );
+    }
     println!("\nturns:");
     println!(
         "  {:>4}  {} {:<13}  input",

@@ -1,0 +1,245 @@
+//! Anthropic's Messages API, with extended thinking and prompt caching.
+
+use super::http::{Http, HttpOptions};
+use super::ApiKey;
+use crate::message::{ContentBlock, ModelRequest, ModelResponse, ResponseBlock, Role, Usage};
+use crate::model::{ModelClient, ModelError};
+use serde_json::{json, Value};
+
+/// A [`ModelClient`] for the Messages API (`POST {base}/messages`).
+///
+/// - **Extended thinking** ([`Anthropic::with_thinking`]): thinking and
+///   redacted-thinking blocks are stored with the response and sent back in
+///   place, signature and all, before the tool calls they led to, as the API
+///   requires when tools are used.
+/// - **Prompt caching** (on by default, [`Anthropic::with_cache`]): abridge's
+///   messages are an append-only, byte-identical prefix between compactions,
+///   so three `cache_control` breakpoints are placed: on the system prompt
+///   (tools and system), on the first message after it (the summary, or the
+///   first turn's input) and on the last message (the history so far, read
+///   back by the next step). Cache reads and writes are stored per step.
+/// - Usage: `input_tokens` is the whole prompt (the API's uncached input plus
+///   its cache reads and writes); the stop reason is `stop_reason`.
+/// - Consecutive messages of one role (the summary, then a turn's input) are
+///   sent as one message with both contents.
+#[derive(Debug, Clone)]
+pub struct Anthropic {
+    http: Http,
+    max_tokens: u32,
+    thinking_budget: Option<u32>,
+    cache: bool,
+}
+
+impl Anthropic {
+    /// Anthropic's API, base URL `https://api.anthropic.com/v1`.
+    pub const DEFAULT_BASE_URL: &'static str = "https://api.anthropic.com/v1";
+    /// The `anthropic-version` header sent.
+    pub const API_VERSION: &'static str = "2023-06-01";
+
+    /// A client at `options.base_url` sending `key` as `x-api-key`.
+    pub fn new(options: HttpOptions, key: ApiKey) -> crate::Result<Anthropic> {
+        Ok(Anthropic {
+            http: Http::new(
+                &options,
+                Some(("x-api-key", "", &key)),
+                &[("anthropic-version", Anthropic::API_VERSION)],
+            )?,
+            max_tokens: 8192,
+            thinking_budget: None,
+            cache: true,
+        })
+    }
+
+    /// Anthropic with the key in `ANTHROPIC_API_KEY`, at `ANTHROPIC_BASE_URL`
+    /// when set.
+    pub fn from_env() -> crate::Result<Anthropic> {
+        let key = ApiKey::from_env("ANTHROPIC_API_KEY")?;
+        let base = std::env::var("ANTHROPIC_BASE_URL")
+            .unwrap_or_else(|_| Anthropic::DEFAULT_BASE_URL.to_string());
+        Anthropic::new(HttpOptions::new(base), key)
+    }
+
+    /// `max_tokens` when the request names none. Default 8,192.
+    pub fn with_max_tokens(mut self, n: u32) -> Self {
+        self.max_tokens = n;
+        self
+    }
+
+    /// Extended thinking with a budget of `budget_tokens` (which must be
+    /// below `max_tokens`).
+    pub fn with_thinking(mut self, budget_tokens: u32) -> Self {
+        self.thinking_budget = Some(budget_tokens);
+        self
+    }
+
+    /// Prompt-cache breakpoints on or off. Default on.
+    pub fn with_cache(mut self, on: bool) -> Self {
+        self.cache = on;
+        self
+    }
+
+    /// The JSON body sent for `request`.
+    pub fn request_body(&self, request: &ModelRequest) -> Value {
+        let mut system = Vec::new();
+        let mut messages: Vec<(Role, Vec<Value>)> = Vec::new();
+        for m in request.messages.iter() {
+            let blocks: Vec<Value> = m.content.iter().filter_map(block).collect();
+            if m.role == Role::System {
+                system.extend(blocks);
+                continue;
+            }
+            match messages.last_mut() {
+                Some((role, content)) if *role == m.role => content.extend(blocks),
+                _ if blocks.is_empty() => {}
+                _ => messages.push((m.role, blocks)),
+            }
+        }
+        let cache = json!({"type": "ephemeral"});
+        if self.cache {
+            if let Some(last) = system.last_mut() {
+                last["cache_control"] = cache.clone();
+            }
+            let n = messages.len();
+            for i in [0, n.saturating_sub(1)] {
+                if let Some(last) = messages.get_mut(i).and_then(|(_, c)| c.last_mut()) {
+                    last["cache_control"] = cache.clone();
+                }
+            }
+        }
+        let messages: Vec<Value> = messages
+            .into_iter()
+            .map(|(role, content)| {
+                let role = if role == Role::Assistant {
+                    "assistant"
+                } else {
+                    "user"
+                };
+                json!({"role": role, "content": content})
+            })
+            .collect();
+        let mut body = json!({
+            "model": request.model,
+            "max_tokens": request.max_output_tokens.unwrap_or(self.max_tokens),
+            "messages": messages,
+        });
+        if !system.is_empty() {
+            body["system"] = Value::Array(system);
+        }
+        if !request.tools.is_empty() {
+            body["tools"] = Value::Array(
+                request
+                    .tools
+                    .iter()
+                    .map(|t| {
+                        json!({
+                            "name": t.name,
+                            "description": t.description,
+                            "input_schema": t.input_schema,
+                        })
+                    })
+                    .collect(),
+            );
+        }
+        if let Some(budget) = self.thinking_budget {
+            body["thinking"] = json!({"type": "enabled", "budget_tokens": budget});
+        }
+        body
+    }
+
+    /// The response in `body`, an answer of the API.
+    pub fn parse_response(body: &Value) -> Result<ModelResponse, ModelError> {
+        let content = body
+            .get("content")
+            .and_then(Value::as_array)
+            .ok_or_else(|| super::malformed("no content", body))?;
+        let s = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
+        let mut blocks = Vec::new();
+        for b in content {
+            let kind = b.get("type").and_then(Value::as_str).unwrap_or_default();
+            blocks.push(match kind {
+                "text" => ResponseBlock::Text {
+                    text: s(b, "text").unwrap_or_default(),
+                },
+                "tool_use" => ResponseBlock::ToolUse {
+                    id: s(b, "id").unwrap_or_default(),
+                    name: s(b, "name").unwrap_or_default(),
+                    input: b.get("input").cloned().unwrap_or_else(|| json!({})),
+                    raw_input: None,
+                },
+                "thinking" => ResponseBlock::Thinking {
+                    thinking: s(b, "thinking").unwrap_or_default(),
+                    signature: s(b, "signature"),
+                },
+                "redacted_thinking" => ResponseBlock::RedactedThinking {
+                    data: s(b, "data").unwrap_or_default(),
+                },
+                other => ResponseBlock::Other {
+                    kind: other.to_string(),
+                    value: b.clone(),
+                },
+            });
+        }
+        let usage = body.get("usage").unwrap_or(&Value::Null);
+        let n = |k: &str| usage.get(k).and_then(Value::as_u64);
+        let (fresh, read, write) = (
+            n("input_tokens"),
+            n("cache_read_input_tokens"),
+            n("cache_creation_input_tokens"),
+        );
+        let input = fresh.map(|f| f + read.unwrap_or(0) + write.unwrap_or(0));
+        Ok(ModelResponse {
+            blocks,
+            usage: Usage {
+                input_tokens: input,
+                output_tokens: n("output_tokens"),
+                cache_read_tokens: read,
+                cache_write_tokens: write,
+            },
+            stop_reason: s(body, "stop_reason"),
+        })
+    }
+}
+
+/// A content block as the API takes it (None: nothing to send).
+fn block(b: &ContentBlock) -> Option<Value> {
+    Some(match b {
+        ContentBlock::Text { text } if text.is_empty() => return None,
+        ContentBlock::Text { text } => json!({"type": "text", "text": text}),
+        ContentBlock::Data { value } => json!({"type": "text", "text": value.to_string()}),
+        ContentBlock::ToolUse {
+            id, name, input, ..
+        } => json!({"type": "tool_use", "id": id, "name": name, "input": input}),
+        ContentBlock::ToolResult {
+            tool_use_id,
+            content,
+            is_error,
+        } => json!({
+            "type": "tool_result",
+            "tool_use_id": tool_use_id,
+            "content": content,
+            "is_error": is_error,
+        }),
+        ContentBlock::Thinking {
+            thinking,
+            signature,
+        } => {
+            let mut v = json!({"type": "thinking", "thinking": thinking});
+            if let Some(sig) = signature {
+                v["signature"] = json!(sig);
+            }
+            v
+        }
+        ContentBlock::RedactedThinking { data } => {
+            json!({"type": "redacted_thinking", "data": data})
+        }
+    })
+}
+
+#[async_trait::async_trait]
+impl ModelClient for Anthropic {
+    async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        let body = self.request_body(request);
+        let answer = self.http.post("/messages", &body).await?;
+        Anthropic::parse_response(&answer)
+    }
+}

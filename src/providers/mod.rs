@@ -1,0 +1,143 @@
+//! Model clients for real providers, each a [`crate::ModelClient`] (and so
+//! usable as a [`crate::ModelSummariser`]'s client too):
+//!
+//! - [`OpenAiChat`] (feature `openai`): the Chat Completions API, at any base
+//!   URL that speaks it (OpenAI, vLLM, llama.cpp's server, Ollama, LM Studio,
+//!   gateways);
+//! - [`OpenAiResponses`] (feature `openai`): the Responses API;
+//! - [`Anthropic`] (feature `anthropic`): the Messages API, with extended
+//!   thinking and prompt-cache breakpoints.
+//!
+//! Each maps tool definitions, tool calls (the arguments kept as the exact
+//! JSON text received, where the provider sends text), tool results, usage
+//! (input, output, cache read and write tokens: stored on the step) and stop
+//! reasons. HTTP is `reqwest` over rustls, with a connect and a whole-request
+//! timeout. The API key comes from the environment or the host, is sent as a
+//! header marked sensitive, and is never printed: [`ApiKey`]'s `Debug` hides
+//! it and no error text includes it.
+//!
+//! Errors are classified for the runner's retry policy ([`classify`]): 429 is
+//! [`ModelError::RateLimited`] with the provider's `Retry-After`; 408, 409,
+//! 5xx, 529 (overloaded), timeouts and network failures are
+//! [`ModelError::Transient`]; an answer saying the prompt is longer than the
+//! window is [`ModelError::ContextOverflow`]; any other 4xx is
+//! [`ModelError::Permanent`].
+
+use crate::error::{Error, Result};
+use crate::model::ModelError;
+use std::time::Duration;
+
+#[cfg(feature = "anthropic")]
+mod anthropic;
+mod http;
+#[cfg(feature = "openai")]
+mod openai;
+#[cfg(feature = "openai")]
+mod responses;
+
+#[cfg(feature = "anthropic")]
+pub use anthropic::Anthropic;
+pub use http::HttpOptions;
+#[cfg(feature = "openai")]
+pub use openai::OpenAiChat;
+#[cfg(feature = "openai")]
+pub use responses::OpenAiResponses;
+
+/// A provider's API key. Its `Debug` and `Display` print `[redacted]`.
+#[derive(Clone)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    /// A key the host holds.
+    pub fn new(key: impl Into<String>) -> ApiKey {
+        ApiKey(key.into())
+    }
+
+    /// The key in environment variable `var`; [`Error::Config`] naming the
+    /// variable (never a value) when it is unset or empty.
+    pub fn from_env(var: &str) -> Result<ApiKey> {
+        match std::env::var(var) {
+            Ok(k) if !k.trim().is_empty() => Ok(ApiKey(k.trim().to_string())),
+            _ => Err(Error::Config(format!(
+                "environment variable {var} holds no API key"
+            ))),
+        }
+    }
+
+    pub(crate) fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey([redacted])")
+    }
+}
+
+impl std::fmt::Display for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+/// Phrases with which providers and the servers that speak their APIs say a
+/// request is longer than the model's window (matched case-insensitively in
+/// an error body).
+const OVERFLOW_PHRASES: &[&str] = &[
+    "context_length_exceeded",
+    "maximum context length",
+    "prompt is too long",
+    "input is too long",
+    "exceeds the context window",
+    "exceeds the available context size",
+    "context window",
+    "too many tokens",
+    "request_too_large",
+    "string_above_max_length",
+];
+
+/// The kind of a provider's error answer: `status`, its `Retry-After` (if
+/// sent) and its body.
+pub fn classify(status: u16, retry_after: Option<Duration>, body: &str) -> ModelError {
+    let message = error_message(status, body);
+    let lower = body.to_ascii_lowercase();
+    let overflow = OVERFLOW_PHRASES.iter().any(|p| lower.contains(p));
+    match status {
+        429 => ModelError::RateLimited {
+            message,
+            retry_after,
+        },
+        400 | 413 | 422 if overflow => ModelError::ContextOverflow(message),
+        408 | 409 | 500..=599 => ModelError::Transient(message),
+        // Anthropic's `overloaded_error` can come with other codes behind a
+        // gateway.
+        _ if lower.contains("overloaded") => ModelError::Transient(message),
+        _ => ModelError::Permanent(message),
+    }
+}
+
+/// A 2xx answer that is not the shape the API documents: transient (a
+/// gateway's or a truncated answer), with the start of the body.
+pub(crate) fn malformed(what: &str, body: &serde_json::Value) -> ModelError {
+    ModelError::Transient(format!(
+        "malformed answer ({what}): {}",
+        crate::text::truncate_chars(&body.to_string(), 200)
+    ))
+}
+
+/// `HTTP <status>: <the provider's message>`, the message taken from the
+/// usual `{"error": {"message": ...}}` shapes, else the body's first 500
+/// characters.
+fn error_message(status: u16, body: &str) -> String {
+    let parsed: Option<serde_json::Value> = serde_json::from_str(body).ok();
+    let said = parsed.as_ref().and_then(|v| {
+        let e = v.get("error").unwrap_or(v);
+        e.get("message")
+            .and_then(|m| m.as_str())
+            .or_else(|| e.as_str())
+            .map(str::to_string)
+    });
+    let said = said.unwrap_or_else(|| crate::text::truncate_chars(body.trim(), 500));
+    format!("HTTP {status}: {said}")
+}

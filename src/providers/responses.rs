@@ -1,0 +1,202 @@
+//! OpenAI's Responses API.
+
+use super::http::{Http, HttpOptions};
+use super::openai::{arguments, data_text, tool_use};
+use super::{malformed, ApiKey};
+use crate::message::{ContentBlock, ModelRequest, ModelResponse, ResponseBlock, Role, Usage};
+use crate::model::{ModelClient, ModelError};
+use serde_json::{json, Value};
+
+/// A [`ModelClient`] for the Responses API (`POST {base}/responses`).
+///
+/// Stateless: every request carries the whole input (`store: false`), so the
+/// messages sent are exactly abridge's, as replay rebuilds them. Mapping: the
+/// system prompt is the `instructions`; tool calls are `function_call` items
+/// (arguments sent back as the exact text received) and results
+/// `function_call_output` items; output items of other types (reasoning) are
+/// stored as [`ResponseBlock::Other`] and not sent back. Usage:
+/// `input_tokens` (cached ones included), `output_tokens`,
+/// `input_tokens_details.cached_tokens` as cache reads. The stop reason is
+/// `incomplete_details.reason` when the response is incomplete, else its
+/// `status`.
+#[derive(Debug, Clone)]
+pub struct OpenAiResponses {
+    http: Http,
+}
+
+impl OpenAiResponses {
+    /// A client at `options.base_url` sending `key` as a bearer token.
+    pub fn new(options: HttpOptions, key: Option<ApiKey>) -> crate::Result<OpenAiResponses> {
+        let auth = key.as_ref().map(|k| ("authorization", "Bearer ", k));
+        Ok(OpenAiResponses {
+            http: Http::new(&options, auth, &[])?,
+        })
+    }
+
+    /// OpenAI with the key in `OPENAI_API_KEY`, at `OPENAI_BASE_URL` when set.
+    pub fn from_env() -> crate::Result<OpenAiResponses> {
+        let key = ApiKey::from_env("OPENAI_API_KEY")?;
+        let base = std::env::var("OPENAI_BASE_URL")
+            .unwrap_or_else(|_| super::OpenAiChat::DEFAULT_BASE_URL.to_string());
+        OpenAiResponses::new(HttpOptions::new(base), Some(key))
+    }
+
+    /// The JSON body sent for `request`.
+    pub fn request_body(request: &ModelRequest) -> Value {
+        let mut instructions = Vec::new();
+        let mut input = Vec::new();
+        for m in request.messages.iter() {
+            let (role, text_type) = match m.role {
+                Role::System => ("system", "input_text"),
+                Role::User => ("user", "input_text"),
+                Role::Assistant => ("assistant", "output_text"),
+            };
+            let mut parts = Vec::new();
+            let flush = |parts: &mut Vec<Value>, input: &mut Vec<Value>| {
+                if !parts.is_empty() {
+                    input.push(json!({"role": role, "content": std::mem::take(parts)}));
+                }
+            };
+            for block in &m.content {
+                let text = match block {
+                    ContentBlock::Text { text } => Some(text.clone()),
+                    ContentBlock::Data { value } => Some(data_text(value)),
+                    _ => None,
+                };
+                if let Some(text) = text {
+                    if m.role == Role::System {
+                        instructions.push(text);
+                    } else {
+                        parts.push(json!({"type": text_type, "text": text}));
+                    }
+                    continue;
+                }
+                flush(&mut parts, &mut input);
+                match block {
+                    ContentBlock::ToolUse {
+                        id,
+                        name,
+                        input: args,
+                        raw_input,
+                    } => input.push(json!({
+                        "type": "function_call",
+                        "call_id": id,
+                        "name": name,
+                        "arguments": arguments(args, raw_input),
+                    })),
+                    ContentBlock::ToolResult {
+                        tool_use_id,
+                        content,
+                        is_error,
+                    } => input.push(json!({
+                        "type": "function_call_output",
+                        "call_id": tool_use_id,
+                        "output": if *is_error { format!("Error: {content}") } else { content.clone() },
+                    })),
+                    _ => {}
+                }
+            }
+            flush(&mut parts, &mut input);
+        }
+        let mut body = json!({
+            "model": request.model,
+            "input": input,
+            "store": false,
+        });
+        if !instructions.is_empty() {
+            body["instructions"] = json!(instructions.join("\n"));
+        }
+        if !request.tools.is_empty() {
+            body["tools"] = Value::Array(
+                request
+                    .tools
+                    .iter()
+                    .map(|t| {
+                        json!({
+                            "type": "function",
+                            "name": t.name,
+                            "description": t.description,
+                            "parameters": t.input_schema,
+                        })
+                    })
+                    .collect(),
+            );
+        }
+        if let Some(n) = request.max_output_tokens {
+            body["max_output_tokens"] = json!(n);
+        }
+        body
+    }
+
+    /// The response in `body`, an answer of the API.
+    pub fn parse_response(body: &Value) -> Result<ModelResponse, ModelError> {
+        let output = body
+            .get("output")
+            .and_then(Value::as_array)
+            .ok_or_else(|| malformed("no output", body))?;
+        let mut blocks = Vec::new();
+        for item in output {
+            let kind = item.get("type").and_then(Value::as_str).unwrap_or_default();
+            match kind {
+                "message" => {
+                    for part in item
+                        .get("content")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                    {
+                        let text = part
+                            .get("text")
+                            .or_else(|| part.get("refusal"))
+                            .and_then(Value::as_str);
+                        if let Some(text) = text.filter(|t| !t.is_empty()) {
+                            blocks.push(ResponseBlock::Text {
+                                text: text.to_string(),
+                            });
+                        }
+                    }
+                }
+                "function_call" => blocks.push(tool_use(
+                    item.get("call_id")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default(),
+                    item.get("name").and_then(Value::as_str).unwrap_or_default(),
+                    item.get("arguments")
+                        .and_then(Value::as_str)
+                        .unwrap_or("{}"),
+                )),
+                other => blocks.push(ResponseBlock::Other {
+                    kind: other.to_string(),
+                    value: item.clone(),
+                }),
+            }
+        }
+        let usage = body.get("usage").unwrap_or(&Value::Null);
+        let stop = body
+            .pointer("/incomplete_details/reason")
+            .or_else(|| body.get("status"))
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        Ok(ModelResponse {
+            blocks,
+            usage: Usage {
+                input_tokens: usage.get("input_tokens").and_then(Value::as_u64),
+                output_tokens: usage.get("output_tokens").and_then(Value::as_u64),
+                cache_read_tokens: usage
+                    .pointer("/input_tokens_details/cached_tokens")
+                    .and_then(Value::as_u64),
+                cache_write_tokens: None,
+            },
+            stop_reason: stop,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl ModelClient for OpenAiResponses {
+    async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        let body = OpenAiResponses::request_body(request);
+        let answer = self.http.post("/responses", &body).await?;
+        OpenAiResponses::parse_response(&answer)
+    }
+}
