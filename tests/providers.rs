@@ -683,3 +683,95 @@ async fn a_context_that_cannot_fit_is_a_typed_error() {
     assert_eq!(status, "failed");
     assert_store_holds(&store);
 }
+
+/// OpenAI's own compaction as the summariser: abridge claims each row once
+/// (one `/responses/compact` call per compaction), stores the returned items
+/// as the summary, feeds them to the next compaction, and every later step
+/// sends them back as the very items returned, never as text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_compaction_items_are_the_summary_and_go_back_as_returned() {
+    use abridge::providers::{compaction_items, OpenAiCompaction, OPENAI_COMPACTION_MARKER};
+    let compacts = Arc::new(AtomicUsize::new(0));
+    let c = compacts.clone();
+    let fake = serve(move |seen| {
+        if seen.path == "/v1/responses/compact" {
+            let n = c.fetch_add(1, Ordering::SeqCst);
+            let item = json!({"type": "compaction", "id": format!("cmp_{n}"),
+                              "encrypted_content": format!("gAAAA{n}+opaque/=")});
+            return (
+                200,
+                vec![],
+                json!({"output": [item], "usage": {"input_tokens": 500, "output_tokens": 40}}),
+            );
+        }
+        (
+            200,
+            vec![],
+            json!({"status": "completed",
+                   "output": [{"type": "message", "content": [{"type": "output_text", "text": "ok"}]}],
+                   "usage": {"input_tokens": 1000, "output_tokens": 2}}),
+        )
+    })
+    .await;
+    let (_d, store) = temp_store();
+    let model = OpenAiResponses::new(HttpOptions::new(&fake.base), Some(ApiKey::new("k"))).unwrap();
+    let summariser = OpenAiCompaction::new(
+        HttpOptions::new(&fake.base),
+        Some(ApiKey::new("k")),
+        "gpt-5",
+    )
+    .unwrap();
+    let mut cfg = RunnerConfig::default().with_owner("native");
+    cfg.compaction = CompactionConfig::default()
+        .with_compact_at(Threshold::Tokens(900))
+        .with_background(None);
+    let r = Runner::builder(store.clone(), Arc::new(model))
+        .summariser(summariser)
+        .config(cfg)
+        .build()
+        .unwrap();
+    let s = r.create_session("s", "gpt-5", "sys").await.unwrap();
+    for t in 0..4 {
+        let input = format!("turn {t}: {}", "a long question ".repeat(120));
+        assert_eq!(r.run_turn(s.id, &input).await.unwrap().output, "ok");
+    }
+
+    let rows: Vec<(String, Option<String>)> = store
+        .with_conn(|c| {
+            let mut q = c.prepare(
+                "SELECT summary, model FROM compactions WHERE status = 'completed' ORDER BY id",
+            )?;
+            let v = q
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(v)
+        })
+        .unwrap();
+    assert!(rows.len() >= 2, "{rows:?}");
+    assert_eq!(
+        compacts.load(Ordering::SeqCst),
+        rows.len(),
+        "one call per row"
+    );
+    for (summary, model) in &rows {
+        assert!(summary.starts_with(OPENAI_COMPACTION_MARKER));
+        assert_eq!(model.as_deref(), Some("gpt-5"));
+    }
+    let seen = fake.seen();
+    let compact_calls: Vec<&Seen> = seen
+        .iter()
+        .filter(|x| x.path == "/v1/responses/compact")
+        .collect();
+    // The second compaction folds the first one's items.
+    let (first_items, _) = compaction_items(&rows[0].0).unwrap();
+    assert_eq!(compact_calls[1].body["input"][0], first_items[0]);
+    // Every step after a compaction sends its items first, as returned.
+    let last_items = compaction_items(&rows.last().unwrap().0).unwrap().0;
+    let last_step = seen.iter().rfind(|x| x.path == "/v1/responses").unwrap();
+    assert_eq!(last_step.body["input"][0], last_items[0]);
+    assert!(!last_step
+        .body
+        .to_string()
+        .contains("[Summary of the conversation"));
+    assert_store_holds(&store);
+}

@@ -6,7 +6,10 @@
 //!   gateways);
 //! - [`OpenAiResponses`] (feature `openai`): the Responses API;
 //! - [`Anthropic`] (feature `anthropic`): the Messages API, with extended
-//!   thinking and prompt-cache breakpoints.
+//!   thinking and prompt-cache breakpoints;
+//! - [`OpenAiCompaction`] (feature `openai`): OpenAI's own compaction
+//!   (`/responses/compact`) as a [`crate::Summariser`], its opaque items
+//!   stored as the summary and sent back by [`OpenAiResponses`].
 //!
 //! Each maps tool definitions, tool calls (the arguments kept as the exact
 //! JSON text received, where the provider sends text), tool results, usage
@@ -29,6 +32,8 @@ use std::time::Duration;
 
 #[cfg(feature = "anthropic")]
 mod anthropic;
+#[cfg(feature = "openai")]
+mod compact;
 mod http;
 #[cfg(feature = "openai")]
 mod openai;
@@ -37,6 +42,8 @@ mod responses;
 
 #[cfg(feature = "anthropic")]
 pub use anthropic::Anthropic;
+#[cfg(feature = "openai")]
+pub use compact::{compaction_items, OpenAiCompaction, OPENAI_COMPACTION_MARKER};
 pub use http::HttpOptions;
 #[cfg(feature = "openai")]
 pub use openai::OpenAiChat;

@@ -14,7 +14,8 @@ use serde_json::{json, Value};
 /// system prompt is the `instructions`; tool calls are `function_call` items
 /// (arguments sent back as the exact text received) and results
 /// `function_call_output` items; output items of other types (reasoning) are
-/// stored as [`ResponseBlock::Other`] and not sent back. Usage:
+/// stored as [`ResponseBlock::Other`] and not sent back. A summary made by
+/// [`super::OpenAiCompaction`] is sent as its items. Usage:
 /// `input_tokens` (cached ones included), `output_tokens`,
 /// `input_tokens_details.cached_tokens` as cache reads. The stop reason is
 /// `incomplete_details.reason` when the response is incomplete, else its
@@ -58,6 +59,14 @@ impl OpenAiResponses {
                 }
             };
             for block in &m.content {
+                // A summary made by OpenAI's compaction goes back as its items.
+                if let ContentBlock::Text { text } = block {
+                    if let Some(summary) = native_summary(m.role, text) {
+                        flush(&mut parts, &mut input);
+                        super::compact::push_summary(summary, &mut input);
+                        continue;
+                    }
+                }
                 let text = match block {
                     ContentBlock::Text { text } => Some(text.clone()),
                     ContentBlock::Data { value } => Some(data_text(value)),
@@ -190,6 +199,16 @@ impl OpenAiResponses {
             stop_reason: stop,
         })
     }
+}
+
+/// The summary in a summary message whose summary was made by
+/// [`super::OpenAiCompaction`].
+fn native_summary(role: Role, text: &str) -> Option<&str> {
+    if role != Role::User || !text.starts_with("[Summary of the conversation so far") {
+        return None;
+    }
+    let (_, summary) = text.split_once("\n\n")?;
+    super::compaction_items(summary).map(|_| summary)
 }
 
 #[async_trait::async_trait]
