@@ -130,7 +130,9 @@ fn replay_raw_hashes_to_the_recorded_value_for_every_step() {
 fn verify_names_a_changed_summary() {
     let dir = tempfile::tempdir().unwrap();
     let db = demo_db(dir.path());
-    tamper(&db, "UPDATE compactions SET summary = summary || ' (edited)' WHERE id = (SELECT min(id) FROM compactions)");
+    // A compaction some step read (with background compaction, the newest
+    // row of a session may have completed after its last step).
+    tamper(&db, "UPDATE compactions SET summary = summary || ' (edited)' WHERE id = (SELECT min(compaction_id) FROM steps)");
     let out = abridge(&["verify", "--db", db.to_str().unwrap()]);
     assert!(!out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
@@ -914,4 +916,55 @@ fn inspect_lists_the_live_pins_and_the_pins_each_compaction_carries() {
         .next()
         .expect("a compaction with its pins counted");
     assert!(text.contains(&format!(" pins {carried} ")), "{text}");
+}
+
+/// `inspect` shows the share of input tokens the provider served from its
+/// prompt cache, over the steps that reported it, equal to the store's sums;
+/// `-` for a session none reported it for.
+#[test]
+fn inspect_shows_the_cached_input_share_from_the_stored_usage() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("golden.db");
+    std::fs::copy(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden-v5.db"),
+        &db,
+    )
+    .unwrap();
+    let d = db.to_str().unwrap();
+    // Session 1 keeps its usage; session 2 reported no cache figures.
+    tamper(
+        &db,
+        "UPDATE steps SET cache_read_tokens = NULL, cache_write_tokens = NULL \
+         WHERE turn_id IN (SELECT id FROM turns WHERE session_id = 2)",
+    );
+    let (read, input): (i64, i64) = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row(
+            "SELECT sum(s.cache_read_tokens), sum(s.input_tokens) FROM steps s \
+             JOIN turns t ON t.id = s.turn_id \
+             WHERE t.session_id = 1 AND s.cache_read_tokens IS NOT NULL",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert!(read > 0 && input > read);
+    let all: serde_json::Value =
+        serde_json::from_str(&ok(&["inspect", "--db", d, "--json"])).unwrap();
+    let counts = |i: usize| all[i]["counts"].clone();
+    assert_eq!(counts(0)["cache_read_tokens"], read);
+    assert_eq!(counts(0)["cache_input_tokens"], input);
+    assert!(counts(1)["cache_read_tokens"].is_null());
+    let share = format!("{:.1}%", read as f64 * 100.0 / input as f64);
+    let text = ok(&["inspect", "--db", d]);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].ends_with("cached"), "{text}");
+    assert!(lines[1].ends_with(&share), "{text}");
+    assert!(lines[2].ends_with(" -"), "{text}");
+    let detail = ok(&["inspect", "--db", d, "id:1"]);
+    assert!(
+        detail.contains(&format!(
+            "prompt cache: {share} of {input} input tokens read from the cache ({read})"
+        )),
+        "{detail}"
+    );
 }

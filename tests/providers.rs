@@ -775,3 +775,62 @@ async fn openai_compaction_items_are_the_summary_and_go_back_as_returned() {
         .contains("[Summary of the conversation"));
     assert_store_holds(&store);
 }
+
+/// A crash inside the compaction an overflow started (after its claim, mid
+/// summary, after its completion): the turn stops there, and a new runner
+/// resuming it finishes that same compaction (one row) and the step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_inside_an_overflow_compaction_is_finished_by_the_resumed_turn() {
+    use abridge::FaultPoint;
+    for point in [
+        FaultPoint::AfterClaim,
+        FaultPoint::MidSummary,
+        FaultPoint::AfterCompactionComplete,
+    ] {
+        let fake = limited_server(6_000, 0, 0).await;
+        let (_d, store) = temp_store();
+        let client: Arc<dyn ModelClient> =
+            Arc::new(OpenAiChat::new(HttpOptions::new(&fake.base), None).unwrap());
+        let mut compaction = no_compaction();
+        compaction.max_summary_chars = 800;
+        let mut cfg = RunnerConfig::default().with_owner(format!("crashing-{}", point.name()));
+        cfg.compaction = compaction.clone().with_background(None);
+        let crashing = Runner::builder(store.clone(), client.clone())
+            .tools(tools())
+            .config(cfg)
+            .fault_hook(Arc::new(move |p| if p == point { Err(p) } else { Ok(()) }))
+            .build()
+            .unwrap();
+        let s = crashing.create_session("s", "gpt-4o", "sys").await.unwrap();
+        let mut stopped = None;
+        for t in 0..6 {
+            let input = format!("turn {t}: {}", "words and more words ".repeat(80));
+            match crashing.run_turn(s.id, &input).await {
+                Ok(_) => {}
+                Err(abridge::Error::Injected(p)) => {
+                    assert_eq!(p, point);
+                    stopped = Some(t);
+                    break;
+                }
+                Err(e) => panic!("{}: {e}", point.name()),
+            }
+        }
+        let t = stopped.expect("the overflow compaction ran");
+        drop(crashing);
+        let resumed = runner(&store, client, compaction);
+        let turn = store.turns(s.id).await.unwrap().pop().unwrap();
+        assert_eq!(turn.idx, t);
+        resumed.resume_turn(turn.id).await.unwrap();
+        let rows: Vec<(i64, String)> = store
+            .with_conn(|c| {
+                let mut q = c.prepare("SELECT up_to_turn_index, status FROM compactions")?;
+                let v = q
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(v)
+            })
+            .unwrap();
+        assert_eq!(rows, [(t - 1, "completed".to_string())], "{}", point.name());
+        assert_store_holds(&store);
+    }
+}

@@ -472,7 +472,10 @@ impl Compactor {
             .claim_and_finish(subject, b, Trigger::Auto, None, None, true)
             .await
         {
-            Ok(row) if row.status == CompactionStatus::Completed => Ok(Some(row)),
+            Ok(row) if row.status == CompactionStatus::Completed => {
+                crate::error::check_fault(&self.fault, FaultPoint::AfterCompactionComplete)?;
+                Ok(Some(row))
+            }
             Ok(_) | Err(Error::CompactionFailed { .. }) => Ok(None),
             Err(e) => Err(e),
         }
