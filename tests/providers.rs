@@ -834,3 +834,108 @@ async fn a_crash_inside_an_overflow_compaction_is_finished_by_the_resumed_turn()
         assert_store_holds(&store);
     }
 }
+
+/// Anthropic's server-side compaction as the summariser: the request asks
+/// for it (beta header, the `compact_20260112` edit paused after
+/// compacting, abridge's rules as its instructions); the `compaction`
+/// block's text is the stored summary, and a span under the API's trigger
+/// floor gets the model's answer instead; one call per row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_compaction_text_is_the_summary_one_call_per_row() {
+    use abridge::providers::AnthropicCompaction;
+    let compacts = Arc::new(AtomicUsize::new(0));
+    let c = compacts.clone();
+    let fake = serve(move |seen| {
+        if seen.body.get("context_management").is_some() {
+            let n = c.fetch_add(1, Ordering::SeqCst);
+            // The first is past the trigger (compacted by the provider), the
+            // next under it (answered by the model).
+            let content = if n == 0 {
+                json!([{"type": "compaction", "content": "Summary by the provider: order ORD-1 asked."}])
+            } else {
+                json!([{"type": "text", "text": format!("Summary by the model, call {n}.")}])
+            };
+            let stop = if n == 0 { "compaction" } else { "end_turn" };
+            return (
+                200,
+                vec![],
+                json!({"content": content, "stop_reason": stop,
+                       "usage": {"input_tokens": 700, "output_tokens": 30}}),
+            );
+        }
+        (
+            200,
+            vec![],
+            json!({"content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
+                   "usage": {"input_tokens": 1000, "output_tokens": 2}}),
+        )
+    })
+    .await;
+    let (_d, store) = temp_store();
+    let model = Anthropic::new(HttpOptions::new(&fake.base), ApiKey::new("k")).unwrap();
+    let summariser = AnthropicCompaction::new(
+        HttpOptions::new(&fake.base),
+        ApiKey::new("k"),
+        "claude-haiku-4-5",
+    )
+    .unwrap();
+    let mut cfg = RunnerConfig::default().with_owner("anthropic-native");
+    cfg.compaction = CompactionConfig::default()
+        .with_compact_at(Threshold::Tokens(900))
+        .with_background(None);
+    let r = Runner::builder(store.clone(), Arc::new(model))
+        .summariser(summariser)
+        .config(cfg)
+        .build()
+        .unwrap();
+    let s = r
+        .create_session("s", "claude-sonnet-4-5", "sys")
+        .await
+        .unwrap();
+    for t in 0..3 {
+        let input = format!("turn {t}: order ORD-1, {}", "a long question ".repeat(120));
+        assert_eq!(r.run_turn(s.id, &input).await.unwrap().output, "ok");
+    }
+    let summaries: Vec<String> = store
+        .with_conn(|c| {
+            let mut q = c.prepare(
+                "SELECT summary FROM compactions WHERE status = 'completed' ORDER BY id",
+            )?;
+            let v = q
+                .query_map([], |r| r.get(0))?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(v)
+        })
+        .unwrap();
+    assert_eq!(summaries.len(), 2, "{summaries:?}");
+    assert_eq!(compacts.load(Ordering::SeqCst), 2, "one call per row");
+    assert!(summaries[0].starts_with("Summary by the provider"));
+    assert!(summaries[1].starts_with("Summary by the model"));
+    let seen = fake.seen();
+    let ask = seen
+        .iter()
+        .find(|x| x.body.get("context_management").is_some())
+        .unwrap();
+    assert_eq!(
+        ask.header("anthropic-beta"),
+        Some(AnthropicCompaction::BETA)
+    );
+    let edit = &ask.body["context_management"]["edits"][0];
+    assert_eq!(edit["type"], "compact_20260112");
+    assert_eq!(edit["pause_after_compaction"], true);
+    assert_eq!(edit["trigger"]["value"], AnthropicCompaction::TRIGGER_FLOOR);
+    assert!(ask.body["messages"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("The turns to compact"));
+    // The next steps send the stored text as the summary.
+    let last = seen
+        .iter()
+        .rfind(|x| x.body.get("context_management").is_none())
+        .unwrap();
+    assert!(last.body["messages"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains(&summaries[1]));
+    assert_store_holds(&store);
+}

@@ -179,24 +179,27 @@ impl Anthropic {
                 },
             });
         }
-        let usage = body.get("usage").unwrap_or(&Value::Null);
-        let n = |k: &str| usage.get(k).and_then(Value::as_u64);
-        let (fresh, read, write) = (
-            n("input_tokens"),
-            n("cache_read_input_tokens"),
-            n("cache_creation_input_tokens"),
-        );
-        let input = fresh.map(|f| f + read.unwrap_or(0) + write.unwrap_or(0));
         Ok(ModelResponse {
             blocks,
-            usage: Usage {
-                input_tokens: input,
-                output_tokens: n("output_tokens"),
-                cache_read_tokens: read,
-                cache_write_tokens: write,
-            },
+            usage: usage(body.get("usage").unwrap_or(&Value::Null)),
             stop_reason: s(body, "stop_reason"),
         })
+    }
+}
+
+/// The API's usage: input is its uncached input plus cache reads and writes.
+fn usage(usage: &Value) -> Usage {
+    let n = |k: &str| usage.get(k).and_then(Value::as_u64);
+    let (fresh, read, write) = (
+        n("input_tokens"),
+        n("cache_read_input_tokens"),
+        n("cache_creation_input_tokens"),
+    );
+    Usage {
+        input_tokens: fresh.map(|f| f + read.unwrap_or(0) + write.unwrap_or(0)),
+        output_tokens: n("output_tokens"),
+        cache_read_tokens: read,
+        cache_write_tokens: write,
     }
 }
 
@@ -241,5 +244,115 @@ impl ModelClient for Anthropic {
         let body = self.request_body(request);
         let answer = self.http.post("/messages", &body).await?;
         Anthropic::parse_response(&answer)
+    }
+}
+
+/// Anthropic's server-side compaction as a [`crate::Summariser`].
+///
+/// The span (the previous summary and the turns to fold, with abridge's
+/// summary rules) is sent as one request with the `compact_20260112` context
+/// edit (beta `compact-2026-01-12`), its trigger at the API's floor of
+/// 50,000 input tokens and `pause_after_compaction` set: a span past the
+/// floor is compacted by the provider, and the `compaction` block's text is
+/// the summary; a smaller one is answered by the model as an ordinary
+/// summary request (the rules ask for exactly that). Either way abridge
+/// claims the row once, stores the text, and every step that reads it sends
+/// it as any summary.
+#[derive(Debug, Clone)]
+pub struct AnthropicCompaction {
+    http: Http,
+    model: String,
+    max_tokens: u32,
+}
+
+impl AnthropicCompaction {
+    /// The beta this uses.
+    pub const BETA: &'static str = "compact-2026-01-12";
+    /// The API's lowest compaction trigger, in input tokens.
+    pub const TRIGGER_FLOOR: u64 = 50_000;
+
+    /// Compacts with `model` at `options.base_url`.
+    pub fn new(
+        options: HttpOptions,
+        key: ApiKey,
+        model: impl Into<String>,
+    ) -> crate::Result<AnthropicCompaction> {
+        Ok(AnthropicCompaction {
+            http: Http::new(
+                &options,
+                Some(("x-api-key", "", &key)),
+                &[
+                    ("anthropic-version", Anthropic::API_VERSION),
+                    ("anthropic-beta", AnthropicCompaction::BETA),
+                ],
+            )?,
+            model: model.into(),
+            max_tokens: 8192,
+        })
+    }
+
+    /// Anthropic with the key in `ANTHROPIC_API_KEY`, at `ANTHROPIC_BASE_URL`
+    /// when set.
+    pub fn from_env(model: impl Into<String>) -> crate::Result<AnthropicCompaction> {
+        let key = ApiKey::from_env("ANTHROPIC_API_KEY")?;
+        let base = std::env::var("ANTHROPIC_BASE_URL")
+            .unwrap_or_else(|_| Anthropic::DEFAULT_BASE_URL.to_string());
+        AnthropicCompaction::new(HttpOptions::new(base), key, model)
+    }
+
+    /// The JSON body sent for `request`.
+    pub fn request_body(&self, request: &crate::compaction::SummaryRequest) -> Value {
+        json!({
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "system": request.rules,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": request.body()}]}],
+            "context_management": {"edits": [{
+                "type": "compact_20260112",
+                "trigger": {"type": "input_tokens", "value": AnthropicCompaction::TRIGGER_FLOOR},
+                "pause_after_compaction": true,
+                "instructions": format!(
+                    "{}\n\nWrite the summary in at most {} characters.",
+                    request.rules, request.max_chars
+                ),
+            }]},
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::compaction::Summariser for AnthropicCompaction {
+    async fn summarise(
+        &self,
+        request: &crate::compaction::SummaryRequest,
+    ) -> Result<crate::compaction::SummaryResponse, ModelError> {
+        let body = self.request_body(request);
+        let answer = self.http.post("/messages", &body).await?;
+        let content = answer
+            .get("content")
+            .and_then(Value::as_array)
+            .ok_or_else(|| super::malformed("no content", &answer))?;
+        let text_of = |kind: &str, field: &str| -> Vec<String> {
+            content
+                .iter()
+                .filter(|b| b.get("type").and_then(Value::as_str) == Some(kind))
+                .filter_map(|b| b.get(field).and_then(Value::as_str).map(str::to_string))
+                .collect()
+        };
+        // The provider's compaction when it ran; the model's answer otherwise.
+        let compacted = text_of("compaction", "content");
+        let text = if compacted.is_empty() {
+            text_of("text", "text").join("\n")
+        } else {
+            compacted.join("\n")
+        };
+        Ok(crate::compaction::SummaryResponse {
+            text,
+            usage: usage(answer.get("usage").unwrap_or(&Value::Null)),
+        })
+    }
+
+    fn model(&self) -> Option<String> {
+        Some(self.model.clone())
     }
 }

@@ -9,7 +9,9 @@
 //!   thinking and prompt-cache breakpoints;
 //! - [`OpenAiCompaction`] (feature `openai`): OpenAI's own compaction
 //!   (`/responses/compact`) as a [`crate::Summariser`], its opaque items
-//!   stored as the summary and sent back by [`OpenAiResponses`].
+//!   stored as the summary and sent back by [`OpenAiResponses`];
+//! - [`AnthropicCompaction`] (feature `anthropic`): Anthropic's server-side
+//!   compaction as a [`crate::Summariser`], its summary stored as text.
 //!
 //! Each maps tool definitions, tool calls (the arguments kept as the exact
 //! JSON text received, where the provider sends text), tool results, usage
@@ -41,7 +43,7 @@ mod openai;
 mod responses;
 
 #[cfg(feature = "anthropic")]
-pub use anthropic::Anthropic;
+pub use anthropic::{Anthropic, AnthropicCompaction};
 #[cfg(feature = "openai")]
 pub use compact::{compaction_items, OpenAiCompaction, OPENAI_COMPACTION_MARKER};
 pub use http::HttpOptions;
