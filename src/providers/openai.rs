@@ -19,8 +19,9 @@ use serde_json::{json, Map, Value};
 /// ```
 ///
 /// Mapping: the system prompt is a `system` message; tool results are `tool`
-/// messages; a tool call's arguments are sent back as the exact text
-/// received; reasoning blocks (another provider's) are not sent. Usage:
+/// messages (an error result prefixed `Error: `, as the API has no error
+/// flag); a tool call's arguments are sent back as the exact text received;
+/// reasoning blocks (another provider's) are not sent. Usage:
 /// `prompt_tokens` (cached ones included), `completion_tokens`,
 /// `prompt_tokens_details.cached_tokens` as cache reads. The stop reason is
 /// `finish_reason`.
