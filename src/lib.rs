@@ -67,6 +67,7 @@
 //! - `fidelity` (feature `harness`): the workload measuring what summaries keep.
 //! - [`text`]: grapheme-safe cuts for caps and display.
 //! - [`verify`]: whole-database checks of the guarantees G1-G8.
+//! - [`report`]: a session or the store as one self-contained HTML page (`abridge report`).
 //! - `chaos` (feature `harness`, Unix): the kill/race/fault harness behind `abridge chaos`.
 
 #![warn(missing_docs)]
@@ -95,6 +96,7 @@ mod platform;
 pub mod providers;
 pub mod render;
 pub mod replay;
+pub mod report;
 pub mod retry;
 pub mod runner;
 pub mod store;

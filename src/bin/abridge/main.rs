@@ -10,6 +10,7 @@ mod demo;
 mod export;
 mod inspect;
 mod replay;
+mod report;
 mod serve;
 mod upgrade;
 mod verify;
@@ -76,6 +77,11 @@ enum Cmd {
     #[cfg(unix)]
     #[command(hide = true)]
     ChaosLocker(chaos::LockerArgs),
+    /// Draw a session (or the whole store) as a self-contained HTML page.
+    #[command(
+        after_help = "Examples:\n  abridge report --db abridge-demo.db --session demo-42-0 --compact-at 4000 --soft-share 0.8 -o session.html\n  abridge report --db abridge-demo.db -o report.html"
+    )]
+    Report(report::Args),
     /// Finish a store's pending compactions (background compaction served by
     /// another process, or summaries left by a crash).
     #[command(
@@ -103,6 +109,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode, Failure> {
         Cmd::ChaosWorker(a) => chaos::worker(a).await,
         #[cfg(unix)]
         Cmd::ChaosLocker(a) => chaos::locker(a).await,
+        Cmd::Report(a) => report::run(a).await,
         Cmd::Serve(a) => serve::run(a).await,
         Cmd::Verify(a) => verify::run(a).await,
         Cmd::Upgrade(a) => upgrade::run(a).await,
