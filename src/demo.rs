@@ -712,6 +712,11 @@ pub async fn run_demo(
                             tokio::time::sleep(Duration::from_millis(50)).await
                         }
                         Err(crate::error::Error::TurnFinished { .. }) => break None, // failed by policy
+                        // The session was deleted under the demo: it stops.
+                        Err(
+                            e @ (crate::error::Error::SessionDeleted { .. }
+                            | crate::error::Error::TurnDeleted { .. }),
+                        ) => return Err(e),
                         Err(e) if !e.is_resumable() => break None,
                         Err(e) => return Err(e),
                     }

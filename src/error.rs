@@ -322,6 +322,21 @@ pub enum Error {
         external_of: SessionId,
     },
 
+    /// The session was deleted ([`crate::Store::delete_session`]). Final.
+    #[error("session {session_id} was deleted")]
+    SessionDeleted {
+        /// The session.
+        session_id: SessionId,
+    },
+
+    /// The turn is gone: its session was deleted while this runner worked on
+    /// it. Nothing more is written for it. Final.
+    #[error("turn {turn_id} is gone: its session was deleted")]
+    TurnDeleted {
+        /// The turn.
+        turn_id: TurnId,
+    },
+
     /// A configuration value out of range. Raised when the config is built.
     #[error("invalid configuration: {0}")]
     Config(String),

@@ -194,6 +194,13 @@ pub fn verify_with(conn: &Connection, effect_checks: &[&dyn EffectCheck]) -> Res
     let (running, stuck) = unreadable_running_turns(conn)?;
     checks.push(check("G6 running turns can resume", running, stuck));
 
+    let (deleted, left) = store::deletions_left_behind(conn)?;
+    checks.push(check(
+        "G6 deleted sessions left nothing behind",
+        deleted,
+        left,
+    ));
+
     checks.push(check("G7 compaction shrinks", completed, g7));
 
     let (pairs, g8) = pins_carried(conn, &compactions)?;

@@ -227,6 +227,17 @@ fn write_golden_store() {
                 assert_eq!(r.is_err(), input.contains("FAIL"), "{r:?}");
             }
         }
+        // From schema 6: a session run and deleted (the erasure record,
+        // the id floors).
+        let gone = runner
+            .create_session("golden-deleted", MODEL, "deleted")
+            .await
+            .unwrap();
+        runner
+            .run_turn(gone.id, "Turn 0: a secret to forget")
+            .await
+            .unwrap();
+        store.delete_session(gone.id).await.unwrap();
         store
             .with_conn(|c| {
                 c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")?;

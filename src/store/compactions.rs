@@ -160,15 +160,15 @@ pub(crate) fn claim_compaction(
     let now = now_ms();
     let inserted =
         tx.prepare_cached(
-            "INSERT INTO compactions (session_id, up_to_turn_index, up_to_turn_id, previous_id, \
+            concat!("INSERT INTO compactions (id, session_id, up_to_turn_index, up_to_turn_id, previous_id, \
              status, trigger, focus, attempts, lease_owner, lease_expires_at, trigger_tokens, \
              created_at, background) \
-             SELECT ?1, ?2, t.id, \
+             SELECT ", super::next_id!("compactions"), ", ?1, ?2, t.id, \
                (SELECT id FROM compactions WHERE session_id = ?1 AND status = 'completed' \
                 AND up_to_turn_index < ?2 ORDER BY up_to_turn_index DESC LIMIT 1), \
                'pending', ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9 \
              FROM turns t WHERE t.session_id = ?1 AND t.idx = ?2 \
-             ON CONFLICT (session_id, up_to_turn_index) DO NOTHING",
+             ON CONFLICT (session_id, up_to_turn_index) DO NOTHING"),
         )?
         .execute(params![
             c.session_id,
@@ -224,14 +224,14 @@ pub(crate) fn enqueue_compaction(
     let tx = write_tx(conn)?;
     let n = tx
         .prepare_cached(
-            "INSERT INTO compactions (session_id, up_to_turn_index, up_to_turn_id, previous_id, \
+            concat!("INSERT INTO compactions (id, session_id, up_to_turn_index, up_to_turn_id, previous_id, \
              status, trigger, attempts, trigger_tokens, created_at, background) \
-             SELECT ?1, ?2, t.id, \
+             SELECT ", super::next_id!("compactions"), ", ?1, ?2, t.id, \
                (SELECT id FROM compactions WHERE session_id = ?1 AND status = 'completed' \
                 AND up_to_turn_index < ?2 ORDER BY up_to_turn_index DESC LIMIT 1), \
                'pending', 'auto', 0, ?3, ?4, 1 \
              FROM turns t WHERE t.session_id = ?1 AND t.idx = ?2 \
-             ON CONFLICT (session_id, up_to_turn_index) DO NOTHING",
+             ON CONFLICT (session_id, up_to_turn_index) DO NOTHING"),
         )?
         .execute(params![session_id, boundary, trigger_tokens, now_ms()])?;
     tx.commit()?;

@@ -48,6 +48,15 @@ pub(super) fn check_lease(tx: &Transaction<'_>, lease: &Lease, renew_below: i64)
         })
         .optional()?;
     let Some(expires) = expires else {
+        // The turn itself gone: its session was deleted meanwhile.
+        let exists = tx
+            .prepare_cached("SELECT 1 FROM turns WHERE id = ?1")?
+            .exists([lease.turn_id])?;
+        if !exists {
+            return Err(Error::TurnDeleted {
+                turn_id: lease.turn_id,
+            });
+        }
         return Err(Error::LeaseLost {
             turn_id: lease.turn_id,
             epoch: lease.epoch,

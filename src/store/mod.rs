@@ -32,6 +32,7 @@ pub mod bench;
 mod compactions;
 #[cfg(feature = "harness")]
 pub mod demo;
+mod erase;
 mod history;
 mod invocations;
 mod leases;
@@ -45,6 +46,8 @@ mod turns;
 mod tx;
 
 pub use compactions::{ClaimOutcome, CompactionStats};
+pub(crate) use erase::*;
+pub use erase::{Deleted, IdleSession};
 pub use history::{HistoryStep, HistoryTurn};
 pub use rows::*;
 
@@ -193,19 +196,40 @@ impl std::fmt::Debug for Store {
     }
 }
 
+/// Creates a missing store file readable and writable by its owner only
+/// (0600 on Unix; SQLite gives the `-wal` and `-shm` files the same mode). An
+/// existing file keeps the mode its host gave it.
+fn create_private(path: &Path) -> Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    match options.open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 impl Store {
     /// Opens (creating if missing) the database at `path` with default options.
     pub fn open(path: impl AsRef<Path>) -> Result<Store> {
         Store::open_with(path, StoreOptions::default())
     }
 
-    /// Opens (creating if missing) the database at `path`.
+    /// Opens (creating if missing) the database at `path`. A new file is
+    /// created readable by its owner only (0600 on Unix, and so its `-wal`
+    /// and `-shm`); an existing file's mode is left as the host set it.
     ///
     /// Errors: [`Error::NotADatabase`], [`Error::ForeignDatabase`],
     /// [`Error::SchemaTooNew`]; in each case the file is left untouched.
     pub fn open_with(path: impl AsRef<Path>, opts: StoreOptions) -> Result<Store> {
         let path = path.as_ref().to_path_buf();
         check_path(&path)?;
+        create_private(&path)?;
         {
             let mut conn = Connection::open(&path).map_err(|e| map_open_err(&path, e))?;
             conn.busy_timeout(opts.busy_timeout)?;
@@ -229,8 +253,12 @@ impl Store {
         let sync = opts.synchronous;
         let manager = SqliteConnectionManager::file(&path).with_init(move |c| {
             c.busy_timeout(busy)?;
+            // secure_delete: every byte SQLite frees is overwritten as it is
+            // freed, so no stale copy of a row (an older version of an
+            // updated row, a page freed by a split) is left in the file for
+            // a deleted session's text to survive in.
             c.execute_batch(&format!(
-                "PRAGMA foreign_keys = ON; PRAGMA synchronous = {};",
+                "PRAGMA foreign_keys = ON; PRAGMA synchronous = {}; PRAGMA secure_delete = ON;",
                 sync.pragma()
             ))?;
             c.set_prepared_statement_cache_capacity(64);

@@ -13,7 +13,16 @@ pub(crate) fn get_session(conn: &Connection, id: SessionId) -> Result<SessionRow
     ))?
     .query_row([id], SessionRow::from_row)
     .optional()?
-    .ok_or_else(|| Error::UnknownSession(id.to_string()))
+    .map_or_else(
+        || {
+            Err(if super::was_deleted(conn, id)? {
+                Error::SessionDeleted { session_id: id }
+            } else {
+                Error::UnknownSession(id.to_string())
+            })
+        },
+        Ok,
+    )
 }
 
 pub(crate) fn find_session(conn: &Connection, external_id: &str) -> Result<Option<SessionRow>> {
@@ -53,8 +62,12 @@ pub(crate) fn create_session(
     }
     let tx = write_tx(conn)?;
     tx.execute(
-        "INSERT INTO sessions (external_id, model, system_prompt, config, created_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (external_id) DO NOTHING",
+        concat!(
+            "INSERT INTO sessions (id, external_id, model, system_prompt, config, created_at) \
+             VALUES (",
+            super::next_id!("sessions"),
+            ", ?1, ?2, ?3, ?4, ?5) ON CONFLICT (external_id) DO NOTHING"
+        ),
         params![external_id, model, system_prompt, config, now_ms()],
     )?;
     let row = find_session(&tx, external_id)?.expect("row exists after insert");

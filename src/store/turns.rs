@@ -104,10 +104,12 @@ pub(crate) fn begin_turn(
         });
     }
     let now = now_ms();
-    tx.prepare_cached(
-        "INSERT INTO turns (session_id, idx, input, status, lease_owner, lease_epoch, \
-         lease_expires_at, created_at) VALUES (?1, ?2, ?3, 'running', ?4, 1, ?5, ?6)",
-    )?
+    tx.prepare_cached(concat!(
+        "INSERT INTO turns (id, session_id, idx, input, status, lease_owner, lease_epoch, \
+         lease_expires_at, created_at) VALUES (",
+        super::next_id!("turns"),
+        ", ?1, ?2, ?3, 'running', ?4, 1, ?5, ?6)"
+    ))?
     .execute(params![session_id, idx, input, owner, now + ttl_ms, now])?;
     let id = TurnId(tx.last_insert_rowid());
     // Step 0 is claimed with its turn: the first step needs no write of its own.

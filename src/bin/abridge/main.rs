@@ -7,6 +7,7 @@ mod chaos;
 mod common;
 mod compact;
 mod demo;
+mod erase;
 mod export;
 mod inspect;
 mod replay;
@@ -77,6 +78,16 @@ enum Cmd {
     #[cfg(unix)]
     #[command(hide = true)]
     ChaosLocker(chaos::LockerArgs),
+    /// Delete a session whole, its text overwritten in the file.
+    #[command(
+        after_help = "Example:\n  abridge delete --db agent.db --session user-42 --vacuum\n\n        Every row of the session goes in one transaction; a host still running it is refused at its next write."
+    )]
+    Delete(erase::DeleteArgs),
+    /// Delete the sessions idle for longer than an age.
+    #[command(
+        after_help = "Examples:\n  abridge prune --db agent.db --idle-for 30d --dry-run\n  abridge prune --db agent.db --idle-for 30d --vacuum"
+    )]
+    Prune(erase::PruneArgs),
     /// Draw a session (or the whole store) as a self-contained HTML page.
     #[command(
         after_help = "Examples:\n  abridge report --db abridge-demo.db --session demo-42-0 --compact-at 4000 --soft-share 0.8 -o session.html\n  abridge report --db abridge-demo.db -o report.html"
@@ -110,6 +121,8 @@ async fn run(cmd: Cmd) -> Result<ExitCode, Failure> {
         #[cfg(unix)]
         Cmd::ChaosLocker(a) => chaos::locker(a).await,
         Cmd::Report(a) => report::run(a).await,
+        Cmd::Delete(a) => erase::delete(a).await,
+        Cmd::Prune(a) => erase::prune(a).await,
         Cmd::Serve(a) => serve::run(a).await,
         Cmd::Verify(a) => verify::run(a).await,
         Cmd::Upgrade(a) => upgrade::run(a).await,

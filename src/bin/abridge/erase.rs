@@ -1,0 +1,144 @@
+//! `abridge delete` and `abridge prune`: deleting sessions whole.
+
+use crate::common::{must_exist, print_json, Failure};
+use abridge::store::Deleted;
+use abridge::{Error, Store};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Arguments of `abridge delete`.
+#[derive(clap::Args)]
+pub struct DeleteArgs {
+    /// Database file.
+    #[arg(long)]
+    pub db: PathBuf,
+    /// Session id or external id.
+    #[arg(long)]
+    pub session: String,
+    /// Then rewrite the file without its free pages (VACUUM), returning the
+    /// space to the file system.
+    #[arg(long)]
+    pub vacuum: bool,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `abridge prune`.
+#[derive(clap::Args)]
+pub struct PruneArgs {
+    /// Database file.
+    #[arg(long)]
+    pub db: PathBuf,
+    /// Delete the sessions with no turn begun for this long: `30d`, `12h`,
+    /// `90m`, `45s`, `2w`.
+    #[arg(long)]
+    pub idle_for: String,
+    /// List the sessions it would delete, and delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Then VACUUM (see `delete`).
+    #[arg(long)]
+    pub vacuum: bool,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `30d` as 30 days; `s`, `m`, `h`, `d`, `w`.
+pub fn parse_age(s: &str) -> abridge::Result<Duration> {
+    let s = s.trim();
+    let bad = || {
+        Error::Config(format!(
+            "{s:?} is not an age: a whole number and a unit (s, m, h, d, w), as 30d"
+        ))
+    };
+    let unit = s.chars().last().ok_or_else(bad)?;
+    let n: u64 = s[..s.len() - unit.len_utf8()].parse().map_err(|_| bad())?;
+    let secs = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3_600,
+        'd' => 86_400,
+        'w' => 604_800,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(secs).map(Duration::from_secs).ok_or_else(bad)
+}
+
+fn say(d: &Deleted) {
+    println!(
+        "deleted session {} (id {}): {} turns, {} steps, {} tool calls, {} compactions, {} pins{}",
+        d.external_id,
+        d.session_id,
+        d.turns,
+        d.steps,
+        d.tool_invocations,
+        d.compactions,
+        d.pins,
+        if d.checkpointed {
+            ""
+        } else {
+            " (a reader held the write-ahead log: its copy goes at the next checkpoint)"
+        }
+    );
+}
+
+/// Runs `delete`.
+pub async fn delete(args: DeleteArgs) -> Result<ExitCode, Failure> {
+    must_exist(&args.db)?;
+    let store = Store::open(&args.db)?;
+    // The session as `inspect` names it (id, external id, `id:`/`ext:`).
+    let key = args.session.clone();
+    let fail = |e| Failure::session(&args.session, e);
+    let session = store
+        .call(move |c| abridge::inspect::resolve_session(c, &key))
+        .await
+        .map_err(fail)?;
+    let deleted = store.delete_session(session.id).await.map_err(fail)?;
+    if args.vacuum {
+        store.vacuum().await?;
+    }
+    if args.json {
+        print_json(&deleted);
+    } else {
+        say(&deleted);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `prune`.
+pub async fn prune(args: PruneArgs) -> Result<ExitCode, Failure> {
+    must_exist(&args.db)?;
+    let age = parse_age(&args.idle_for)?;
+    let store = Store::open(&args.db)?;
+    if args.dry_run {
+        let idle = store.idle_sessions(age).await?;
+        if args.json {
+            print_json(&idle);
+        } else {
+            for s in &idle {
+                println!(
+                    "would delete session {} (id {}), idle since {} ms",
+                    s.external_id, s.session_id, s.last_activity
+                );
+            }
+            println!("{} sessions idle for {}", idle.len(), args.idle_for);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let deleted = store.prune(age).await?;
+    if args.vacuum {
+        store.vacuum().await?;
+    }
+    if args.json {
+        print_json(&deleted);
+    } else {
+        for d in &deleted {
+            say(d);
+        }
+        println!("{} sessions deleted", deleted.len());
+    }
+    Ok(ExitCode::SUCCESS)
+}

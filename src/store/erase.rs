@@ -1,0 +1,269 @@
+//! Deleting a session whole: the one exception to append-only history.
+
+use super::rows::SessionRow;
+use crate::error::Result;
+use crate::ids::SessionId;
+use crate::store::now_ms;
+use rusqlite::{params, Connection, TransactionBehavior};
+
+/// What deleting a session removed.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Deleted {
+    /// The session's row id.
+    pub session_id: SessionId,
+    /// Its external id.
+    pub external_id: String,
+    /// Rows removed, by table.
+    pub turns: i64,
+    /// Steps removed.
+    pub steps: i64,
+    /// Tool invocations removed.
+    pub tool_invocations: i64,
+    /// Compactions removed.
+    pub compactions: i64,
+    /// Pinned facts removed.
+    pub pins: i64,
+    /// The write-ahead log was checkpointed into the file and truncated after
+    /// the delete, so the session's text is in neither. False while another
+    /// connection still reads an older snapshot: the next checkpoint (any
+    /// later write, or [`crate::Store::checkpoint`]) finishes it.
+    pub checkpointed: bool,
+}
+
+/// Deletes every row of `session` in one IMMEDIATE transaction, with the
+/// freed space overwritten (`secure_delete`), records the deletion in
+/// `erasures`, then checkpoints the WAL (TRUNCATE).
+/// With `idle_before`, only if the session is still idle then (checked
+/// inside the transaction); None when it is not.
+pub(crate) fn delete_session(
+    conn: &mut Connection,
+    session: &SessionRow,
+    idle_before: Option<i64>,
+) -> Result<Option<Deleted>> {
+    // (Every pooled connection has it on; said again for this delete.)
+    conn.execute_batch("PRAGMA secure_delete = ON")?;
+    let sid = session.id;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // Checked again inside the write lock: a racing delete already did it.
+    super::get_session(&tx, sid)?;
+    if let Some(before) = idle_before {
+        if !idle_sessions(&tx, before)?.iter().any(|(s, _)| s.id == sid) {
+            return Ok(None);
+        }
+    }
+    let floors: (i64, i64, i64) = tx.query_row(
+        "SELECT coalesce((SELECT max(id) FROM sessions), 0), \
+                coalesce((SELECT max(id) FROM turns), 0), \
+                coalesce((SELECT max(id) FROM compactions), 0)",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )?;
+    tx.execute("INSERT INTO erasing (session_id) VALUES (?1)", [sid])?;
+    let tool_invocations = tx.execute(
+        "DELETE FROM tool_invocations WHERE step_id IN \
+         (SELECT s.id FROM steps s JOIN turns t ON t.id = s.turn_id WHERE t.session_id = ?1)",
+        [sid],
+    )? as i64;
+    let steps = tx.execute(
+        "DELETE FROM steps WHERE turn_id IN (SELECT id FROM turns WHERE session_id = ?1)",
+        [sid],
+    )? as i64;
+    let pins = tx.execute("DELETE FROM pins WHERE session_id = ?1", [sid])? as i64;
+    let compactions = tx.execute("DELETE FROM compactions WHERE session_id = ?1", [sid])? as i64;
+    let turns = tx.execute("DELETE FROM turns WHERE session_id = ?1", [sid])? as i64;
+    tx.execute("DELETE FROM sessions WHERE id = ?1", [sid])?;
+    let rows = serde_json::json!({
+        "turns": turns, "steps": steps, "tool_invocations": tool_invocations,
+        "compactions": compactions, "pins": pins,
+    });
+    tx.execute(
+        "INSERT INTO erasures (kind, session_id, external_id_sha256, rows, at, \
+         sessions_id_floor, turns_id_floor, compactions_id_floor) \
+         VALUES ('delete', ?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![
+            sid,
+            crate::message::sha256_hex(session.external_id.as_bytes()),
+            rows.to_string(),
+            now_ms(),
+            floors.0,
+            floors.1,
+            floors.2
+        ],
+    )?;
+    tx.execute("DELETE FROM erasing", [])?;
+    tx.commit()?;
+    let checkpointed = checkpoint(conn)?;
+    Ok(Some(Deleted {
+        session_id: sid,
+        external_id: session.external_id.clone(),
+        turns,
+        steps,
+        tool_invocations,
+        compactions,
+        pins,
+        checkpointed,
+    }))
+}
+
+/// Copies the WAL into the database file and truncates it; false when a
+/// reader of an older snapshot kept part of it.
+pub(crate) fn checkpoint(conn: &Connection) -> Result<bool> {
+    let (busy, log, done): (i64, i64, i64) =
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?;
+    Ok(busy == 0 && log == done)
+}
+
+/// The SQL expression of the id a new row of `table` takes: past both its
+/// highest id and the highest a deleted session had (see `erasures`).
+macro_rules! next_id {
+    ($table:literal) => {
+        concat!(
+            "(SELECT max(coalesce((SELECT max(id) FROM ",
+            $table,
+            "), 0), coalesce((SELECT max(",
+            $table,
+            "_id_floor) FROM erasures), 0)) + 1)"
+        )
+    };
+}
+pub(crate) use next_id;
+
+/// Whether session `id` was deleted (an erasure records it).
+pub(crate) fn was_deleted(conn: &Connection, id: SessionId) -> Result<bool> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM erasures WHERE session_id = ?1 AND kind = 'delete'")?
+        .exists([id])?)
+}
+
+/// Sessions whose newest turn (or, with none, the session itself) was
+/// created before `before_ms`, oldest first, with that time.
+pub(crate) fn idle_sessions(conn: &Connection, before_ms: i64) -> Result<Vec<(SessionRow, i64)>> {
+    let mut q = conn.prepare(&format!(
+        "SELECT {}, last FROM (SELECT s.*, coalesce((SELECT max(t.created_at) FROM turns t \
+           WHERE t.session_id = s.id), s.created_at) AS last FROM sessions s) \
+         WHERE last < ?1 ORDER BY last, id",
+        SessionRow::COLUMNS
+    ))?;
+    let rows = q.query_map([before_ms], |r| Ok((SessionRow::from_row(r)?, r.get(6)?)))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// A session `prune` deletes (or, in a dry run, would).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct IdleSession {
+    /// The session.
+    pub session_id: SessionId,
+    /// Its external id.
+    pub external_id: String,
+    /// When its newest turn began (or it was created, with no turn), ms.
+    pub last_activity: i64,
+}
+
+impl crate::Store {
+    /// Deletes a session whole: every row of it (turns, steps, tool
+    /// invocations, compactions, pinned facts) in one transaction, the freed
+    /// space overwritten (`secure_delete`), the write-ahead log checkpointed,
+    /// so its text is no longer in the file's bytes (see
+    /// [`Deleted::checkpointed`]). The effects a host's transactional tools
+    /// wrote are the host's. Recorded in `erasures` (row id, a hash of the
+    /// external id, row counts). A runner working on the session (any
+    /// process) gets [`crate::Error::TurnDeleted`] or
+    /// [`crate::Error::SessionDeleted`] at its next write; the session is
+    /// never seen half-deleted. `VACUUM` ([`crate::Store::vacuum`]) returns
+    /// the space to the file system.
+    pub async fn delete_session(
+        &self,
+        key: impl Into<crate::inspect::SessionKey>,
+    ) -> Result<Deleted> {
+        let key = key.into();
+        self.call(move |c| {
+            let session = crate::inspect::session(c, &key)?;
+            // Without an idle condition a delete always happens.
+            delete_session(c, &session, None)?
+                .ok_or_else(|| crate::Error::UnknownSession(session.external_id.clone()))
+        })
+        .await
+    }
+
+    /// The sessions with no turn begun within `idle_for` (nor created within
+    /// it), oldest first: what [`crate::Store::prune`] deletes now.
+    pub async fn idle_sessions(&self, idle_for: std::time::Duration) -> Result<Vec<IdleSession>> {
+        let before = now_ms().saturating_sub(idle_for.as_millis().min(i64::MAX as u128) as i64);
+        self.call(move |c| idle(c, before)).await
+    }
+
+    /// Deletes every session idle for `idle_for` (see
+    /// [`crate::Store::idle_sessions`], the dry run), each as
+    /// [`crate::Store::delete_session`] does; a session that became active
+    /// meanwhile is left. Returns what it deleted.
+    pub async fn prune(&self, idle_for: std::time::Duration) -> Result<Vec<Deleted>> {
+        let before = now_ms().saturating_sub(idle_for.as_millis().min(i64::MAX as u128) as i64);
+        self.call(move |c| {
+            let mut out = Vec::new();
+            for (session, _) in idle_sessions(c, before)? {
+                // Only if still idle inside its delete (a turn may have begun).
+                out.extend(delete_session(c, &session, Some(before))?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// `VACUUM`: rewrites the file without its free pages, returning the
+    /// space deleted sessions left to the file system, then checkpoints.
+    pub async fn vacuum(&self) -> Result<()> {
+        self.call(|c| {
+            c.execute_batch("VACUUM")?;
+            checkpoint(c)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Checkpoints the write-ahead log into the file and truncates it; false
+    /// when a reader of an older snapshot kept part of it.
+    pub async fn checkpoint(&self) -> Result<bool> {
+        self.call(|c| checkpoint(c)).await
+    }
+}
+
+fn idle(c: &Connection, before: i64) -> Result<Vec<IdleSession>> {
+    Ok(idle_sessions(c, before)?
+        .into_iter()
+        .map(|(s, last)| IdleSession {
+            session_id: s.id,
+            external_id: s.external_id,
+            last_activity: last,
+        })
+        .collect())
+}
+
+/// The sessions deleted (the one exception to append-only history), and a
+/// line for each that left a row behind in a history table (a deletion is
+/// whole or not at all).
+pub(crate) fn deletions_left_behind(conn: &Connection) -> Result<(i64, Vec<String>)> {
+    let deleted: i64 = conn.query_row(
+        "SELECT count(*) FROM erasures WHERE kind = 'delete'",
+        [],
+        |r| r.get(0),
+    )?;
+    let mut q = conn.prepare(
+        "SELECT e.session_id, \
+           (SELECT count(*) FROM sessions WHERE id = e.session_id) \
+         + (SELECT count(*) FROM turns WHERE session_id = e.session_id) \
+         + (SELECT count(*) FROM compactions WHERE session_id = e.session_id) \
+         + (SELECT count(*) FROM pins WHERE session_id = e.session_id) \
+         FROM erasures e WHERE e.kind = 'delete'",
+    )?;
+    let rows = q.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))?;
+    let mut left = Vec::new();
+    for row in rows {
+        let (sid, n) = row?;
+        if n > 0 {
+            left.push(format!("deleted session {sid} still has {n} rows"));
+        }
+    }
+    Ok((deleted, left))
+}
