@@ -87,7 +87,7 @@ fn demo_completes_and_compacts_and_verify_passes() {
     let out = ok(&["verify", "--db", db.to_str().unwrap(), "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["ok"], true);
-    assert_eq!(v["checks"].as_array().unwrap().len(), 10);
+    assert_eq!(v["checks"].as_array().unwrap().len(), 11);
     let text = ok(&["verify", "--db", db.to_str().unwrap()]);
     assert!(text.contains("all guarantees hold"));
 }
@@ -926,7 +926,10 @@ fn inspect_shows_the_cached_input_share_from_the_stored_usage() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("golden.db");
     std::fs::copy(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden-v5.db"),
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(
+            "tests/fixtures/golden-v{}.db",
+            abridge::store::SCHEMA_VERSION
+        )),
         &db,
     )
     .unwrap();

@@ -2,9 +2,10 @@
 //! the library is portable. Linux gives a provable view of this machine's
 //! processes (`/proc`: boot id, PID namespace, process start times), used to
 //! take over a dead local holder's lease early; Unix gives a file's inode, used
-//! to notice a store file deleted or replaced while open. Elsewhere the
-//! fallbacks hold: a lease is freed by its expiry, and a store notices only a
-//! file that is gone.
+//! to notice a store file deleted or replaced while open, and mode bits, to
+//! create a store readable by its owner only. Elsewhere the fallbacks hold: a
+//! lease is freed by its expiry, a store notices only a file that is gone,
+//! and a new file gets its directory's access control.
 //!
 //! `tests/portable.rs` fails if a Unix-only API appears outside the gated
 //! files of this module (and the Unix-only chaos harness and command line).

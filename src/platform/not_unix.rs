@@ -6,3 +6,6 @@ use std::path::Path;
 pub(crate) fn file_identity(path: &Path) -> Option<(u64, u64)> {
     std::fs::metadata(path).ok().map(|_| (0, 0))
 }
+
+/// No mode bits off Unix: the file gets the directory's access control.
+pub(crate) fn private_file(_options: &mut std::fs::OpenOptions) {}
