@@ -207,7 +207,9 @@ fn messages(messages: &[Message]) -> Vec<Value> {
             Role::User => "user",
             Role::Assistant => "assistant",
         };
-        if m.role == Role::Assistant {
+        if m.role == Role::Assistant && text.is_empty() && calls.is_empty() {
+            // Only another provider's reasoning: nothing this API takes.
+        } else if m.role == Role::Assistant {
             let mut msg = Map::new();
             msg.insert("role".into(), json!(role));
             msg.insert(
