@@ -939,3 +939,51 @@ async fn anthropic_compaction_text_is_the_summary_one_call_per_row() {
         .contains(&summaries[1]));
     assert_store_holds(&store);
 }
+
+/// A session that changes provider: Anthropic's reasoning blocks in the
+/// history are not sent to OpenAI's Chat Completions (an assistant message
+/// holding only them is left out), and are sent to Anthropic in place.
+#[test]
+fn reasoning_blocks_go_only_to_the_provider_that_takes_them() {
+    use abridge::{ContentBlock, Message, ModelRequest, Role};
+    let thinking = ContentBlock::Thinking {
+        thinking: "hmm".into(),
+        signature: Some("sig".into()),
+    };
+    let request = ModelRequest {
+        model: "m".into(),
+        messages: Arc::new(vec![
+            Message::text(Role::System, "sys"),
+            Message::text(Role::User, "hi"),
+            Message {
+                role: Role::Assistant,
+                content: vec![thinking.clone()],
+            },
+            Message {
+                role: Role::Assistant,
+                content: vec![
+                    thinking,
+                    ContentBlock::Text {
+                        text: "hello".into(),
+                    },
+                ],
+            },
+        ]),
+        tools: Vec::new(),
+        max_output_tokens: None,
+    };
+    let chat = OpenAiChat::request_body(&request);
+    let msgs = chat["messages"].as_array().unwrap();
+    assert_eq!(msgs.len(), 3, "{msgs:#?}");
+    assert_eq!(msgs[2], json!({"role": "assistant", "content": "hello"}));
+    let anthropic = Anthropic::new(HttpOptions::new("http://127.0.0.1:9"), ApiKey::new("k"))
+        .unwrap()
+        .request_body(&request);
+    let content = anthropic["messages"][1]["content"].as_array().unwrap();
+    let kinds: Vec<&str> = content
+        .iter()
+        .map(|b| b["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["thinking", "thinking", "text"]);
+    assert_eq!(content[0]["signature"], "sig");
+}
