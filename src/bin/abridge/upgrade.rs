@@ -24,11 +24,14 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
     let now = abridge::store::SCHEMA_VERSION;
     if before == now {
         println!("{}: already at schema version {now}", args.db.display());
-    } else {
+    } else if before < 3 {
+        // Version 3 pinned the facts of the turns already stored.
         println!(
             "{}: schema version {before} -> {now} ({pins} facts pinned from earlier turns)",
             args.db.display()
         );
+    } else {
+        println!("{}: schema version {before} -> {now}", args.db.display());
     }
     Ok(ExitCode::SUCCESS)
 }
