@@ -433,6 +433,7 @@ fn read_only_verbs_refuse_an_older_store_until_it_is_upgraded() {
         vec!["replay", "--db", d, "--step", "3"],
         vec!["export", "--db", d, "--session", "id:1"],
         vec!["verify", "--db", d],
+        vec!["report", "--db", d, "--session", "id:1"],
     ] {
         fails(&verb, "abridge upgrade --db");
     }
