@@ -238,6 +238,7 @@ fn chaos_config(owner: String, hook: Option<FaultHook>, w: &Workload) -> RunnerC
         model_timeout: Duration::from_millis(200),
         take_over_dead_local_owners: true,
         context_cache_bytes: 64 << 20,
+        log_content: false,
         compaction,
         pin_extractor: Some(Arc::new(crate::pins::RuleExtractor)),
         testing: crate::fault::TestKnobs {

@@ -352,6 +352,21 @@ pub enum Error {
 }
 
 impl Error {
+    /// The text this error carries from outside abridge (a provider's or a
+    /// summariser's message), which can quote a conversation's content;
+    /// events and logs show it only when the host opts in
+    /// (`RunnerConfig::log_content`).
+    pub fn quoted_text(&self) -> Option<&str> {
+        match self {
+            Error::Model { message, .. }
+            | Error::ContextOverflow { message, .. }
+            | Error::CompactionFailed { message, .. } => Some(message),
+            Error::Summary(m) => Some(m),
+            Error::InvalidResponse { reason, .. } => Some(reason),
+            _ => None,
+        }
+    }
+
     /// True for errors after which the turn stays `running` and can be resumed
     /// (by this process or another): store contention, lost leases, injected
     /// faults. False for errors that finished the turn as failed, or bad input.

@@ -280,17 +280,56 @@ pub enum EventKind {
 #[derive(Debug, Clone)]
 pub struct EventSink {
     tx: broadcast::Sender<Event>,
+    /// Whether events and logs may carry text that can hold a conversation's
+    /// content (see [`EventSink::shown`]).
+    log_content: bool,
 }
 
 impl Default for EventSink {
     fn default() -> Self {
-        EventSink {
-            tx: broadcast::channel(1024).0,
-        }
+        EventSink::new(false)
     }
 }
 
 impl EventSink {
+    /// A sink; with `log_content`, events and logs carry providers' and
+    /// summarisers' error texts as they came.
+    pub fn new(log_content: bool) -> EventSink {
+        EventSink {
+            tx: broadcast::channel(1024).0,
+            log_content,
+        }
+    }
+
+    /// `text` that may hold a conversation's content (a provider's or a
+    /// summariser's error message can quote what it was sent), as events and
+    /// logs show it: whole when the host opted in
+    /// (`RunnerConfig::log_content`), else only its length and a hash.
+    pub fn shown(&self, text: &str) -> String {
+        if self.log_content || text.is_empty() {
+            return text.to_string();
+        }
+        let hash = crate::message::sha256_hex(text.as_bytes());
+        format!(
+            "[{} characters, sha256 {}]",
+            text.chars().count(),
+            &hash[..16]
+        )
+    }
+
+    /// An error as events and logs show it: its own words, with any text it
+    /// carries from a provider or summariser passed through
+    /// [`EventSink::shown`].
+    pub fn error(&self, e: &crate::error::Error) -> String {
+        let full = e.to_string();
+        match e.quoted_text() {
+            Some(quoted) if !self.log_content && !quoted.is_empty() => {
+                full.replace(quoted, &self.shown(quoted))
+            }
+            _ => full,
+        }
+    }
+
     /// Sends an event to every current subscriber.
     pub fn emit(&self, subject: &Subject, kind: EventKind) {
         if self.tx.receiver_count() > 0 {

@@ -58,6 +58,12 @@ pub struct RunnerConfig {
     /// the rows written since the session's previous step instead of rebuilding
     /// everything after the summary. Default 64 MiB; 0 keeps none.
     pub context_cache_bytes: usize,
+    /// Let events and tracing output carry the texts providers and
+    /// summarisers send back in their errors (which can quote what they
+    /// were sent). Default false: events and logs carry ids, counts, sizes
+    /// and hashes, never message text or tool arguments; such a text shows
+    /// as its length and a hash (the stored turn error keeps it whole).
+    pub log_content: bool,
     /// Compaction settings.
     pub compaction: CompactionConfig,
     /// Finds the facts a compaction must never lose (G8) when a turn is
@@ -104,6 +110,7 @@ impl Default for RunnerConfig {
             model_timeout: Duration::from_secs(300),
             take_over_dead_local_owners: true,
             context_cache_bytes: 64 << 20,
+            log_content: false,
             compaction: CompactionConfig::default(),
             pin_extractor: Some(Arc::new(RuleExtractor)),
             testing: TestKnobs::default(),
@@ -266,7 +273,7 @@ impl RunnerBuilder {
         for model in &self.models {
             cfg.compaction.check_model(model)?;
         }
-        let events = EventSink::default();
+        let events = EventSink::new(cfg.log_content);
         let dead: crate::compaction::GoneCheck = if cfg.take_over_dead_local_owners {
             |h, o| crate::owner::holder_is_gone(h, o, true)
         } else {
@@ -649,7 +656,7 @@ impl Runner {
             .store
             .call(move |c| store::fail_turn(c, &l, step_id, &msg, pins.as_deref()))
             .await?;
-        warn!(turn = %lease.turn_id, error = %err, "turn failed");
+        warn!(turn = %lease.turn_id, error = %self.inner.events.error(&err), "turn failed");
         Err(err)
     }
 
@@ -693,7 +700,7 @@ impl Runner {
             Err(e) if !e.is_resumable() => {
                 self.tell(&session, turn_idx, || EventKind::TurnFailed {
                     turn_id: turn.id,
-                    error: e.to_string(),
+                    error: self.inner.events.error(e),
                 })
             }
             Err(_) => {}
@@ -1040,7 +1047,7 @@ impl Runner {
             step_id: step.id,
             remedy,
             elided_steps: elided,
-            message: message.to_string(),
+            message: self.inner.events.shown(message),
         });
         remedies.elided = elided;
         let (s, r) = (session.clone(), row.clone());
@@ -1083,7 +1090,7 @@ impl Runner {
                 Ok(Err(p)) => last = format!("model client panicked: {}", panic_message(&p)),
                 Err(_) => last = format!("model call timed out after {:?}", cfg.model_timeout),
             }
-            warn!(step_id = %step_id, attempt, error = %last, "model call failed");
+            warn!(step_id = %step_id, attempt, error = %self.inner.events.shown(&last), "model call failed");
         }
         Err(Error::Model {
             step_id,

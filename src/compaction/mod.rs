@@ -600,7 +600,7 @@ impl Compactor {
                 })
                 .await;
             if let Err(e) = done {
-                warn!(session_id = %sid, boundary, error = %e, "background compaction did not finish");
+                warn!(session_id = %sid, boundary, error = %this.events.error(&e), "background compaction did not finish");
             }
         });
         let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
@@ -1129,13 +1129,13 @@ impl Compactor {
             .call(move |c| store::fail_compaction(c, id, &owner, &m))
             .await?;
         self.store.compaction_has_settled(sid, b);
-        warn!(session_id = %sid, boundary = b, error = %msg, "compaction failed");
+        warn!(session_id = %sid, boundary = b, error = %self.events.shown(&msg), "compaction failed");
         self.events.emit(
             subject,
             EventKind::CompactionFailed {
                 boundary: b,
                 compaction_id: id,
-                error: msg.clone(),
+                error: self.events.shown(&msg),
                 last: true,
             },
         );
@@ -1225,7 +1225,7 @@ impl Compactor {
                 EventKind::CompactionFailed {
                     boundary: row.up_to_turn_index,
                     compaction_id: row.id,
-                    error: last_err.clone(),
+                    error: self.events.shown(&last_err),
                     last: false,
                 },
             );
