@@ -23,6 +23,7 @@ use crate::ids::SessionId;
 use crate::inspect::{self, SessionSummary};
 use crate::store::{self, CompactionRow, CompactionStatus, StepRow};
 use rusqlite::Connection;
+use std::collections::HashMap;
 use std::fmt::Write;
 
 /// What the store does not know about the host's settings, drawn as lines.
@@ -200,7 +201,8 @@ pub fn session_page(conn: &Connection, key: &str, opts: &ReportOptions) -> Resul
     b.push_str("</div></section>\n");
     // The chart.
     b.push_str("<section aria-labelledby=\"context\"><h2 id=\"context\">Context per step</h2>\n");
-    b.push_str(&chart(&points, &detail.compactions, opts, window));
+    let readers = first_readers(&points);
+    b.push_str(&chart(&points, &readers, &detail.compactions, opts, window));
     b.push_str("</section>\n");
     // Compactions.
     b.push_str(&compaction_table(
@@ -208,6 +210,7 @@ pub fn session_page(conn: &Connection, key: &str, opts: &ReportOptions) -> Resul
         session.id,
         &detail.compactions,
         &points,
+        &readers,
     )?);
     // The steps, as a table (the chart's data, for screen readers too).
     b.push_str("<section aria-labelledby=\"steps\"><h2 id=\"steps\">Steps</h2><details><summary>Every step's measure</summary>\n");
@@ -254,13 +257,21 @@ fn effect_counts(conn: &Connection, session: SessionId) -> Result<Vec<(String, i
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
-/// The index (in `points`) of the first step that read compaction `id`.
-fn first_reader(points: &[Point], id: i64) -> Option<usize> {
-    points.iter().position(|p| p.compaction_id == Some(id))
+/// For each compaction read, the index (in `points`) of the first step that
+/// read it.
+fn first_readers(points: &[Point]) -> HashMap<i64, usize> {
+    let mut readers = HashMap::new();
+    for (i, p) in points.iter().enumerate() {
+        if let Some(c) = p.compaction_id {
+            readers.entry(c).or_insert(i);
+        }
+    }
+    readers
 }
 
 fn chart(
     points: &[Point],
+    readers: &HashMap<i64, usize>,
     compactions: &[CompactionRow],
     opts: &ReportOptions,
     window: Option<u64>,
@@ -289,7 +300,7 @@ fn chart(
     let waited = points.iter().filter(|p| p.waited_ms.is_some()).count();
     let marked: Vec<(&CompactionRow, usize)> = compactions
         .iter()
-        .filter_map(|c| first_reader(points, c.id.0).map(|i| (c, i)))
+        .filter_map(|c| readers.get(&c.id.0).map(|i| (c, *i)))
         .collect();
     let mut s = String::new();
     let _ = write!(
@@ -469,6 +480,7 @@ fn compaction_table(
     session: SessionId,
     compactions: &[CompactionRow],
     points: &[Point],
+    readers: &HashMap<i64, usize>,
 ) -> Result<String> {
     let mut s = String::from(
         "<section aria-labelledby=\"compactions\"><h2 id=\"compactions\">Compactions</h2>\n",
@@ -483,7 +495,7 @@ fn compaction_table(
          <th class=\"n\">time (ms)</th><th>first read by step</th></tr></thead><tbody>\n",
     );
     for c in compactions {
-        let reader = first_reader(points, c.id.0).map(|i| points[i].step_id);
+        let reader = readers.get(&c.id.0).map(|i| points[*i].step_id);
         let _ = writeln!(
             s,
             "<tr data-compaction-id=\"{}\"><td class=\"n\">{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{}</td>\

@@ -78,7 +78,8 @@ async fn a_deleted_sessions_text_is_gone_from_the_file_and_the_others_still_veri
     let summaries: Vec<String> = store
         .with_conn(|c| {
             let mut q = c.prepare(
-                "SELECT summary FROM compactions WHERE session_id = 1 AND summary IS NOT NULL",
+                "SELECT c.summary FROM compactions c JOIN sessions s ON s.id = c.session_id \
+                 WHERE s.external_id = 'demo-42-0' AND c.summary IS NOT NULL",
             )?;
             let v = q
                 .query_map([], |r| r.get(0))?
@@ -116,8 +117,8 @@ async fn a_deleted_sessions_text_is_gone_from_the_file_and_the_others_still_veri
     assert_eq!((erasures, gate), (1, 0));
     // By its old row id it is known as deleted, not as never there.
     assert!(matches!(
-        store.session(abridge::SessionId(1)).await,
-        Err(Error::SessionDeleted { session_id }) if session_id.0 == 1
+        store.session(deleted.session_id).await,
+        Err(Error::SessionDeleted { session_id }) if session_id == deleted.session_id
     ));
     // The schema still refuses any other delete.
     let refused = store.with_conn(|c| Ok(c.execute("DELETE FROM turns", [])?));
@@ -160,6 +161,11 @@ async fn ids_of_deleted_rows_are_never_taken_again() {
         .unwrap();
     store
         .delete_session(abridge::SessionId(newest))
+        .await
+        .unwrap();
+    // Then an older one: the floors recorded with it stay past the newest's.
+    store
+        .delete_session(abridge::SessionId(newest - 1))
         .await
         .unwrap();
     let runner = abridge::demo::demo_runner(

@@ -39,11 +39,7 @@ impl Anthropic {
     /// A client at `options.base_url` sending `key` as `x-api-key`.
     pub fn new(options: HttpOptions, key: ApiKey) -> crate::Result<Anthropic> {
         Ok(Anthropic {
-            http: Http::new(
-                &options,
-                Some(("x-api-key", "", &key)),
-                &[("anthropic-version", Anthropic::API_VERSION)],
-            )?,
+            http: Http::anthropic(&options, &key, None)?,
             max_tokens: 8192,
             thinking_budget: None,
             cache: true,
@@ -53,10 +49,8 @@ impl Anthropic {
     /// Anthropic with the key in `ANTHROPIC_API_KEY`, at `ANTHROPIC_BASE_URL`
     /// when set.
     pub fn from_env() -> crate::Result<Anthropic> {
-        let key = ApiKey::from_env("ANTHROPIC_API_KEY")?;
-        let base = std::env::var("ANTHROPIC_BASE_URL")
-            .unwrap_or_else(|_| Anthropic::DEFAULT_BASE_URL.to_string());
-        Anthropic::new(HttpOptions::new(base), key)
+        let (options, key) = super::anthropic_env()?;
+        Anthropic::new(options, key)
     }
 
     /// `max_tokens` when the request names none. Default 8,192.
@@ -278,14 +272,7 @@ impl AnthropicCompaction {
         model: impl Into<String>,
     ) -> crate::Result<AnthropicCompaction> {
         Ok(AnthropicCompaction {
-            http: Http::new(
-                &options,
-                Some(("x-api-key", "", &key)),
-                &[
-                    ("anthropic-version", Anthropic::API_VERSION),
-                    ("anthropic-beta", AnthropicCompaction::BETA),
-                ],
-            )?,
+            http: Http::anthropic(&options, &key, Some(AnthropicCompaction::BETA))?,
             model: model.into(),
             max_tokens: 8192,
         })
@@ -294,10 +281,8 @@ impl AnthropicCompaction {
     /// Anthropic with the key in `ANTHROPIC_API_KEY`, at `ANTHROPIC_BASE_URL`
     /// when set.
     pub fn from_env(model: impl Into<String>) -> crate::Result<AnthropicCompaction> {
-        let key = ApiKey::from_env("ANTHROPIC_API_KEY")?;
-        let base = std::env::var("ANTHROPIC_BASE_URL")
-            .unwrap_or_else(|_| Anthropic::DEFAULT_BASE_URL.to_string());
-        AnthropicCompaction::new(HttpOptions::new(base), key, model)
+        let (options, key) = super::anthropic_env()?;
+        AnthropicCompaction::new(options, key, model)
     }
 
     /// The JSON body sent for `request`.

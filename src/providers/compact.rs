@@ -36,19 +36,16 @@ impl OpenAiCompaction {
         key: Option<ApiKey>,
         model: impl Into<String>,
     ) -> crate::Result<OpenAiCompaction> {
-        let auth = key.as_ref().map(|k| ("authorization", "Bearer ", k));
         Ok(OpenAiCompaction {
-            http: Http::new(&options, auth, &[])?,
+            http: Http::bearer(&options, key.as_ref())?,
             model: model.into(),
         })
     }
 
     /// OpenAI with the key in `OPENAI_API_KEY`, at `OPENAI_BASE_URL` when set.
     pub fn from_env(model: impl Into<String>) -> crate::Result<OpenAiCompaction> {
-        let key = ApiKey::from_env("OPENAI_API_KEY")?;
-        let base = std::env::var("OPENAI_BASE_URL")
-            .unwrap_or_else(|_| super::OpenAiChat::DEFAULT_BASE_URL.to_string());
-        OpenAiCompaction::new(HttpOptions::new(base), Some(key), model)
+        let (options, key) = super::openai_env()?;
+        OpenAiCompaction::new(options, Some(key), model)
     }
 
     /// The JSON body sent for `request`: the previous summary's items (or

@@ -86,6 +86,25 @@ impl Http {
         })
     }
 
+    /// A client of OpenAI's APIs: `key`, if any, as a bearer token.
+    #[cfg(feature = "openai")]
+    pub(crate) fn bearer(options: &HttpOptions, key: Option<&ApiKey>) -> crate::Result<Http> {
+        Http::new(options, key.map(|k| ("authorization", "Bearer ", k)), &[])
+    }
+
+    /// A client of Anthropic's API: `key` as `x-api-key`, the API version,
+    /// and `beta` features.
+    #[cfg(feature = "anthropic")]
+    pub(crate) fn anthropic(
+        options: &HttpOptions,
+        key: &ApiKey,
+        beta: Option<&str>,
+    ) -> crate::Result<Http> {
+        let mut fixed = vec![("anthropic-version", super::Anthropic::API_VERSION)];
+        fixed.extend(beta.map(|b| ("anthropic-beta", b)));
+        Http::new(options, Some(("x-api-key", "", key)), &fixed)
+    }
+
     /// POSTs `body` to `path` and returns the JSON answer, or the error
     /// classified.
     pub(crate) async fn post(

@@ -90,6 +90,34 @@ impl std::fmt::Display for ApiKey {
     }
 }
 
+/// OpenAI's key (`OPENAI_API_KEY`) and base URL (`OPENAI_BASE_URL`, else
+/// OpenAI's own), for the OpenAI clients' `from_env`.
+#[cfg(feature = "openai")]
+pub(crate) fn openai_env() -> Result<(HttpOptions, ApiKey)> {
+    env_options(
+        "OPENAI_API_KEY",
+        "OPENAI_BASE_URL",
+        OpenAiChat::DEFAULT_BASE_URL,
+    )
+}
+
+/// Anthropic's key (`ANTHROPIC_API_KEY`) and base URL (`ANTHROPIC_BASE_URL`,
+/// else Anthropic's own), for the Anthropic clients' `from_env`.
+#[cfg(feature = "anthropic")]
+pub(crate) fn anthropic_env() -> Result<(HttpOptions, ApiKey)> {
+    env_options(
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_BASE_URL",
+        Anthropic::DEFAULT_BASE_URL,
+    )
+}
+
+fn env_options(key: &str, base: &str, default: &str) -> Result<(HttpOptions, ApiKey)> {
+    let key = ApiKey::from_env(key)?;
+    let base = std::env::var(base).unwrap_or_else(|_| default.to_string());
+    Ok((HttpOptions::new(base), key))
+}
+
 /// Phrases with which providers and the servers that speak their APIs say a
 /// request is longer than the model's window (matched case-insensitively in
 /// an error body).

@@ -37,18 +37,15 @@ impl OpenAiChat {
     /// A client at `options.base_url`, sending `key` as a bearer token (None
     /// for a local server that wants none).
     pub fn new(options: HttpOptions, key: Option<ApiKey>) -> crate::Result<OpenAiChat> {
-        let auth = key.as_ref().map(|k| ("authorization", "Bearer ", k));
         Ok(OpenAiChat {
-            http: Http::new(&options, auth, &[])?,
+            http: Http::bearer(&options, key.as_ref())?,
         })
     }
 
     /// OpenAI with the key in `OPENAI_API_KEY`, at `OPENAI_BASE_URL` when set.
     pub fn from_env() -> crate::Result<OpenAiChat> {
-        let key = ApiKey::from_env("OPENAI_API_KEY")?;
-        let base = std::env::var("OPENAI_BASE_URL")
-            .unwrap_or_else(|_| OpenAiChat::DEFAULT_BASE_URL.to_string());
-        OpenAiChat::new(HttpOptions::new(base), Some(key))
+        let (options, key) = super::openai_env()?;
+        OpenAiChat::new(options, Some(key))
     }
 
     /// The JSON body sent for `request`.

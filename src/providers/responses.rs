@@ -28,18 +28,15 @@ pub struct OpenAiResponses {
 impl OpenAiResponses {
     /// A client at `options.base_url` sending `key` as a bearer token.
     pub fn new(options: HttpOptions, key: Option<ApiKey>) -> crate::Result<OpenAiResponses> {
-        let auth = key.as_ref().map(|k| ("authorization", "Bearer ", k));
         Ok(OpenAiResponses {
-            http: Http::new(&options, auth, &[])?,
+            http: Http::bearer(&options, key.as_ref())?,
         })
     }
 
     /// OpenAI with the key in `OPENAI_API_KEY`, at `OPENAI_BASE_URL` when set.
     pub fn from_env() -> crate::Result<OpenAiResponses> {
-        let key = ApiKey::from_env("OPENAI_API_KEY")?;
-        let base = std::env::var("OPENAI_BASE_URL")
-            .unwrap_or_else(|_| super::OpenAiChat::DEFAULT_BASE_URL.to_string());
-        OpenAiResponses::new(HttpOptions::new(base), Some(key))
+        let (options, key) = super::openai_env()?;
+        OpenAiResponses::new(options, Some(key))
     }
 
     /// The JSON body sent for `request`.

@@ -6,6 +6,22 @@ use crate::ids::SessionId;
 use crate::store::now_ms;
 use rusqlite::{params, Connection, TransactionBehavior};
 
+/// The SQL expression of the id a new row of `table` takes: past both its
+/// highest id and the floor of the newest erasure (floors only grow: each
+/// is taken past the one before), two index lookups.
+macro_rules! next_id {
+    ($table:literal) => {
+        concat!(
+            "(SELECT max(coalesce((SELECT max(id) FROM ",
+            $table,
+            "), 0), coalesce((SELECT ",
+            $table,
+            "_id_floor FROM erasures ORDER BY id DESC LIMIT 1), 0)) + 1)"
+        )
+    };
+}
+pub(crate) use next_id;
+
 /// What deleting a session removed.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Deleted {
@@ -47,14 +63,22 @@ pub(crate) fn delete_session(
     // Checked again inside the write lock: a racing delete already did it.
     super::get_session(&tx, sid)?;
     if let Some(before) = idle_before {
-        if !idle_sessions(&tx, before)?.iter().any(|(s, _)| s.id == sid) {
+        if last_activity(&tx, session)? >= before {
             return Ok(None);
         }
     }
+    // Past every id there is and every floor recorded before, so the
+    // newest erasure's floors are the highest (what `next_id!` reads).
     let floors: (i64, i64, i64) = tx.query_row(
-        "SELECT coalesce((SELECT max(id) FROM sessions), 0), \
-                coalesce((SELECT max(id) FROM turns), 0), \
-                coalesce((SELECT max(id) FROM compactions), 0)",
+        concat!(
+            "SELECT ",
+            next_id!("sessions"),
+            " - 1, ",
+            next_id!("turns"),
+            " - 1, ",
+            next_id!("compactions"),
+            " - 1"
+        ),
         [],
         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
     )?;
@@ -115,20 +139,14 @@ pub(crate) fn checkpoint(conn: &Connection) -> Result<bool> {
     Ok(busy == 0 && log == done)
 }
 
-/// The SQL expression of the id a new row of `table` takes: past both its
-/// highest id and the highest a deleted session had (see `erasures`).
-macro_rules! next_id {
-    ($table:literal) => {
-        concat!(
-            "(SELECT max(coalesce((SELECT max(id) FROM ",
-            $table,
-            "), 0), coalesce((SELECT max(",
-            $table,
-            "_id_floor) FROM erasures), 0)) + 1)"
-        )
-    };
+/// When `session`'s newest turn began, or it was created, with no turn.
+fn last_activity(conn: &Connection, session: &SessionRow) -> Result<i64> {
+    Ok(conn.query_row(
+        "SELECT coalesce(max(created_at), ?2) FROM turns WHERE session_id = ?1",
+        params![session.id, session.created_at],
+        |r| r.get(0),
+    )?)
 }
-pub(crate) use next_id;
 
 /// Whether session `id` was deleted (an erasure records it).
 pub(crate) fn was_deleted(conn: &Connection, id: SessionId) -> Result<bool> {
