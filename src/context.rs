@@ -29,6 +29,9 @@ use std::sync::Mutex;
 /// A session's message array up to a position, serialised and hashed.
 pub(crate) struct Context {
     session_id: SessionId,
+    /// The session's newest redaction when it was built: a newer one
+    /// changed rows it holds, so it is built again.
+    redaction: i64,
     compaction_id: Option<CompactionId>,
     /// `(turn idx, step idx)`: the array holds everything before step `at.1`
     /// of turn `at.0`, that turn's input included.
@@ -63,6 +66,7 @@ impl Context {
         let messages = build_for(conn, session, at, compaction, elided, RenderFormat::CURRENT)?;
         let mut ctx = Context {
             session_id: session.id,
+            redaction: session.redaction,
             compaction_id: compaction.map(|c| c.id),
             at,
             elided,
@@ -121,7 +125,10 @@ impl Context {
         elided: i64,
     ) -> Result<Context> {
         match this {
-            Some(mut ctx) if ctx.continues_to(session.id, compaction.map(|c| c.id), at, elided) => {
+            Some(mut ctx)
+                if ctx.redaction == session.redaction
+                    && ctx.continues_to(session.id, compaction.map(|c| c.id), at, elided) =>
+            {
                 ctx.extend(conn, at)?;
                 Ok(ctx)
             }
@@ -270,6 +277,7 @@ mod tests {
         use crate::message::{to_bytes, Role};
         let mut ctx = Context {
             session_id: SessionId(1),
+            redaction: 0,
             compaction_id: None,
             at: (0, 0),
             elided: 0,
@@ -301,6 +309,7 @@ mod tests {
     fn the_cache_keeps_the_budget_and_evicts_the_least_recently_used() {
         let ctx = |session_id: i64, n: usize| Context {
             session_id: SessionId(session_id),
+            redaction: 0,
             compaction_id: None,
             at: (0, 0),
             elided: 0,

@@ -20,12 +20,30 @@ pub struct Rebuilt {
     pub sha256: String,
     /// The hash the step recorded when it ran.
     pub recorded: String,
+    /// The newest redaction that changed what the step rebuilds to, and
+    /// the hash its messages rebuilt to right after it (None: never
+    /// redacted). The recorded hash is of the bytes before.
+    pub redaction: Option<crate::store::RedactionMark>,
 }
 
 impl Rebuilt {
     /// True when the rebuild reproduces the recorded bytes.
     pub fn matches(&self) -> bool {
         self.sha256 == self.recorded
+    }
+
+    /// True when the rebuild reproduces, marker for marker, the bytes a
+    /// redaction left (the step's recorded bytes held the redacted text).
+    pub fn matches_redacted(&self) -> bool {
+        self.redaction
+            .as_ref()
+            .is_some_and(|m| m.sha256 == self.sha256)
+    }
+
+    /// True when the rebuild is what the store says it must be: the
+    /// recorded bytes, or, after a redaction, the redacted ones.
+    pub fn holds(&self) -> bool {
+        self.matches_redacted() || (self.redaction.is_none() && self.matches())
     }
 }
 
@@ -89,12 +107,14 @@ pub fn rebuild_step(conn: &Connection, step_id: StepId) -> Result<Rebuilt> {
     )?;
     let bytes = to_bytes(&messages);
     let sha256 = sha256_hex(&bytes);
+    let redaction = store::redaction_mark(conn, "step_messages", step_id.0)?;
     Ok(Rebuilt {
         step_id,
         messages,
         bytes,
         sha256,
         recorded,
+        redaction,
     })
 }
 

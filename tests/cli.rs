@@ -338,11 +338,12 @@ fn bad_input_exits_non_zero_with_one_clear_line() {
 
     let newer = dir.path().join("newer.db");
     std::fs::copy(&db, &newer).unwrap();
-    sql(&newer, "PRAGMA user_version = 7");
+    let too_new = abridge::store::SCHEMA_VERSION + 1;
+    sql(&newer, &format!("PRAGMA user_version = {too_new}"));
     fails(
         &["verify", "--db", newer.to_str().unwrap()],
         &format!(
-            "schema version 7 is newer than this build supports ({})",
+            "schema version {too_new} is newer than this build supports ({})",
             abridge::store::SCHEMA_VERSION
         ),
     );

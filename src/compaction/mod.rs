@@ -56,6 +56,10 @@ pub fn in_background() -> bool {
 /// A manual compaction's focus is cut to this many chars (it rides in the rules).
 pub const MAX_FOCUS_CHARS: usize = 1_000;
 
+/// Summaries made again, at most, when the session is redacted while each
+/// is made (its source changed under it).
+const MAX_REDACTED_REDOS: usize = 3;
+
 /// Whether a lease holder is provably gone, as seen by an owner name:
 /// `(holder, owner) -> gone` (see [`crate::owner::holder_is_gone`]).
 pub(crate) type GoneCheck = fn(&str, &str) -> bool;
@@ -981,6 +985,30 @@ impl Compactor {
         claim: &ClaimGuard,
         subject: &Subject,
     ) -> Result<CompactionRow> {
+        // A redaction of the session while the summary was made changed its
+        // source: made again from the redacted rows (a few times at most).
+        for _ in 0..MAX_REDACTED_REDOS {
+            if let Some(done) = self.summarise_once(&row, claim, subject).await? {
+                return Ok(done);
+            }
+        }
+        Err(Error::CompactionFailed {
+            compaction_id: row.id,
+            session_id: row.session_id,
+            boundary: row.up_to_turn_index,
+            message: "the session was redacted again while each summary was made".into(),
+        })
+    }
+
+    /// One summary of the row's span, completed; None when a redaction of the
+    /// session since the span was read kept it from completing.
+    async fn summarise_once(
+        &self,
+        row: &CompactionRow,
+        claim: &ClaimGuard,
+        subject: &Subject,
+    ) -> Result<Option<CompactionRow>> {
+        let row = row.clone();
         let span = self.load_span(&row).await?;
         self.events.emit(
             subject,
@@ -1019,10 +1047,11 @@ impl Compactor {
                 crate::error::check_fault(&self.fault, FaultPoint::MidSummary)?;
                 let used = rules.for_request(previous_present);
                 stats.prompt_sha256 = sha256_hex(used.as_bytes());
-                self.complete(&row, summary, stats, subject).await
+                self.complete(&row, summary, stats, span.redaction, subject)
+                    .await
             }
             Err(Error::Injected(p)) => Err(Error::Injected(p)),
-            Err(e) => self.fail(&row, claim, e, subject).await,
+            Err(e) => self.fail(&row, claim, e, subject).await.map(Some),
         }
     }
 
@@ -1033,6 +1062,7 @@ impl Compactor {
         let window = self.config.pins_window;
         self.store
             .call(move |c| {
+                let redaction = store::session_redaction(c, sid)?;
                 let prev = match prev_id {
                     Some(id) => Some(store::get_compaction(c, id)?),
                     None => None,
@@ -1040,7 +1070,12 @@ impl Compactor {
                 let after = prev.as_ref().map_or(-1, |p| p.up_to_turn_index);
                 let turns = store::load_history(c, sid, after, b, i64::MAX)?;
                 let pins = store::live_pins(c, sid, b, window)?;
-                Ok(Span { prev, turns, pins })
+                Ok(Span {
+                    redaction,
+                    prev,
+                    turns,
+                    pins,
+                })
             })
             .await
     }
@@ -1057,21 +1092,27 @@ impl Compactor {
     }
 
     /// Completes the row with `summary`; the first completion wins (G2), a
-    /// later one gets the winner's row back.
+    /// later one gets the winner's row back. None: the session was redacted
+    /// after `redaction` (the summary's source read), the row is left pending.
     async fn complete(
         &self,
         row: &CompactionRow,
         summary: String,
         stats: CompactionStats,
+        redaction: i64,
         subject: &Subject,
-    ) -> Result<CompactionRow> {
+    ) -> Result<Option<CompactionRow>> {
         let (sid, b, id) = (row.session_id, row.up_to_turn_index, row.id);
         let (done, won) = {
             let stats = stats.clone();
             self.store
-                .call(move |c| store::complete_compaction(c, id, &summary, &stats))
+                .call(move |c| store::complete_compaction(c, id, &summary, &stats, redaction))
                 .await?
         };
+        if done.status == CompactionStatus::Pending {
+            info!(session_id = %sid, boundary = b, "the session was redacted while its summary was made: making it again");
+            return Ok(None);
+        }
         self.store.compaction_has_settled(sid, b);
         if done.status != CompactionStatus::Completed {
             // Failed by another holder after a takeover; report it as failed.
@@ -1108,7 +1149,7 @@ impl Compactor {
                 },
             );
         }
-        Ok(done)
+        Ok(Some(done))
     }
 
     /// Fails the row after its last attempt (unless another holder completed
@@ -1381,6 +1422,9 @@ impl Rules {
 }
 
 struct Span {
+    /// The session's newest redaction when the span was read: a summary
+    /// made from text a newer one changed is not completed (made again).
+    redaction: i64,
     prev: Option<CompactionRow>,
     turns: Vec<crate::store::HistoryTurn>,
     pins: Vec<Pin>,

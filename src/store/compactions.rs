@@ -290,13 +290,15 @@ pub(crate) fn complete_compaction(
     id: CompactionId,
     summary: &str,
     stats: &CompactionStats,
+    redaction: i64,
 ) -> Result<(CompactionRow, bool)> {
     let tx = write_tx(conn)?;
     let sql = "UPDATE compactions SET status = 'completed', summary = ?1, summary_sha256 = ?11, \
          model = ?2, prompt_sha256 = ?3, tokens_before = ?4, tokens_after = ?5, input_tokens = ?6, \
          output_tokens = ?7, summary_calls = ?8, completed_at = ?9, lease_expires_at = NULL, \
          error = NULL, pins_live = ?12, pins_added = ?13, pins_window = ?14 \
-         WHERE id = ?10 AND status = 'pending'";
+         WHERE id = ?10 AND status = 'pending' AND ?15 = \
+           (SELECT coalesce(max(r.id), 0) FROM redactions r WHERE r.session_id = compactions.session_id)";
     let n = tx.prepare_cached(sql)?.execute(params![
         summary,
         stats.model,
@@ -311,7 +313,8 @@ pub(crate) fn complete_compaction(
         crate::message::sha256_hex(summary.as_bytes()),
         stats.pins_live,
         stats.pins_added,
-        stats.pins_window
+        stats.pins_window,
+        redaction
     ])?;
     let row = get_compaction(&tx, id)?;
     tx.commit()?;

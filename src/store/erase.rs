@@ -93,6 +93,14 @@ pub(crate) fn delete_session(
         [sid],
     )? as i64;
     let pins = tx.execute("DELETE FROM pins WHERE session_id = ?1", [sid])? as i64;
+    // Its redaction records go with it (they hold hashes, and ids of rows
+    // that are no more).
+    tx.execute(
+        "DELETE FROM redacted_rows WHERE redaction_id IN \
+         (SELECT id FROM redactions WHERE session_id = ?1)",
+        [sid],
+    )?;
+    tx.execute("DELETE FROM redactions WHERE session_id = ?1", [sid])?;
     let compactions = tx.execute("DELETE FROM compactions WHERE session_id = ?1", [sid])? as i64;
     let turns = tx.execute("DELETE FROM turns WHERE session_id = ?1", [sid])? as i64;
     tx.execute("DELETE FROM sessions WHERE id = ?1", [sid])?;
@@ -160,11 +168,11 @@ pub(crate) fn was_deleted(conn: &Connection, id: SessionId) -> Result<bool> {
 pub(crate) fn idle_sessions(conn: &Connection, before_ms: i64) -> Result<Vec<(SessionRow, i64)>> {
     let mut q = conn.prepare(&format!(
         "SELECT {}, last FROM (SELECT s.*, coalesce((SELECT max(t.created_at) FROM turns t \
-           WHERE t.session_id = s.id), s.created_at) AS last FROM sessions s) \
+           WHERE t.session_id = s.id), s.created_at) AS last FROM sessions s) AS sessions \
          WHERE last < ?1 ORDER BY last, id",
         SessionRow::COLUMNS
     ))?;
-    let rows = q.query_map([before_ms], |r| Ok((SessionRow::from_row(r)?, r.get(6)?)))?;
+    let rows = q.query_map([before_ms], |r| Ok((SessionRow::from_row(r)?, r.get(7)?)))?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
@@ -273,6 +281,7 @@ pub(crate) fn deletions_left_behind(conn: &Connection) -> Result<(i64, Vec<Strin
          + (SELECT count(*) FROM turns WHERE session_id = e.session_id) \
          + (SELECT count(*) FROM compactions WHERE session_id = e.session_id) \
          + (SELECT count(*) FROM pins WHERE session_id = e.session_id) \
+         + (SELECT count(*) FROM redactions WHERE session_id = e.session_id) \
          FROM erasures e WHERE e.kind = 'delete'",
     )?;
     let rows = q.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))?;

@@ -37,6 +37,7 @@ mod history;
 mod invocations;
 mod leases;
 mod pins;
+mod redact;
 mod rows;
 mod schema;
 mod sessions;
@@ -49,6 +50,8 @@ pub use compactions::{ClaimOutcome, CompactionStats};
 pub(crate) use erase::*;
 pub use erase::{Deleted, IdleSession};
 pub use history::{HistoryStep, HistoryTurn};
+pub(crate) use redact::*;
+pub use redact::{Pattern, Redacted, RedactedRows, RedactionMark, REDACTION_MARKER};
 pub use rows::*;
 
 pub(crate) use audit::*;

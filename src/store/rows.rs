@@ -115,11 +115,16 @@ pub struct SessionRow {
     pub config: String,
     /// Creation time, ms.
     pub created_at: i64,
+    /// The newest redaction of the session (its id in `redactions`), 0 when
+    /// none: a message context kept from before a newer one is built again.
+    pub redaction: i64,
 }
 
 impl SessionRow {
+    /// Read `FROM sessions` (so named, for the redaction's subquery).
     pub(crate) const COLUMNS: &'static str =
-        "id, external_id, model, system_prompt, config, created_at";
+        "id, external_id, model, system_prompt, config, created_at, \
+         (SELECT coalesce(max(r.id), 0) FROM redactions r WHERE r.session_id = sessions.id)";
     pub(crate) fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
         Ok(SessionRow {
             id: r.get(0)?,
@@ -128,6 +133,7 @@ impl SessionRow {
             system_prompt: r.get(3)?,
             config: r.get(4)?,
             created_at: r.get(5)?,
+            redaction: r.get(6)?,
         })
     }
 }

@@ -21,10 +21,11 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (4, include_str!("migrations/0004_background.sql")),
     (5, include_str!("migrations/0005_providers.sql")),
     (6, include_str!("migrations/0006_erasure.sql")),
+    (7, include_str!("migrations/0007_redaction.sql")),
 ];
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 pub(super) fn map_open_err(path: &Path, e: rusqlite::Error) -> Error {
     match e.sqlite_error_code() {

@@ -70,7 +70,8 @@ pub(crate) fn begin_turn(
             params![session_id, idx],
             TurnRow::from_row,
         )?;
-        if existing.input != input {
+        // A redacted input is recognised by the hash of what it was.
+        if existing.input != input && !super::input_before_redaction(&tx, existing.id.0, input)? {
             return Err(Error::TurnConflict {
                 session_id,
                 idx,

@@ -1,7 +1,8 @@
-//! `abridge delete` and `abridge prune`: deleting sessions whole.
+//! `abridge delete` and `abridge prune`: deleting sessions whole;
+//! `abridge redact`: replacing a secret wherever a session stores it.
 
 use crate::common::{must_exist, print_json, Failure};
-use abridge::store::Deleted;
+use abridge::store::{Deleted, Pattern, REDACTION_MARKER};
 use abridge::{Error, Store};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -139,6 +140,101 @@ pub async fn prune(args: PruneArgs) -> Result<ExitCode, Failure> {
             say(d);
         }
         println!("{} sessions deleted", deleted.len());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Arguments of `abridge redact`.
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("pattern").required(true).args(["text", "regex"])))]
+pub struct RedactArgs {
+    /// Database file.
+    #[arg(long)]
+    pub db: PathBuf,
+    /// Session id or external id.
+    #[arg(long)]
+    pub session: String,
+    /// The text to redact, byte for byte (`-`: read it from standard input,
+    /// so it is in neither the shell's history nor the process list).
+    #[arg(long)]
+    pub text: Option<String>,
+    /// A regular expression to redact every match of (Rust `regex` syntax;
+    /// `-`: read it from standard input).
+    #[arg(long)]
+    pub regex: Option<String>,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `value`, or standard input's first line when it is `-`.
+fn from_arg(value: String) -> abridge::Result<String> {
+    if value != "-" {
+        return Ok(value);
+    }
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line)?;
+    Ok(line.trim_end_matches(['\n', '\r']).to_string())
+}
+
+/// Runs `redact`.
+pub async fn redact(args: RedactArgs) -> Result<ExitCode, Failure> {
+    must_exist(&args.db)?;
+    let pattern = match (args.text, args.regex) {
+        (Some(t), _) => Pattern::text(from_arg(t)?)?,
+        (None, Some(r)) => Pattern::regex(&from_arg(r)?)?,
+        (None, None) => unreachable!("clap requires one"),
+    };
+    let store = Store::open(&args.db)?;
+    let key = args.session.clone();
+    let fail = |e| Failure::session(&args.session, e);
+    let session = store
+        .call(move |c| abridge::inspect::resolve_session(c, &key))
+        .await
+        .map_err(fail)?;
+    let r = store.redact(session.id, pattern).await.map_err(fail)?;
+    if args.json {
+        print_json(&r);
+        return Ok(ExitCode::SUCCESS);
+    }
+    match r.redaction_id {
+        None => println!(
+            "nothing to redact in session {} (id {}): no stored text matches",
+            r.external_id, r.session_id
+        ),
+        Some(id) => {
+            let n = &r.rows;
+            println!(
+                "redacted session {} (id {}): {} occurrences replaced by {REDACTION_MARKER} in \
+                 {} turns, {} steps, {} tool calls, {} compactions, {} pins{} (redaction {id})",
+                r.external_id,
+                r.session_id,
+                r.occurrences,
+                n.turns,
+                n.steps,
+                n.tool_invocations,
+                n.compactions,
+                n.pins,
+                if n.sessions > 0 {
+                    " and the system prompt"
+                } else {
+                    ""
+                },
+            );
+            println!(
+                "{} executed steps now rebuild with the marker (verify and replay report them as redacted)",
+                r.steps_rebuilt
+            );
+            if r.turns_fenced > 0 {
+                println!(
+                    "{} running turn fenced: its runner is refused at its next write; resume it",
+                    r.turns_fenced
+                );
+            }
+            if !r.checkpointed {
+                println!("a reader held the write-ahead log: its copy goes at the next checkpoint");
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -88,6 +88,14 @@ enum Cmd {
         after_help = "Examples:\n  abridge prune --db agent.db --idle-for 30d --dry-run\n  abridge prune --db agent.db --idle-for 30d --vacuum"
     )]
     Prune(erase::PruneArgs),
+    /// Replace a secret wherever a session stores it by the marker [redacted].
+    #[command(
+        after_help = "Examples:\n  abridge redact --db agent.db --session user-42 --text 'sk-live-51Hx...'\n  \
+        abridge redact --db agent.db --session user-42 --regex 'sk-live-[A-Za-z0-9]+'\n  \
+        printf '%s\\n' \"$SECRET\" | abridge redact --db agent.db --session user-42 --text -\n\n\
+        One transaction, the old bytes overwritten; recorded, so verify and replay report the steps it changed as redacted."
+    )]
+    Redact(erase::RedactArgs),
     /// Draw a session (or the whole store) as a self-contained HTML page.
     #[command(
         after_help = "Examples:\n  abridge report --db abridge-demo.db --session demo-42-0 --compact-at 4000 --soft-share 0.8 -o session.html\n  abridge report --db abridge-demo.db -o report.html"
@@ -123,6 +131,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode, Failure> {
         Cmd::Report(a) => report::run(a).await,
         Cmd::Delete(a) => erase::delete(a).await,
         Cmd::Prune(a) => erase::prune(a).await,
+        Cmd::Redact(a) => erase::redact(a).await,
         Cmd::Serve(a) => serve::run(a).await,
         Cmd::Verify(a) => verify::run(a).await,
         Cmd::Upgrade(a) => upgrade::run(a).await,

@@ -15,7 +15,8 @@ pub struct Args {
     /// Step id.
     #[arg(long, allow_negative_numbers = true, value_parser = row_id)]
     pub step: i64,
-    /// Print exactly the hashed bytes, nothing else.
+    /// Print exactly the rebuilt bytes, nothing else (after a redaction,
+    /// the bytes with the marker, whose hash the redaction recorded).
     #[arg(long)]
     pub raw: bool,
 }
@@ -35,8 +36,25 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
     println!("{}", serde_json::to_string_pretty(&r.messages)?);
     println!("\nrebuilt  sha256 {}", r.sha256);
     println!("recorded sha256 {}", r.recorded);
-    println!("{}", if r.matches() { "match" } else { "MISMATCH" });
-    Ok(if r.matches() {
+    if let Some(m) = &r.redaction {
+        println!(
+            "redacted sha256 {} (redaction {} at {} ms: the step's text holds the marker {}; \
+             the recorded hash is of the bytes before)",
+            m.sha256,
+            m.redaction_id,
+            m.at,
+            abridge::store::REDACTION_MARKER
+        );
+    }
+    println!(
+        "{}",
+        match (r.holds(), r.redaction.is_some()) {
+            (true, false) => "match",
+            (true, true) => "match (redacted)",
+            (false, _) => "MISMATCH",
+        }
+    );
+    Ok(if r.holds() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

@@ -26,11 +26,16 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
     } else {
         for c in &report.checks {
             println!(
-                "{:<4} {:<40} checked {:>7}  violations {}",
+                "{:<4} {:<40} checked {:>7}  violations {}{}",
                 if c.ok { "ok" } else { "FAIL" },
                 c.name,
                 c.checked,
-                c.violations.len()
+                c.violations.len(),
+                if c.redacted > 0 {
+                    format!("  redacted {}", c.redacted)
+                } else {
+                    String::new()
+                }
             );
             for v in c.violations.iter().take(20) {
                 println!("       - {v}");

@@ -1,0 +1,675 @@
+//! Redacting a secret from a session: the second exception to append-only
+//! history (deleting a session whole, `erase`, is the first).
+//!
+//! Every stored occurrence of a pattern in one session (its system prompt,
+//! turn inputs, outputs and errors, step responses and errors, tool arguments
+//! and results, summaries, focus and error texts of compactions, pinned facts)
+//! is replaced by [`REDACTION_MARKER`] in one IMMEDIATE transaction behind the
+//! `erasing` gate (schema version 7), with `secure_delete` on and the WAL
+//! checkpointed after, so the secret's bytes are gone from the file.
+//!
+//! The redaction is recorded with what each changed row verifies against
+//! since: an executed step whose messages now rebuild to other bytes gets the
+//! hash of its redacted messages (`verify` and `replay` report it as
+//! redacted, not as a G3 violation), a changed summary the hash of its
+//! redacted text (G2), a changed turn input the hash of its input before (a
+//! host re-submitting that input is recognised).
+
+use super::rows::SessionRow;
+use crate::error::{Error, Result};
+use crate::ids::{SessionId, StepId};
+use crate::message::sha256_hex;
+use crate::store::now_ms;
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+
+/// What every redacted occurrence is replaced by.
+pub const REDACTION_MARKER: &str = "[redacted]";
+
+/// What to redact: a literal text or a regular expression (Rust `regex`
+/// syntax), matched against each stored text (and each string inside the
+/// JSON abridge stores: a response, a tool call's arguments).
+#[derive(Debug, Clone)]
+pub enum Pattern {
+    /// Every occurrence of this text, byte for byte.
+    Text(String),
+    /// Every match of this expression.
+    Regex(regex::Regex),
+}
+
+impl Pattern {
+    /// A literal text; refused when empty.
+    pub fn text(text: impl Into<String>) -> Result<Pattern> {
+        let text = text.into();
+        if text.is_empty() {
+            return Err(Error::Config("the text to redact must not be empty".into()));
+        }
+        Ok(Pattern::Text(text))
+    }
+
+    /// A regular expression; refused when it does not compile or matches
+    /// the empty text (it would put a marker between every two characters).
+    pub fn regex(expr: &str) -> Result<Pattern> {
+        let re = regex::Regex::new(expr)
+            .map_err(|e| Error::Config(format!("the pattern to redact does not compile: {e}")))?;
+        if re.is_match("") {
+            return Err(Error::Config(format!(
+                "the pattern {expr:?} matches the empty text; redact something that has a length"
+            )));
+        }
+        Ok(Pattern::Regex(re))
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Pattern::Text(_) => "text",
+            Pattern::Regex(_) => "regex",
+        }
+    }
+
+    fn source(&self) -> &str {
+        match self {
+            Pattern::Text(t) => t,
+            Pattern::Regex(r) => r.as_str(),
+        }
+    }
+
+    /// `s` with every occurrence replaced, and how many; None when none.
+    fn replace(&self, s: &str) -> Option<(String, i64)> {
+        match self {
+            Pattern::Text(t) => {
+                // As written, and as written inside a JSON string (a tool's
+                // JSON result, quoted in a summary): `"` as `\"`, and so on.
+                let escaped = serde_json::to_string(t).unwrap_or_default();
+                let escaped = &escaped[1..escaped.len().max(2) - 1];
+                let mut out = std::borrow::Cow::Borrowed(s);
+                let mut n = 0;
+                for form in std::iter::once(t.as_str()).chain((escaped != t).then_some(escaped)) {
+                    let k = out.matches(form).count();
+                    if k > 0 {
+                        n += k as i64;
+                        out = std::borrow::Cow::Owned(out.replace(form, REDACTION_MARKER));
+                    }
+                    let cuts = cut_ranges(&out, form);
+                    if !cuts.is_empty() {
+                        n += cuts.len() as i64;
+                        let mut o = out.into_owned();
+                        for r in cuts.into_iter().rev() {
+                            o.replace_range(r, REDACTION_MARKER);
+                        }
+                        out = std::borrow::Cow::Owned(o);
+                    }
+                }
+                (n > 0).then(|| (out.into_owned(), n))
+            }
+            Pattern::Regex(re) => {
+                let n = re.find_iter(s).count();
+                (n > 0).then(|| {
+                    let out = re.replace_all(s, regex::NoExpand(REDACTION_MARKER));
+                    (out.into_owned(), n as i64)
+                })
+            }
+        }
+    }
+
+    /// A stored text: when it is a JSON object or array (a tool's JSON
+    /// result), first inside its strings, decoded (see `replace_in_json`),
+    /// then as written.
+    fn replace_in_text(&self, text: &str) -> Option<(String, i64)> {
+        let json = matches!(text.trim_start().as_bytes().first(), Some(b'{' | b'['))
+            && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok();
+        let inner = if json {
+            self.replace_in_json(text).ok().flatten()
+        } else {
+            None
+        };
+        let (text, n) = match &inner {
+            Some((t, n)) => (t.as_str(), *n),
+            None => (text, 0),
+        };
+        match self.replace(text) {
+            Some((t, k)) => Some((t, n + k)),
+            None => inner,
+        }
+    }
+
+    /// JSON text with the pattern replaced inside every string (decoded, so
+    /// an escaped occurrence is found, and re-encoded) and in what lies
+    /// between them (a number, as a string holding the marker). The result
+    /// must still be JSON: a pattern that matches the structure is refused.
+    fn replace_in_json(&self, json: &str) -> std::result::Result<Option<(String, i64)>, String> {
+        let b = json.as_bytes();
+        let (mut out, mut last, mut i, mut n) = (String::new(), 0, 0, 0);
+        let bare = |out: &mut String, seg: &str, n: &mut i64| match self.replace(seg) {
+            Some((s, k)) => {
+                out.push_str(&s.replace(REDACTION_MARKER, &format!("\"{REDACTION_MARKER}\"")));
+                *n += k;
+            }
+            None => out.push_str(seg),
+        };
+        while i < b.len() {
+            if b[i] != b'"' {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            i += 1;
+            while i < b.len() && b[i] != b'"' {
+                i += if b[i] == b'\\' { 2 } else { 1 };
+            }
+            let end = (i + 1).min(b.len());
+            bare(&mut out, &json[last..start], &mut n);
+            let literal = &json[start..end];
+            match serde_json::from_str::<String>(literal)
+                .ok()
+                .and_then(|s| self.replace(&s))
+            {
+                Some((s, k)) => {
+                    out.push_str(&serde_json::to_string(&s).map_err(|e| e.to_string())?);
+                    n += k;
+                }
+                None => out.push_str(literal),
+            }
+            last = end;
+            i = end;
+        }
+        bare(&mut out, &json[last..], &mut n);
+        if n == 0 {
+            return Ok(None);
+        }
+        serde_json::from_str::<serde_json::Value>(&out).map_err(|_| {
+            "the pattern matches the JSON's structure, not only its text".to_string()
+        })?;
+        Ok(Some((out, n)))
+    }
+}
+
+/// A cut occurrence is redacted when at least this many bytes of it are left.
+const MIN_CUT: usize = 6;
+
+/// Where `text` holds `form` cut short by a truncation: a prefix of it (at
+/// least [`MIN_CUT`] bytes, not all of it) at the end of the text or right
+/// before an ellipsis `…` (a pinned fact's sentence, a capped block's
+/// `\n[… n chars omitted …]\n`), a suffix of it at the start of the text or
+/// right after one. Sorted, not overlapping.
+fn cut_ranges(text: &str, form: &str) -> Vec<std::ops::Range<usize>> {
+    let cuts = |len: usize| {
+        form.char_indices()
+            .map(|(i, _)| i)
+            .filter(move |&i| i >= MIN_CUT.min(len) && i < len)
+    };
+    let prefix_before = |end: usize| {
+        let mut best = None;
+        for k in cuts(form.len()) {
+            if text[..end].ends_with(&form[..k]) {
+                best = Some(end - k..end);
+            }
+        }
+        best
+    };
+    let suffix_after = |start: usize| {
+        let mut best = None;
+        for k in cuts(form.len()) {
+            let suffix = &form[form.len() - k..];
+            if form.is_char_boundary(form.len() - k) && text[start..].starts_with(suffix) {
+                best = Some(start..start + k);
+            }
+        }
+        best
+    };
+    let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
+    if form.len() <= MIN_CUT {
+        return ranges;
+    }
+    ranges.extend(suffix_after(0));
+    for (i, _) in text.match_indices('…') {
+        let before = text[..i].strip_suffix("\n[").map_or(i, str::len);
+        ranges.extend(prefix_before(before));
+        let after = i + '…'.len_utf8();
+        let after = if text[after..].starts_with("]\n") {
+            after + 2
+        } else {
+            after
+        };
+        ranges.extend(suffix_after(after));
+    }
+    ranges.extend(prefix_before(text.len()));
+    ranges.sort_by_key(|r| r.start);
+    ranges.dedup();
+    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+    for r in ranges {
+        if out.last().is_none_or(|l| r.start >= l.end) {
+            out.push(r);
+        }
+    }
+    out
+}
+
+/// Rows a redaction changed, by table.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RedactedRows {
+    /// The session row (its system prompt): 0 or 1.
+    pub sessions: i64,
+    /// Turns (input, output, error).
+    pub turns: i64,
+    /// Steps (response, error).
+    pub steps: i64,
+    /// Tool invocations (arguments, result).
+    pub tool_invocations: i64,
+    /// Compactions (summary, focus, error).
+    pub compactions: i64,
+    /// Pinned facts (value, sentence).
+    pub pins: i64,
+}
+
+/// What a redaction did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Redacted {
+    /// Its record in `redactions`; None when nothing matched (nothing is
+    /// changed or recorded then).
+    pub redaction_id: Option<i64>,
+    /// The session's row id.
+    pub session_id: SessionId,
+    /// Its external id.
+    pub external_id: String,
+    /// Occurrences replaced.
+    pub occurrences: i64,
+    /// Rows changed, by table.
+    pub rows: RedactedRows,
+    /// Executed steps whose messages now rebuild with the marker (their
+    /// recorded hashes are of the bytes before; the redaction records the
+    /// hash they rebuild to now).
+    pub steps_rebuilt: i64,
+    /// Running turns fenced: a runner holding one is refused at its next
+    /// write; the turn resumes from the redacted rows.
+    pub turns_fenced: i64,
+    /// The write-ahead log was checkpointed and truncated after (see
+    /// [`crate::store::Deleted::checkpointed`]).
+    pub checkpointed: bool,
+}
+
+/// A redaction an executed step's rebuilt messages are checked against.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RedactionMark {
+    /// The redaction's id.
+    pub redaction_id: i64,
+    /// When it was made, ms since the epoch.
+    pub at: i64,
+    /// SHA-256 of what the row rebuilds to since (the step's messages; a
+    /// compaction's summary).
+    pub sha256: String,
+}
+
+/// The newest redaction of `row_id` in `tbl` that recorded a hash.
+pub(crate) fn redaction_mark(
+    conn: &Connection,
+    tbl: &str,
+    row_id: i64,
+) -> Result<Option<RedactionMark>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT r.id, r.at, x.sha256 FROM redacted_rows x JOIN redactions r \
+             ON r.id = x.redaction_id WHERE x.tbl = ?1 AND x.row_id = ?2 AND x.sha256 IS NOT NULL \
+             ORDER BY x.redaction_id DESC LIMIT 1",
+        )?
+        .query_row(params![tbl, row_id], |r| {
+            Ok(RedactionMark {
+                redaction_id: r.get(0)?,
+                at: r.get(1)?,
+                sha256: r.get(2)?,
+            })
+        })
+        .optional()?)
+}
+
+/// True when a redaction changed row `row_id` of `tbl`.
+pub(crate) fn row_redacted(conn: &Connection, tbl: &str, row_id: i64) -> Result<bool> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM redacted_rows WHERE tbl = ?1 AND row_id = ?2")?
+        .exists(params![tbl, row_id])?)
+}
+
+/// The newest redaction of a session (its id), 0 when none: what a kept
+/// context and a summary in flight were read under.
+pub(crate) fn session_redaction(conn: &Connection, session_id: SessionId) -> Result<i64> {
+    Ok(conn
+        .prepare_cached("SELECT coalesce(max(id), 0) FROM redactions WHERE session_id = ?1")?
+        .query_row([session_id], |r| r.get(0))?)
+}
+
+/// True when turn `turn_id`'s input read `input` before a redaction changed it.
+pub(crate) fn input_before_redaction(conn: &Connection, turn_id: i64, input: &str) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT 1 FROM redacted_rows WHERE tbl = 'turns' AND row_id = ?1 AND sha256 = ?2",
+        )?
+        .exists(params![turn_id, sha256_hex(input.as_bytes())])?)
+}
+
+/// The hash an executed step is checked against: the newest redaction's,
+/// or the one it recorded.
+fn expected_hash(conn: &Connection, step: StepId, recorded: &str) -> Result<String> {
+    Ok(redaction_mark(conn, "step_messages", step.0)?
+        .map_or_else(|| recorded.to_string(), |m| m.sha256))
+}
+
+/// One changed row: table, id, the columns' new values, the hash to record.
+struct Change {
+    tbl: &'static str,
+    id: i64,
+    values: Vec<Option<String>>,
+    sha256: Option<String>,
+}
+
+/// The text columns of one table a redaction rewrites (`json`: stored JSON).
+struct Columns {
+    tbl: &'static str,
+    select: &'static str,
+    columns: &'static [(&'static str, bool)],
+}
+
+const COLUMNS: &[Columns] = &[
+    Columns {
+        tbl: "sessions",
+        select: "SELECT id, system_prompt FROM sessions WHERE id = ?1",
+        columns: &[("system_prompt", false)],
+    },
+    Columns {
+        tbl: "turns",
+        select: "SELECT id, input, output, error FROM turns WHERE session_id = ?1 ORDER BY id",
+        columns: &[("input", false), ("output", false), ("error", false)],
+    },
+    Columns {
+        tbl: "steps",
+        select: "SELECT s.id, s.response, s.error FROM steps s JOIN turns t ON t.id = s.turn_id \
+                 WHERE t.session_id = ?1 ORDER BY s.id",
+        columns: &[("response", true), ("error", false)],
+    },
+    Columns {
+        tbl: "tool_invocations",
+        select: "SELECT i.id, i.arguments, i.result FROM tool_invocations i \
+                 JOIN steps s ON s.id = i.step_id JOIN turns t ON t.id = s.turn_id \
+                 WHERE t.session_id = ?1 ORDER BY i.id",
+        columns: &[("arguments", true), ("result", false)],
+    },
+    Columns {
+        tbl: "compactions",
+        select:
+            "SELECT id, summary, focus, error FROM compactions WHERE session_id = ?1 ORDER BY id",
+        columns: &[("summary", false), ("focus", false), ("error", false)],
+    },
+    Columns {
+        tbl: "pins",
+        select: "SELECT id, value, sentence FROM pins WHERE session_id = ?1 ORDER BY id",
+        columns: &[("value", false), ("sentence", false)],
+    },
+];
+
+/// Redacts `pattern` from every stored text of `session` in one IMMEDIATE
+/// transaction (see the module's comment), then checkpoints the WAL.
+pub(crate) fn redact(
+    conn: &mut Connection,
+    session: &SessionRow,
+    pattern: &Pattern,
+) -> Result<Redacted> {
+    conn.execute_batch("PRAGMA secure_delete = ON")?;
+    let sid = session.id;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    super::get_session(&tx, sid)?;
+
+    let mut changes = Vec::new();
+    let mut occurrences = 0;
+    for t in COLUMNS {
+        let mut st = tx.prepare(t.select)?;
+        let mut rows = st.query([sid])?;
+        while let Some(r) = rows.next()? {
+            let id: i64 = r.get(0)?;
+            let mut values = Vec::with_capacity(t.columns.len());
+            let (mut changed, mut before_input) = (false, None);
+            for (i, (name, json)) in t.columns.iter().enumerate() {
+                let old: Option<String> = r.get(i + 1)?;
+                let new = match old.as_deref() {
+                    None => None,
+                    Some(text) if *json => pattern.replace_in_json(text).map_err(|why| {
+                        Error::Config(format!(
+                            "cannot redact {} {id}'s {name}: {why}; give a narrower pattern",
+                            t.tbl
+                        ))
+                    })?,
+                    Some(text) => pattern.replace_in_text(text),
+                };
+                match new {
+                    Some((text, n)) => {
+                        occurrences += n;
+                        changed = true;
+                        if t.tbl == "turns" && *name == "input" {
+                            before_input = old.as_deref().map(|s| sha256_hex(s.as_bytes()));
+                        }
+                        values.push(Some(text));
+                    }
+                    None => values.push(old),
+                }
+            }
+            if changed {
+                let sha256 = match t.tbl {
+                    "compactions" => values[0].as_deref().map(|s| sha256_hex(s.as_bytes())),
+                    "turns" => before_input,
+                    _ => None,
+                };
+                changes.push(Change {
+                    tbl: t.tbl,
+                    id,
+                    values,
+                    sha256,
+                });
+            }
+        }
+    }
+    if changes.is_empty() {
+        tx.commit()?;
+        return Ok(Redacted {
+            redaction_id: None,
+            session_id: sid,
+            external_id: session.external_id.clone(),
+            occurrences: 0,
+            rows: RedactedRows::default(),
+            steps_rebuilt: 0,
+            turns_fenced: 0,
+            checkpointed: false,
+        });
+    }
+
+    // What each executed step rebuilds to now, and whether that is what it
+    // is checked against (a step that did not verify before is left to
+    // `verify` to report: a redaction never hides a violation).
+    let steps = super::executed_step_ids(&tx, Some(sid))?;
+    let mut before = Vec::with_capacity(steps.len());
+    for id in &steps {
+        let r = crate::replay::rebuild_step(&tx, *id)?;
+        let held = expected_hash(&tx, *id, &r.recorded)? == r.sha256;
+        before.push((r.sha256, held));
+    }
+
+    tx.execute("INSERT INTO erasing (session_id) VALUES (?1)", [sid])?;
+    let mut rows = RedactedRows::default();
+    for c in &changes {
+        let t = COLUMNS
+            .iter()
+            .find(|t| t.tbl == c.tbl)
+            .expect("a known table");
+        let sets: Vec<String> = t
+            .columns
+            .iter()
+            .enumerate()
+            .map(|(i, (name, _))| format!("{name} = ?{}", i + 2))
+            .collect();
+        let sql = format!("UPDATE {} SET {} WHERE id = ?1", c.tbl, sets.join(", "));
+        let mut args: Vec<&dyn rusqlite::ToSql> = vec![&c.id];
+        args.extend(c.values.iter().map(|v| v as &dyn rusqlite::ToSql));
+        tx.execute(&sql, args.as_slice())?;
+        *match c.tbl {
+            "sessions" => &mut rows.sessions,
+            "turns" => &mut rows.turns,
+            "steps" => &mut rows.steps,
+            "tool_invocations" => &mut rows.tool_invocations,
+            "compactions" => &mut rows.compactions,
+            _ => &mut rows.pins,
+        } += 1;
+    }
+    // A runner still holding a running turn sent, or is sending, the text
+    // before: its next write is refused, and the turn resumes from here.
+    let turns_fenced = tx.execute(
+        "UPDATE turns SET lease_epoch = lease_epoch + 1, lease_owner = NULL, \
+         lease_expires_at = NULL WHERE session_id = ?1 AND status = 'running'",
+        [sid],
+    )? as i64;
+
+    let mut rebuilt = Vec::new();
+    for (id, (was, held)) in steps.iter().zip(&before) {
+        let now = crate::replay::rebuild_step(&tx, *id)?.sha256;
+        if *held && now != *was {
+            rebuilt.push((*id, now));
+        }
+    }
+    tx.execute(
+        "INSERT INTO redactions (session_id, pattern_kind, pattern_sha256, marker, occurrences, \
+         rows, steps_rebuilt, turns_fenced, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        params![
+            sid,
+            pattern.kind(),
+            sha256_hex(pattern.source().as_bytes()),
+            REDACTION_MARKER,
+            occurrences,
+            serde_json::to_string(&rows)?,
+            rebuilt.len() as i64,
+            turns_fenced,
+            now_ms()
+        ],
+    )?;
+    let redaction_id = tx.last_insert_rowid();
+    {
+        let mut ins = tx.prepare(
+            "INSERT INTO redacted_rows (redaction_id, tbl, row_id, sha256) VALUES (?1, ?2, ?3, ?4)",
+        )?;
+        for c in &changes {
+            ins.execute(params![redaction_id, c.tbl, c.id, c.sha256])?;
+        }
+        for (id, sha) in &rebuilt {
+            ins.execute(params![redaction_id, "step_messages", id.0, sha])?;
+        }
+    }
+    tx.execute("DELETE FROM erasing", [])?;
+    tx.commit()?;
+    let checkpointed = super::checkpoint(conn)?;
+    Ok(Redacted {
+        redaction_id: Some(redaction_id),
+        session_id: sid,
+        external_id: session.external_id.clone(),
+        occurrences,
+        rows,
+        steps_rebuilt: rebuilt.len() as i64,
+        turns_fenced,
+        checkpointed,
+    })
+}
+
+impl crate::Store {
+    /// Replaces every stored occurrence of `pattern` in a session (system
+    /// prompt, turn inputs and outputs, responses, tool arguments and
+    /// results, summaries, pinned facts, error texts) by
+    /// [`REDACTION_MARKER`], in one transaction, the old bytes overwritten
+    /// (`secure_delete`, then a WAL checkpoint). Recorded in `redactions`
+    /// (when, the pattern's SHA-256, which rows); the steps whose messages
+    /// now rebuild with the marker are reported as redacted by
+    /// [`crate::verify::verify`] and [`crate::replay::rebuild_step`]
+    /// ([`crate::replay::Rebuilt::redaction`]), not as broken. A turn
+    /// running on the session (in any process) is fenced: its runner gets
+    /// [`crate::Error::LeaseLost`] at its next write, and the turn resumes
+    /// from the redacted rows; a summary being made from the text before is
+    /// made again at its completion. The session's external id is not
+    /// redacted (it is the session's key).
+    pub async fn redact(
+        &self,
+        key: impl Into<crate::inspect::SessionKey>,
+        pattern: Pattern,
+    ) -> Result<Redacted> {
+        let key = key.into();
+        self.call(move |c| {
+            let session = crate::inspect::session(c, &key)?;
+            redact(c, &session, &pattern)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_replaced_every_time_and_counted() {
+        let p = Pattern::text("sk-123").unwrap();
+        assert_eq!(
+            p.replace("a sk-123 b sk-123"),
+            Some((format!("a {REDACTION_MARKER} b {REDACTION_MARKER}"), 2))
+        );
+        assert_eq!(p.replace("nothing"), None);
+    }
+
+    #[test]
+    fn a_text_cut_by_a_truncation_is_redacted_too() {
+        let p = Pattern::text("sk-live-4f9a8b7c").unwrap();
+        let m = REDACTION_MARKER;
+        // A pinned fact's sentence, cut on both sides.
+        assert_eq!(
+            p.replace("…4f9a8b7c and more… key sk-live-4f9…").unwrap().0,
+            format!("…{m} and more… key {m}…")
+        );
+        // A capped block, and a text cut at its end.
+        assert_eq!(
+            p.replace("head sk-live-4\n[… 10 chars omitted …]\nf9a8b7c tail")
+                .unwrap()
+                .0,
+            format!("head {m}\n[… 10 chars omitted …]\n{m} tail")
+        );
+        assert_eq!(
+            p.replace("ends with sk-live").unwrap().0,
+            format!("ends with {m}")
+        );
+        // Fewer than six bytes left is not taken for it.
+        assert_eq!(p.replace("the sk-l… …8b7c"), None);
+    }
+
+    #[test]
+    fn regex_replacement_is_literal_and_empty_matches_are_refused() {
+        let p = Pattern::regex(r"sk-\d+").unwrap();
+        assert_eq!(
+            p.replace("x sk-1 $1 sk-22"),
+            Some((format!("x {REDACTION_MARKER} $1 {REDACTION_MARKER}"), 2))
+        );
+        assert!(matches!(Pattern::regex("a*"), Err(Error::Config(_))));
+        assert!(matches!(Pattern::regex("("), Err(Error::Config(_))));
+        assert!(matches!(Pattern::text(""), Err(Error::Config(_))));
+    }
+
+    #[test]
+    fn json_strings_are_matched_decoded_and_stay_json() {
+        let p = Pattern::text("pa\"ss").unwrap();
+        let (out, n) = p
+            .replace_in_json(r#"{"k":"my pa\"ss here","n":1}"#)
+            .unwrap()
+            .unwrap();
+        assert_eq!(n, 1);
+        assert_eq!(out, r#"{"k":"my [redacted] here","n":1}"#);
+        // A number is replaced by a string holding the marker.
+        let p = Pattern::text("4111111111111111").unwrap();
+        let (out, _) = p
+            .replace_in_json(r#"{"card":4111111111111111}"#)
+            .unwrap()
+            .unwrap();
+        assert_eq!(out, r#"{"card":"[redacted]"}"#);
+        // A pattern that takes the structure with it is refused.
+        let p = Pattern::text(",").unwrap();
+        assert!(p.replace_in_json(r#"{"a":1,"b":2}"#).is_err());
+        assert_eq!(p.replace_in_json("[]").unwrap(), None);
+    }
+}
