@@ -446,7 +446,7 @@ impl Tool for DemoExternalTool {
             call.input.to_string(),
         );
         tokio::task::spawn_blocking(move || -> crate::error::Result<()> {
-            let mut conn = rusqlite::Connection::open(db)?;
+            let mut conn = crate::store::connect(&db)?;
             conn.busy_timeout(Duration::from_secs(30))?;
             append_external(&mut conn, &key, name, &args)
         })
@@ -560,6 +560,8 @@ pub struct DemoOptions {
     /// Background compaction (the default); false compacts inline only, so
     /// that a run's transcript is the same whatever the timing.
     pub background: bool,
+    /// The key of an encrypted store (see [`crate::store::Key`]).
+    pub key: Option<crate::store::Key>,
 }
 
 impl Default for DemoOptions {
@@ -574,6 +576,7 @@ impl Default for DemoOptions {
             summary_latency: Duration::ZERO,
             owner: None,
             background: true,
+            key: None,
         }
     }
 }
@@ -688,7 +691,11 @@ pub async fn run_demo(
     progress: impl Fn(&Progress) + Send + Sync + 'static,
 ) -> crate::error::Result<DemoReport> {
     let started = std::time::Instant::now();
-    let store = crate::store::Store::open(&opts.db)?;
+    let store_options = match &opts.key {
+        Some(k) => crate::store::StoreOptions::default().with_key(k.clone()),
+        None => crate::store::StoreOptions::default(),
+    };
+    let store = crate::store::Store::open_with(&opts.db, store_options)?;
     store.with_conn(crate::store::demo::create_demo_tables)?;
     let runner = demo_runner(&store, opts)?;
     let progress = std::sync::Arc::new(progress);

@@ -56,8 +56,26 @@ pub enum Error {
         path: PathBuf,
     },
 
-    /// The file exists but is not an SQLite database. Final; nothing was written.
-    #[error("{path} is not an abridge database (not an SQLite file)")]
+    /// The key given does not open the encrypted store (or the file is not
+    /// an SQLite database, encrypted or not). Final; nothing was written.
+    #[error(
+        "{path}: the key does not open it (a wrong key, or not an encrypted abridge database)"
+    )]
+    WrongKey {
+        /// The path that was opened.
+        path: PathBuf,
+    },
+
+    /// A key was given, but this build's SQLite is not SQLCipher (build
+    /// with the `encryption` feature). Nothing was opened.
+    #[error(
+        "this build cannot encrypt: it was built without the `encryption` feature (SQLCipher)"
+    )]
+    EncryptionUnavailable,
+
+    /// The file exists but is not an SQLite database (or is encrypted and
+    /// was opened without its key). Final; nothing was written.
+    #[error("{path} is not an abridge database (not an SQLite file, or an encrypted one opened without its key)")]
     NotADatabase {
         /// The path that was opened.
         path: PathBuf,

@@ -421,7 +421,7 @@ fn racing_processes_on_one_boundary_make_one_row() {
     drop(store);
     let children: Vec<_> = (0..4)
         .map(|_| {
-            std::process::Command::new(env!("CARGO_BIN_EXE_abridge"))
+            abridge_cmd()
                 .args(["compact", "--db"])
                 .arg(&path)
                 .args(["--session", "1"])
@@ -443,7 +443,7 @@ fn racing_processes_on_one_boundary_make_one_row() {
         ids.insert(line.split_whitespace().nth(1).unwrap().to_string());
     }
     assert_eq!(ids.len(), 1, "{ids:?}");
-    let c = abridge::store::open_read_only(&path).unwrap();
+    let c = read_only_conn(&path);
     let (n, attempts): (i64, i64) = c
         .query_row("SELECT count(*), max(attempts) FROM compactions", [], |r| {
             Ok((r.get(0)?, r.get(1)?))
@@ -892,11 +892,7 @@ async fn ensure_waits_for_a_connection_when_none_is_idle() {
     let row = on.compactor().ensure(&s, 4, 0).await.unwrap();
     drop((on, seeded));
 
-    let store = abridge::Store::open_with(
-        &path,
-        abridge::StoreOptions::default().with_max_connections(1),
-    )
-    .unwrap();
+    let store = abridge::Store::open_with(&path, store_options().with_max_connections(1)).unwrap();
     let runner = runner_with(&store, "one-connection", extractive(), |_| {});
     let (held_tx, held_rx) = std::sync::mpsc::channel();
     let holder = {

@@ -83,9 +83,7 @@ async fn racing_ensure(tasks: usize, sharing: Sharing) {
         let r = match sharing {
             Sharing::OneRunner => shared.clone(),
             Sharing::RunnersOnOneStore => default_owner_runner(&store, summ.clone()),
-            Sharing::SeparateStores => {
-                default_owner_runner(&Store::open(&path).unwrap(), summ.clone())
-            }
+            Sharing::SeparateStores => default_owner_runner(&common::store_at(&path), summ.clone()),
         };
         let s = s.clone();
         set.spawn(async move { r.compactor().ensure(&s, 6, 0).await });

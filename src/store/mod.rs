@@ -35,6 +35,7 @@ pub mod demo;
 mod erase;
 mod history;
 mod invocations;
+mod key;
 mod leases;
 mod pins;
 mod redact;
@@ -59,13 +60,20 @@ pub use audit::{finished_turns, SessionCounts};
 pub(crate) use compactions::*;
 pub(crate) use history::*;
 pub(crate) use invocations::*;
+#[cfg(feature = "harness")]
+pub(crate) use key::connect;
+pub(crate) use key::{apply_key, map_keyed_err, remember_key, set_key};
+pub use key::{encryption_available, Key};
 pub use leases::Lease;
 pub(crate) use leases::*;
 pub(crate) use pins::*;
 use schema::{check_file, map_open_err, migrate, retry_busy};
 pub use schema::{check_path, MIGRATIONS, SCHEMA_SQL, SCHEMA_VERSION};
 pub(crate) use sessions::*;
-pub use snapshot::{open_read_only, read_only, read_only_version};
+pub use snapshot::{
+    open_read_only, open_read_only_keyed, read_only, read_only_keyed, read_only_version,
+    read_only_version_keyed,
+};
 pub(crate) use steps::*;
 pub(crate) use turns::*;
 pub(crate) use tx::{in_read_tx, write_tx};
@@ -113,6 +121,9 @@ pub struct StoreOptions {
     pub max_connections: u32,
     /// Where the async API runs its SQLite work; see [`Blocking`].
     pub blocking: Blocking,
+    /// The key of an encrypted store (SQLCipher, the `encryption`
+    /// feature); None: not encrypted. See [`Key`].
+    pub key: Option<Key>,
 }
 
 /// Where [`Store::call`] runs blocking SQLite work.
@@ -152,6 +163,16 @@ impl StoreOptions {
         self.blocking = b;
         self
     }
+    /// Encrypts the store with `key` (a new file), or opens an encrypted
+    /// one. A wrong key is [`Error::WrongKey`]; a build without the
+    /// `encryption` feature refuses a key with
+    /// [`Error::EncryptionUnavailable`]. An existing unencrypted store is
+    /// not encrypted by opening it with a key (it is refused as
+    /// [`Error::WrongKey`]).
+    pub fn with_key(mut self, key: Key) -> Self {
+        self.key = Some(key);
+        self
+    }
 }
 
 impl Default for StoreOptions {
@@ -161,6 +182,7 @@ impl Default for StoreOptions {
             busy_timeout: Duration::from_secs(10),
             max_connections: 8,
             blocking: Blocking::default(),
+            key: None,
         }
     }
 }
@@ -228,12 +250,17 @@ impl Store {
     pub fn open_with(path: impl AsRef<Path>, opts: StoreOptions) -> Result<Store> {
         let path = path.as_ref().to_path_buf();
         check_path(&path)?;
+        if opts.key.is_some() && !encryption_available() {
+            return Err(Error::EncryptionUnavailable);
+        }
         create_private(&path)?;
+        let key = opts.key.clone();
         {
             let mut conn = Connection::open(&path).map_err(|e| map_open_err(&path, e))?;
+            apply_key(&conn, key.as_ref())?;
             conn.busy_timeout(opts.busy_timeout)?;
             // Check before anything writes (journal_mode=WAL writes the header).
-            check_file(&conn, &path)?;
+            check_file(&conn, &path).map_err(|e| map_keyed_err(&path, key.as_ref(), e))?;
             // WAL once, before the pool exists: setting it from every pooled
             // connection's init races into "database is locked" at start-up.
             // Switching to WAL takes an exclusive lock and can fail with
@@ -250,7 +277,13 @@ impl Store {
         }
         let busy = opts.busy_timeout;
         let sync = opts.synchronous;
+        remember_key(&path, key.as_ref());
         let manager = SqliteConnectionManager::file(&path).with_init(move |c| {
+            if let Some(k) = &key {
+                // SQLCipher's presence and the key were checked on the
+                // first connection above.
+                set_key(c, k)?;
+            }
             c.busy_timeout(busy)?;
             // secure_delete: every byte SQLite frees is overwritten as it is
             // freed, so no stale copy of a row (an older version of an

@@ -2,6 +2,7 @@
 //! connection, and the trace-free snapshot the command line reads through.
 
 use super::schema::{check_file, check_path, map_open_err};
+use super::{apply_key, map_keyed_err, Key};
 use crate::error::{Error, Result};
 use rusqlite::{Connection, OpenFlags};
 use std::path::{Path, PathBuf};
@@ -10,8 +11,13 @@ use std::time::Duration;
 /// Opens an existing abridge database read-only: for inspecting a store while a
 /// host writes to it. Never creates or modifies the file.
 pub fn open_read_only(path: impl AsRef<Path>) -> Result<Connection> {
+    open_read_only_keyed(path, None)
+}
+
+/// [`open_read_only`] for a store encrypted with `key` (see [`super::Key`]).
+pub fn open_read_only_keyed(path: impl AsRef<Path>, key: Option<&Key>) -> Result<Connection> {
     let path = path.as_ref();
-    let (conn, version) = open_checked(path)?;
+    let (conn, version) = open_checked(path, key)?;
     current(path, version)?;
     Ok(conn)
 }
@@ -20,12 +26,17 @@ pub fn open_read_only(path: impl AsRef<Path>) -> Result<Connection> {
 /// without writing; refuses what is not an abridge store or is newer than
 /// this build.
 pub fn read_only_version(path: impl AsRef<Path>) -> Result<i64> {
-    Ok(open_checked(path.as_ref())?.1)
+    read_only_version_keyed(path, None)
+}
+
+/// [`read_only_version`] for a store encrypted with `key`.
+pub fn read_only_version_keyed(path: impl AsRef<Path>, key: Option<&Key>) -> Result<i64> {
+    Ok(open_checked(path.as_ref(), key)?.1)
 }
 
 /// An ordinary read-only connection to an existing abridge store, and its
 /// schema version (any this build can migrate).
-fn open_checked(path: &Path) -> Result<(Connection, i64)> {
+fn open_checked(path: &Path, key: Option<&Key>) -> Result<(Connection, i64)> {
     check_path(path)?;
     if !path.exists() {
         return Err(Error::NotFound {
@@ -37,8 +48,9 @@ fn open_checked(path: &Path) -> Result<(Connection, i64)> {
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(|e| map_open_err(path, e))?;
+    apply_key(&conn, key)?;
     conn.busy_timeout(Duration::from_secs(10))?;
-    let version = abridge_version(&conn, path)?;
+    let version = abridge_version(&conn, path).map_err(|e| map_keyed_err(path, key, e))?;
     Ok((conn, version))
 }
 
@@ -60,8 +72,20 @@ fn open_checked(path: &Path) -> Result<(Connection, i64)> {
 /// `read` may run twice; it must only read.
 pub fn read_only<T>(
     path: impl AsRef<Path>,
+    read: impl FnMut(&Connection) -> Result<T>,
+) -> Result<T> {
+    read_only_keyed(path, None, read)
+}
+
+/// [`read_only`] for a store encrypted with `key` (see [`super::Key`]).
+pub fn read_only_keyed<T>(
+    path: impl AsRef<Path>,
+    key: Option<&Key>,
     mut read: impl FnMut(&Connection) -> Result<T>,
 ) -> Result<T> {
+    if key.is_some() && !super::encryption_available() {
+        return Err(Error::EncryptionUnavailable);
+    }
     let path = path.as_ref();
     check_path(path)?;
     if !path.exists() {
@@ -75,7 +99,7 @@ pub fn read_only<T>(
     let wal_empty = || std::fs::metadata(&wal).map_or(true, |m| m.len() == 0);
     if wal_empty() {
         let before = file_stamp(path);
-        let conn = open_immutable(path)?;
+        let conn = open_immutable(path, key)?;
         let out = read(&conn)?;
         drop(conn);
         // A checkpoint into the main file needs a writer with the -wal open,
@@ -83,7 +107,7 @@ pub fn read_only<T>(
         if before.is_some() && wal_empty() && file_stamp(path) == before {
             return Ok(out);
         }
-        return match open_read_only(path) {
+        return match open_read_only_keyed(path, key) {
             Ok(conn) => read(&conn),
             Err(Error::Sqlite(_)) => Err(Error::ChangedWhileReading {
                 path: path.to_path_buf(),
@@ -91,7 +115,7 @@ pub fn read_only<T>(
             Err(e) => Err(e),
         };
     }
-    let conn = open_read_only(path)?;
+    let conn = open_read_only_keyed(path, key)?;
     read(&conn)
 }
 
@@ -111,7 +135,7 @@ fn file_stamp(path: &Path) -> Option<(u64, std::time::SystemTime)> {
 /// Opens `path` read-only with `immutable=1`: SQLite takes no lock and makes
 /// no `-shm`. Only sound while nothing writes the main file (checked by the
 /// caller).
-fn open_immutable(path: &Path) -> Result<Connection> {
+fn open_immutable(path: &Path, key: Option<&Key>) -> Result<Connection> {
     let abs = std::path::absolute(path)?;
     let mut uri = String::from("file:");
     for &b in abs.as_os_str().as_encoded_bytes() {
@@ -129,7 +153,11 @@ fn open_immutable(path: &Path) -> Result<Connection> {
             | OpenFlags::SQLITE_OPEN_URI,
     )
     .map_err(|e| map_open_err(path, e))?;
-    current(path, abridge_version(&conn, path)?)?;
+    apply_key(&conn, key)?;
+    current(
+        path,
+        abridge_version(&conn, path).map_err(|e| map_keyed_err(path, key, e))?,
+    )?;
     Ok(conn)
 }
 

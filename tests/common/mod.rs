@@ -18,8 +18,49 @@ pub fn temp_db() -> (tempfile::TempDir, PathBuf) {
     (dir, path)
 }
 
+/// The key the core tests' stores are encrypted with in a build with the
+/// `encryption` feature (CI runs the core tests once so).
+#[cfg(feature = "encryption")]
+pub fn test_key() -> abridge::store::Key {
+    abridge::store::Key::passphrase("correct horse battery staple").unwrap()
+}
+
+/// Store options: with [`test_key`] in a build with the `encryption` feature.
+pub fn store_options() -> abridge::store::StoreOptions {
+    #[cfg(feature = "encryption")]
+    return abridge::store::StoreOptions::default().with_key(test_key());
+    #[cfg(not(feature = "encryption"))]
+    abridge::store::StoreOptions::default()
+}
+
+/// Opens the store at `path`: encrypted with [`test_key`] in a build with
+/// the `encryption` feature.
+pub fn store_at(path: &Path) -> Store {
+    Store::open_with(path, store_options()).unwrap()
+}
+
+/// A read-only connection to the store at `path` (with [`test_key`] in a
+/// build with the `encryption` feature).
+pub fn read_only_conn(path: &Path) -> rusqlite::Connection {
+    #[cfg(feature = "encryption")]
+    let key = Some(test_key());
+    #[cfg(not(feature = "encryption"))]
+    let key = None;
+    abridge::store::open_read_only_keyed(path, key.as_ref()).unwrap()
+}
+
+/// The `abridge` command, with the key of the test stores in `ABRIDGE_KEY`
+/// in a build with the `encryption` feature.
+pub fn abridge_cmd() -> std::process::Command {
+    #[allow(unused_mut)]
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_abridge"));
+    #[cfg(feature = "encryption")]
+    c.env("ABRIDGE_KEY", "correct horse battery staple");
+    c
+}
+
 pub fn open(path: &Path) -> Store {
-    let store = Store::open(path).unwrap();
+    let store = store_at(path);
     store
         .with_conn(abridge::store::demo::create_demo_tables)
         .unwrap();

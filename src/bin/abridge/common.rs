@@ -1,7 +1,9 @@
 //! What every verb shares: the error type that names a session as typed,
 //! and output helpers.
 
-use abridge::Error;
+use abridge::store::{Key, StoreOptions};
+use abridge::{Error, Store};
+use rusqlite::Connection;
 use std::path::Path;
 
 /// An error of a verb, with the session as the user typed it when the verb
@@ -97,4 +99,38 @@ pub fn compaction_line(row: &abridge::store::CompactionRow, session: &str) -> St
         row.tokens_after.unwrap_or(0),
         row.pins_live.unwrap_or(0),
     )
+}
+
+/// The environment variable holding an encrypted store's key.
+pub const KEY_VAR: &str = "ABRIDGE_KEY";
+
+/// The key of an encrypted store, from `ABRIDGE_KEY` (a passphrase, or
+/// `x'` and 64 hex digits and `'` for a raw key); None when it is unset or
+/// empty. Read from the environment, not a flag, so it is in neither the
+/// shell's history nor the process list.
+pub fn key() -> abridge::Result<Option<Key>> {
+    match std::env::var(KEY_VAR) {
+        Ok(k) if !k.is_empty() => Ok(Some(Key::passphrase(k)?)),
+        Ok(_) | Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err(Error::Config(format!("{KEY_VAR} is not valid UTF-8")))
+        }
+    }
+}
+
+/// Opens (creating if missing) the store at `db`, with the key of `ABRIDGE_KEY`.
+pub fn open_store(db: &Path) -> abridge::Result<Store> {
+    let opts = match key()? {
+        Some(k) => StoreOptions::default().with_key(k),
+        None => StoreOptions::default(),
+    };
+    Store::open_with(db, opts)
+}
+
+/// [`abridge::store::read_only`], with the key of `ABRIDGE_KEY`.
+pub fn read_only<T>(
+    db: &Path,
+    read: impl FnMut(&Connection) -> abridge::Result<T>,
+) -> abridge::Result<T> {
+    abridge::store::read_only_keyed(db, key()?.as_ref(), read)
 }

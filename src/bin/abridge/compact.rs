@@ -44,7 +44,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
     if dry_run {
         return preview(&db, &session, focus, keep_last_turns, json);
     }
-    let store = abridge::Store::open(&db)?;
+    let store = crate::common::open_store(&db)?;
     let key = session.clone();
     let s = store
         .call(move |c| inspect::resolve_session(c, &key))
@@ -84,7 +84,7 @@ fn preview(
 ) -> Result<ExitCode, Failure> {
     let mut cfg = abridge::CompactionConfig::default();
     cfg.keep_last_turns = keep_last_turns;
-    let p = abridge::store::read_only(db, |c| {
+    let p = crate::common::read_only(db, |c| {
         let s = inspect::resolve_session(c, session)?;
         abridge::compaction::preview(&cfg, c, s.id, focus.as_deref())
     })

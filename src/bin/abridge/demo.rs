@@ -70,6 +70,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         summary_latency: Duration::from_millis(summary_latency),
         owner: None,
         background: background == "on",
+        key: crate::common::key()?,
     };
     let tty = (progress || std::io::stdout().is_terminal()) && !json;
     let report = run_demo(&opts, move |p| {

@@ -3,7 +3,7 @@
 
 use crate::common::{must_exist, print_json, Failure};
 use abridge::store::{Deleted, Pattern, REDACTION_MARKER};
-use abridge::{Error, Store};
+use abridge::Error;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -89,7 +89,7 @@ fn say(d: &Deleted) {
 /// Runs `delete`.
 pub async fn delete(args: DeleteArgs) -> Result<ExitCode, Failure> {
     must_exist(&args.db)?;
-    let store = Store::open(&args.db)?;
+    let store = crate::common::open_store(&args.db)?;
     // The session as `inspect` names it (id, external id, `id:`/`ext:`).
     let key = args.session.clone();
     let fail = |e| Failure::session(&args.session, e);
@@ -113,7 +113,7 @@ pub async fn delete(args: DeleteArgs) -> Result<ExitCode, Failure> {
 pub async fn prune(args: PruneArgs) -> Result<ExitCode, Failure> {
     must_exist(&args.db)?;
     let age = parse_age(&args.idle_for)?;
-    let store = Store::open(&args.db)?;
+    let store = crate::common::open_store(&args.db)?;
     if args.dry_run {
         let idle = store.idle_sessions(age).await?;
         if args.json {
@@ -185,7 +185,7 @@ pub async fn redact(args: RedactArgs) -> Result<ExitCode, Failure> {
         (None, Some(r)) => Pattern::regex(&from_arg(r)?)?,
         (None, None) => unreachable!("clap requires one"),
     };
-    let store = Store::open(&args.db)?;
+    let store = crate::common::open_store(&args.db)?;
     let key = args.session.clone();
     let fail = |e| Failure::session(&args.session, e);
     let session = store

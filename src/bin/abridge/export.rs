@@ -36,7 +36,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
             )
         }
     };
-    let text = abridge::store::read_only(&db, |c| inspect::export(c, &session, format))
+    let text = crate::common::read_only(&db, |c| inspect::export(c, &session, format))
         .map_err(|e| Failure::session(&session, e))?;
     print!("{text}");
     Ok(ExitCode::SUCCESS)

@@ -23,7 +23,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
     let Args { db, session, json } = args;
     match session {
         None => {
-            let all = abridge::store::read_only(&db, inspect::sessions)?;
+            let all = crate::common::read_only(&db, inspect::sessions)?;
             if json {
                 print_json(&all);
             } else {
@@ -31,7 +31,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
             }
         }
         Some(key) => {
-            let d = abridge::store::read_only(&db, |c| inspect::session_detail(c, &key))
+            let d = crate::common::read_only(&db, |c| inspect::session_detail(c, &key))
                 .map_err(|e| Failure::session(&key, e))?;
             if json {
                 print_json(&d);

@@ -24,7 +24,7 @@ pub struct Args {
 /// Runs the verb.
 pub async fn run(args: Args) -> Result<ExitCode, Failure> {
     let Args { db, step, raw } = args;
-    let r = abridge::store::read_only(&db, |c| {
+    let r = crate::common::read_only(&db, |c| {
         abridge::replay::rebuild_step(c, abridge::StepId(step))
     })?;
     if raw {

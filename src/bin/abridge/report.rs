@@ -54,7 +54,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
     let db = &args.db;
     match (&args.session, &args.out) {
         (Some(key), out) => {
-            let html = abridge::store::read_only(db, |c| report::session_page(c, key, &opts))
+            let html = crate::common::read_only(db, |c| report::session_page(c, key, &opts))
                 .map_err(|e| Failure::session(key, e))?;
             match out {
                 Some(path) => std::fs::write(path, html)?,
@@ -62,7 +62,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
             }
         }
         (None, Some(out)) => {
-            let written = abridge::store::read_only(db, |c| {
+            let written = crate::common::read_only(db, |c| {
                 let page_of = |id: abridge::SessionId| session_file(out, id);
                 let index = report::store_page(c, &|s| {
                     page_of(s.session.id)

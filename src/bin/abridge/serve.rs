@@ -26,7 +26,7 @@ pub struct Args {
 pub async fn run(args: Args) -> Result<ExitCode, Failure> {
     let Args { db, watch, poll_ms } = args;
     must_exist(&db)?;
-    let store = abridge::Store::open(&db)?;
+    let store = crate::common::open_store(&db)?;
     let cfg =
         abridge::RunnerConfig::default().with_owner(abridge::owner::process_owner("abridge-serve"));
     let runner = abridge::Runner::builder(store.clone(), std::sync::Arc::new(NoModel("serve")))

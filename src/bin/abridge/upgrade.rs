@@ -17,8 +17,8 @@ pub struct Args {
 /// Runs the verb.
 pub async fn run(args: Args) -> Result<ExitCode, Failure> {
     must_exist(&args.db)?;
-    let before = abridge::store::read_only_version(&args.db)?;
-    let store = abridge::Store::open(&args.db)?;
+    let before = abridge::store::read_only_version_keyed(&args.db, crate::common::key()?.as_ref())?;
+    let store = crate::common::open_store(&args.db)?;
     let pins = store
         .with_conn(|c| Ok(c.query_row("SELECT count(*) FROM pins", [], |r| r.get::<_, i64>(0))?))?;
     let now = abridge::store::SCHEMA_VERSION;

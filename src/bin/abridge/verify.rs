@@ -18,7 +18,7 @@ pub struct Args {
 /// Runs the verb.
 pub async fn run(args: Args) -> Result<ExitCode, Failure> {
     let Args { db, json } = args;
-    let report = abridge::store::read_only(&db, |c| {
+    let report = crate::common::read_only(&db, |c| {
         abridge::verify::verify_with(c, &[&abridge::store::demo::DemoEffects])
     })?;
     if json {

@@ -1,0 +1,125 @@
+//! Encryption at rest: the key of a store encrypted with SQLCipher (the
+//! `encryption` feature builds SQLite as SQLCipher, with OpenSSL built in).
+//!
+//! Every connection to an encrypted store, pooled or read-only, sets the key
+//! before anything reads the file (`PRAGMA key`); every page, the WAL's
+//! included, is then encrypted (AES-256, SQLCipher 4's defaults). A wrong key
+//! is [`Error::WrongKey`]; a key given to a build without SQLCipher is
+//! [`Error::EncryptionUnavailable`], before anything touches the file.
+
+use crate::error::{Error, Result};
+use rusqlite::Connection;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The key of an encrypted store, as the host supplies it: a passphrase
+/// (SQLCipher derives the key from it, PBKDF2-HMAC-SHA512) or 32 raw key
+/// bytes. Its `Debug` shows no part of it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Key(Arc<str>);
+
+impl Key {
+    /// A passphrase; refused when empty (SQLCipher would leave the file
+    /// unencrypted).
+    pub fn passphrase(passphrase: impl Into<String>) -> Result<Key> {
+        let p = passphrase.into();
+        if p.is_empty() {
+            return Err(Error::Config(
+                "an encryption passphrase must not be empty".into(),
+            ));
+        }
+        Ok(Key(p.into()))
+    }
+
+    /// 32 raw key bytes (no key derivation: for a key the host keeps in a
+    /// keychain or a key service).
+    pub fn raw(bytes: [u8; 32]) -> Key {
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        Key(format!("x'{hex}'").into())
+    }
+
+    /// The `PRAGMA key` value.
+    fn pragma_value(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Key([redacted])")
+    }
+}
+
+/// True when this build's SQLite is SQLCipher.
+pub fn encryption_available() -> bool {
+    cfg!(feature = "encryption")
+}
+
+/// Sets `key` on a connection that has not read the file yet.
+pub(crate) fn apply_key(conn: &Connection, key: Option<&Key>) -> Result<()> {
+    let Some(key) = key else {
+        return Ok(());
+    };
+    // Checked on the connection too: SQLCipher answers `cipher_version`
+    // without reading the file, plain SQLite ignores the pragma.
+    let cipher = conn
+        .query_row("PRAGMA cipher_version", [], |r| r.get::<_, String>(0))
+        .is_ok();
+    if !cipher {
+        return Err(Error::EncryptionUnavailable);
+    }
+    // SQLCipher logs a wrong key's failed page check to stderr itself;
+    // the error is ours to report (a host can set its own level after).
+    conn.execute_batch("PRAGMA cipher_log_level = NONE")?;
+    set_key(conn, key)?;
+    Ok(())
+}
+
+/// `PRAGMA key` (on SQLCipher; see [`apply_key`]).
+pub(crate) fn set_key(conn: &Connection, key: &Key) -> rusqlite::Result<()> {
+    conn.pragma_update(None, "key", key.pragma_value())
+}
+
+/// A refused first read of a keyed connection: the key does not open it.
+pub(crate) fn map_keyed_err(path: &Path, key: Option<&Key>, e: Error) -> Error {
+    match (key, e) {
+        (Some(_), Error::NotADatabase { .. }) => Error::WrongKey {
+            path: path.to_path_buf(),
+        },
+        (_, e) => e,
+    }
+}
+
+/// The keys of the stores this process opened, by path: for the few
+/// connections abridge opens beside a store's pool (the demo's outside
+/// service, the chaos harness's lock holder), which must read the same file.
+fn keys() -> &'static Mutex<HashMap<PathBuf, Key>> {
+    static KEYS: OnceLock<Mutex<HashMap<PathBuf, Key>>> = OnceLock::new();
+    KEYS.get_or_init(Default::default)
+}
+
+fn canonical(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+pub(crate) fn remember_key(path: &Path, key: Option<&Key>) {
+    if let Some(k) = key {
+        let mut keys = keys().lock().unwrap_or_else(|e| e.into_inner());
+        keys.insert(canonical(path), k.clone());
+    }
+}
+
+/// An ordinary connection to the store at `path`, with the key a store of
+/// this process opened it with (if any).
+#[cfg(feature = "harness")]
+pub(crate) fn connect(path: &Path) -> Result<Connection> {
+    let key = keys()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&canonical(path))
+        .cloned();
+    let conn = Connection::open(path)?;
+    apply_key(&conn, key.as_ref())?;
+    Ok(conn)
+}

@@ -1,0 +1,216 @@
+//! Encryption at rest (the `encryption` feature: SQLCipher). A store opened
+//! with a key is encrypted page by page, the WAL included: none of its text,
+//! not even SQLite's header, is in the file's bytes. It opens again only
+//! with its key: a wrong key or none is a typed error and the file is left
+//! as it was. A build without the feature refuses a key before it touches
+//! anything. The command line reads the key from `ABRIDGE_KEY`.
+
+mod common;
+
+use abridge::store::{Key, StoreOptions};
+use abridge::{Error, Store};
+#[cfg(feature = "encryption")]
+use std::path::Path;
+use std::process::Command;
+
+fn abridge() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_abridge"))
+}
+
+fn keyed(key: &Key) -> StoreOptions {
+    StoreOptions::default().with_key(key.clone())
+}
+
+#[cfg(feature = "encryption")]
+fn bytes(db: &Path) -> Vec<u8> {
+    let mut b = std::fs::read(db).unwrap();
+    if let Ok(w) = std::fs::read(format!("{}-wal", db.display())) {
+        b.extend(w);
+    }
+    b
+}
+
+#[cfg(feature = "encryption")]
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Without SQLCipher a key is refused before any file is created or read,
+/// by the library and by the command line.
+#[cfg(not(feature = "encryption"))]
+#[test]
+fn without_the_feature_a_key_is_refused_before_the_file_is_touched() {
+    assert!(!abridge::store::encryption_available());
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("secret.db");
+    let key = Key::passphrase("pass").unwrap();
+    assert!(matches!(
+        Store::open_with(&db, keyed(&key)),
+        Err(Error::EncryptionUnavailable)
+    ));
+    assert!(!db.exists(), "nothing is created");
+    Store::open(&db).unwrap();
+    let before = std::fs::read(&db).unwrap();
+    assert!(matches!(
+        abridge::store::read_only_keyed(&db, Some(&key), |_| Ok(())),
+        Err(Error::EncryptionUnavailable)
+    ));
+    let out = abridge()
+        .args(["inspect", "--db"])
+        .arg(&db)
+        .env("ABRIDGE_KEY", "pass")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("without the `encryption` feature"), "{err}");
+    assert_eq!(std::fs::read(&db).unwrap(), before);
+    assert!(matches!(Key::passphrase(""), Err(Error::Config(_))));
+    assert_eq!(format!("{key:?}"), "Key([redacted])");
+}
+
+#[cfg(feature = "encryption")]
+mod encrypted {
+    use super::*;
+    use abridge::Threshold;
+
+    /// A session run on an encrypted store: its inputs, summaries and
+    /// SQLite's own header are not in the file or the WAL. It reopens with
+    /// its key (every step rebuilds, verify holds, through the pool and
+    /// read-only); a wrong key, a missing key and a key given to a plain
+    /// store are typed errors that leave the file as it was.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_encrypted_store_holds_no_plaintext_and_opens_only_with_its_key() {
+        assert!(abridge::store::encryption_available());
+        let (_dir, db) = common::temp_db();
+        let store = common::open(&db);
+        let runner = common::demo_runner(&store, 7, Threshold::Tokens(1_500), None);
+        let sid = common::demo_session(&runner, 7, 0).await;
+        let inputs: Vec<String> = (0..10).map(|t| abridge::demo::user_turn(7, 0, t)).collect();
+        for (t, input) in inputs.iter().enumerate() {
+            runner.run_turn_at(sid, t as i64, input).await.unwrap();
+        }
+        let summaries: Vec<String> = store
+            .with_conn(|c| {
+                let mut q =
+                    c.prepare("SELECT summary FROM compactions WHERE summary IS NOT NULL")?;
+                let v = q.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?;
+                Ok(v)
+            })
+            .unwrap();
+        assert!(!summaries.is_empty());
+        // Before the checkpoint the WAL holds the newest pages: encrypted too.
+        for b in [bytes(&db), {
+            store.checkpoint().await.unwrap();
+            bytes(&db)
+        }] {
+            assert!(!contains(&b, b"SQLite format 3"));
+            for text in inputs.iter().chain(&summaries) {
+                let piece: String = text.chars().take(40).collect();
+                assert!(!contains(&b, piece.as_bytes()), "{piece:?} is in the file");
+            }
+        }
+        drop(runner);
+        drop(store);
+
+        let again = common::store_at(&db);
+        assert_eq!(common::assert_all_steps_rebuild(&again), {
+            again
+                .with_conn(|c| Ok(abridge::inspect::executed_step_ids(c)?.len()))
+                .unwrap()
+        });
+        common::assert_verified(&again);
+        drop(again);
+        let read = abridge::store::read_only_keyed(&db, Some(&common::test_key()), |c| {
+            abridge::verify::verify(c)
+        })
+        .unwrap();
+        assert!(read.ok);
+
+        let before = std::fs::read(&db).unwrap();
+        let wrong = Key::passphrase("not the key").unwrap();
+        assert!(matches!(
+            Store::open_with(&db, keyed(&wrong)),
+            Err(Error::WrongKey { .. })
+        ));
+        assert!(matches!(
+            abridge::store::read_only_keyed(&db, Some(&wrong), |_| Ok(())),
+            Err(Error::WrongKey { .. })
+        ));
+        assert!(matches!(Store::open(&db), Err(Error::NotADatabase { .. })));
+        assert!(matches!(
+            abridge::store::read_only(&db, |_| Ok(())),
+            Err(Error::NotADatabase { .. })
+        ));
+        assert_eq!(std::fs::read(&db).unwrap(), before, "the file is untouched");
+
+        // A plain store is not encrypted by a key: refused, untouched.
+        let plain = db.with_file_name("plain.db");
+        Store::open(&plain).unwrap();
+        let before = std::fs::read(&plain).unwrap();
+        assert!(matches!(
+            Store::open_with(&plain, keyed(&common::test_key())),
+            Err(Error::WrongKey { .. })
+        ));
+        assert_eq!(std::fs::read(&plain).unwrap(), before);
+
+        // A raw 32-byte key.
+        let raw = db.with_file_name("raw.db");
+        let k = Key::raw([7; 32]);
+        Store::open_with(&raw, keyed(&k)).unwrap();
+        drop(Store::open_with(&raw, keyed(&k)).unwrap());
+        assert!(matches!(
+            Store::open_with(&raw, keyed(&Key::raw([8; 32]))),
+            Err(Error::WrongKey { .. })
+        ));
+    }
+
+    /// The command line takes the key from `ABRIDGE_KEY`: the demo writes an
+    /// encrypted store, verify and inspect read it; a wrong key is one line
+    /// naming the problem, exit 1.
+    #[test]
+    fn the_command_line_reads_the_key_from_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("demo.db");
+        let run = |args: &[&str], key: &str| {
+            abridge()
+                .args(args)
+                .arg("--db")
+                .arg(&db)
+                .env("ABRIDGE_KEY", key)
+                .output()
+                .unwrap()
+        };
+        let out = run(
+            &[
+                "demo",
+                "--sessions",
+                "1",
+                "--turns",
+                "8",
+                "--compact-at",
+                "1500",
+            ],
+            "s3cret",
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!contains(&bytes(&db), b"SQLite format 3"));
+        let out = run(&["verify"], "s3cret");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let out = run(&["inspect"], "s3cret");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("demo-42-0"));
+        let out = run(&["verify"], "wrong");
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("the key does not open it"), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}
