@@ -21,6 +21,7 @@ use crate::ids::{SessionId, StepId};
 use crate::message::sha256_hex;
 use crate::store::now_ms;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use std::collections::HashMap;
 
 /// What every redacted occurrence is replaced by.
 pub const REDACTION_MARKER: &str = "[redacted]";
@@ -345,11 +346,12 @@ pub(crate) fn input_before_redaction(conn: &Connection, turn_id: i64, input: &st
         .exists(params![turn_id, sha256_hex(input.as_bytes())])?)
 }
 
-/// The hash an executed step is checked against: the newest redaction's,
-/// or the one it recorded.
-fn expected_hash(conn: &Connection, step: StepId, recorded: &str) -> Result<String> {
-    Ok(redaction_mark(conn, "step_messages", step.0)?
-        .map_or_else(|| recorded.to_string(), |m| m.sha256))
+/// What an executed step rebuilds to, and whether that is the hash it is
+/// checked against (the newest redaction's, or the one it recorded).
+fn rebuilt_before(conn: &Connection, step: StepId) -> Result<(String, bool)> {
+    let r = crate::replay::rebuild_step(conn, step)?;
+    let held = r.holds();
+    Ok((r.sha256, held))
 }
 
 /// One changed row: table, id, the columns' new values, the hash to record.
@@ -404,18 +406,9 @@ const COLUMNS: &[Columns] = &[
     },
 ];
 
-/// Redacts `pattern` from every stored text of `session` in one IMMEDIATE
-/// transaction (see the module's comment), then checkpoints the WAL.
-pub(crate) fn redact(
-    conn: &mut Connection,
-    session: &SessionRow,
-    pattern: &Pattern,
-) -> Result<Redacted> {
-    conn.execute_batch("PRAGMA secure_delete = ON")?;
-    let sid = session.id;
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    super::get_session(&tx, sid)?;
-
+/// Every row of the session the pattern changes, with its new values, and
+/// the occurrences replaced.
+fn scan(tx: &Connection, sid: SessionId, pattern: &Pattern) -> Result<(Vec<Change>, i64)> {
     let mut changes = Vec::new();
     let mut occurrences = 0;
     for t in COLUMNS {
@@ -464,6 +457,42 @@ pub(crate) fn redact(
             }
         }
     }
+    Ok((changes, occurrences))
+}
+
+/// Redacts `pattern` from every stored text of `session` in one IMMEDIATE
+/// transaction (see the module's comment), then checkpoints the WAL.
+pub(crate) fn redact(
+    conn: &mut Connection,
+    session: &SessionRow,
+    pattern: &Pattern,
+) -> Result<Redacted> {
+    conn.execute_batch("PRAGMA secure_delete = ON")?;
+    let sid = session.id;
+    // What each executed step rebuilds to now, and whether that is what it
+    // is checked against (a step that did not verify before is left to
+    // `verify` to report: a redaction never hides a violation). Read before
+    // the write lock is taken, so other writers wait for half the rebuilds
+    // only: an executed step's bytes are built from rows that never change
+    // but by a redaction, so these hold while the session's newest
+    // redaction is the same when the lock is taken.
+    let (seen_redaction, mut before) = super::in_read_tx(conn, |c| {
+        let mut before = HashMap::new();
+        if scan(c, sid, pattern)?.0.is_empty() {
+            return Ok((-1, before)); // nothing to rebuild for (checked again below)
+        }
+        for id in super::executed_step_ids(c, Some(sid))? {
+            before.insert(id, rebuilt_before(c, id)?);
+        }
+        Ok((session_redaction(c, sid)?, before))
+    })?;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    super::get_session(&tx, sid)?;
+    if session_redaction(&tx, sid)? != seen_redaction {
+        before.clear();
+    }
+
+    let (changes, occurrences) = scan(&tx, sid, pattern)?;
     if changes.is_empty() {
         tx.commit()?;
         return Ok(Redacted {
@@ -478,15 +507,12 @@ pub(crate) fn redact(
         });
     }
 
-    // What each executed step rebuilds to now, and whether that is what it
-    // is checked against (a step that did not verify before is left to
-    // `verify` to report: a redaction never hides a violation).
+    // Steps executed since the read above, rebuilt now.
     let steps = super::executed_step_ids(&tx, Some(sid))?;
-    let mut before = Vec::with_capacity(steps.len());
     for id in &steps {
-        let r = crate::replay::rebuild_step(&tx, *id)?;
-        let held = expected_hash(&tx, *id, &r.recorded)? == r.sha256;
-        before.push((r.sha256, held));
+        if !before.contains_key(id) {
+            before.insert(*id, rebuilt_before(&tx, *id)?);
+        }
     }
 
     tx.execute("INSERT INTO erasing (session_id) VALUES (?1)", [sid])?;
@@ -524,7 +550,8 @@ pub(crate) fn redact(
     )? as i64;
 
     let mut rebuilt = Vec::new();
-    for (id, (was, held)) in steps.iter().zip(&before) {
+    for id in &steps {
+        let (was, held) = &before[id];
         let now = crate::replay::rebuild_step(&tx, *id)?.sha256;
         if *held && now != *was {
             rebuilt.push((*id, now));
