@@ -640,3 +640,102 @@ async fn redact_from_the_command_line() {
         assert!(!contains(&file_bytes(&db), &form));
     }
 }
+
+/// `abridge redact` and `abridge delete` killed (SIGKILL) at growing delays,
+/// before, during and after their transaction: the store is either as it
+/// was or wholly redacted (deleted), never in between, and every guarantee
+/// holds either way.
+#[cfg(unix)]
+#[test]
+fn a_redaction_or_a_delete_killed_at_any_moment_is_all_or_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.db");
+    let out = abridge()
+        .args([
+            "demo",
+            "--sessions",
+            "2",
+            "--turns",
+            "40",
+            "--background",
+            "off",
+            "--db",
+        ])
+        .arg(&base)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (mut before, mut after) = (0, 0);
+    for (i, delay_ms) in [0u64, 2, 5, 10, 15, 20, 30, 45, 60, 90, 150]
+        .iter()
+        .enumerate()
+    {
+        for verb in ["redact", "delete"] {
+            let db = dir.path().join(format!("{verb}-{i}.db"));
+            std::fs::copy(&base, &db).unwrap();
+            let mut cmd = abridge();
+            cmd.arg(verb)
+                .arg("--db")
+                .arg(&db)
+                .args(["--session", "demo-42-0"]);
+            if verb == "redact" {
+                cmd.args(["--text", "online shop"]);
+            }
+            let mut child = cmd
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(*delay_ms));
+            let _ = child.kill();
+            child.wait().unwrap();
+            let store = common::store_at(&db);
+            let (records, prompts, sessions): (i64, i64, i64) = store
+                .with_conn(|c| {
+                    Ok(c.query_row(
+                        "SELECT (SELECT count(*) FROM redactions) + (SELECT count(*) FROM erasures), \
+                                (SELECT count(*) FROM sessions WHERE instr(system_prompt, '[redacted]') > 0), \
+                                (SELECT count(*) FROM sessions)",
+                        [],
+                        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                    )?)
+                })
+                .unwrap();
+            match (verb, records) {
+                (_, 0) => {
+                    assert_eq!(
+                        (prompts, sessions),
+                        (0, 2),
+                        "{verb} at {delay_ms} ms: untouched"
+                    );
+                    before += 1;
+                }
+                ("redact", 1) => {
+                    assert_eq!(
+                        (prompts, sessions),
+                        (1, 2),
+                        "{verb} at {delay_ms} ms: whole"
+                    );
+                    after += 1;
+                }
+                ("delete", 1) => {
+                    assert_eq!(
+                        (prompts, sessions),
+                        (0, 1),
+                        "{verb} at {delay_ms} ms: whole"
+                    );
+                    after += 1;
+                }
+                other => panic!("{other:?}"),
+            }
+            let report = store.with_conn(|c| common::verify_demo(c)).unwrap();
+            assert!(report.ok, "{verb} killed at {delay_ms} ms: {report:#?}");
+        }
+    }
+    // Which side each kill fell on is timing; that both are all or nothing is not.
+    assert_eq!(before + after, 22);
+}
