@@ -123,3 +123,64 @@ pub(crate) fn connect(path: &Path) -> Result<Connection> {
     apply_key(&conn, key.as_ref())?;
     Ok(conn)
 }
+
+/// Writes a copy of the store at `from` (opened with `from_key`, None when
+/// it is not encrypted) to the new file `to`, encrypted with `to_key` (None:
+/// not encrypted): how a plain store is encrypted, an encrypted one given a
+/// new key, or decrypted. SQLCipher's `sqlcipher_export` copies every table,
+/// index, trigger and row in one transaction of a read snapshot; the schema
+/// version is stamped after. The source is only read (a host may go on
+/// using it; what it writes after the snapshot is not in the copy), `to`
+/// must not exist (it is never overwritten) and is created readable by its
+/// owner only. The copy is opened with `to_key` and its version checked
+/// before this returns. Needs the `encryption` feature
+/// ([`Error::EncryptionUnavailable`] otherwise); the source must be at this
+/// build's schema version ([`Error::SchemaTooOld`] names `abridge upgrade`).
+pub fn rekey_copy(
+    from: impl AsRef<Path>,
+    from_key: Option<&Key>,
+    to: impl AsRef<Path>,
+    to_key: Option<&Key>,
+) -> Result<()> {
+    let (from, to) = (from.as_ref(), to.as_ref());
+    if !encryption_available() {
+        return Err(Error::EncryptionUnavailable);
+    }
+    super::check_path(to)?;
+    if to.exists() {
+        return Err(Error::Config(format!(
+            "{} exists: the copy goes to a new file, never over one",
+            to.display()
+        )));
+    }
+    // Checks the source (a store, this version, the key) without writing.
+    super::read_only_keyed(from, from_key, |_| Ok(()))?;
+    let conn = Connection::open(from).map_err(|e| super::schema::map_open_err(from, e))?;
+    apply_key(&conn, from_key)?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    super::create_private(to)?;
+    let copied = (|| -> Result<()> {
+        let target = to
+            .to_str()
+            .ok_or_else(|| Error::Config(format!("{} is not a UTF-8 path", to.display())))?;
+        conn.execute(
+            "ATTACH DATABASE ?1 AS rekeyed KEY ?2",
+            rusqlite::params![target, to_key.map_or("", |k| k.pragma_value())],
+        )?;
+        let tx = conn.unchecked_transaction()?;
+        tx.query_row("SELECT sqlcipher_export('rekeyed')", [], |_| Ok(()))?;
+        tx.execute_batch(&format!(
+            "PRAGMA rekeyed.user_version = {}",
+            super::SCHEMA_VERSION
+        ))?;
+        tx.commit()?;
+        conn.execute_batch("DETACH DATABASE rekeyed")?;
+        Ok(())
+    })();
+    if let Err(e) = copied {
+        let _ = std::fs::remove_file(to);
+        return Err(e);
+    }
+    drop(conn);
+    super::read_only_keyed(to, to_key, |_| Ok(()))
+}

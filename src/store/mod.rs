@@ -63,7 +63,7 @@ pub(crate) use invocations::*;
 #[cfg(feature = "harness")]
 pub(crate) use key::connect;
 pub(crate) use key::{apply_key, map_keyed_err, remember_key, set_key};
-pub use key::{encryption_available, Key};
+pub use key::{encryption_available, rekey_copy, Key};
 pub use leases::Lease;
 pub(crate) use leases::*;
 pub(crate) use pins::*;

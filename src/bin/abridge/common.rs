@@ -104,12 +104,20 @@ pub fn compaction_line(row: &abridge::store::CompactionRow, session: &str) -> St
 /// The environment variable holding an encrypted store's key.
 pub const KEY_VAR: &str = "ABRIDGE_KEY";
 
+/// The environment variable holding the key `abridge rekey` gives the copy.
+pub const NEW_KEY_VAR: &str = "ABRIDGE_NEW_KEY";
+
 /// The key of an encrypted store, from `ABRIDGE_KEY` (a passphrase, or
 /// `x'` and 64 hex digits and `'` for a raw key); None when it is unset or
 /// empty. Read from the environment, not a flag, so it is in neither the
 /// shell's history nor the process list.
 pub fn key() -> abridge::Result<Option<Key>> {
-    match std::env::var(KEY_VAR) {
+    key_from(KEY_VAR)
+}
+
+/// A key from the environment variable `var` (see [`key`]).
+pub fn key_from(var: &str) -> abridge::Result<Option<Key>> {
+    match std::env::var(var) {
         Ok(k) if !k.is_empty() => Ok(Some(Key::passphrase(k)?)),
         Ok(_) | Err(std::env::VarError::NotPresent) => Ok(None),
         Err(std::env::VarError::NotUnicode(_)) => {

@@ -10,6 +10,7 @@ mod demo;
 mod erase;
 mod export;
 mod inspect;
+mod rekey;
 mod replay;
 mod report;
 mod serve;
@@ -96,6 +97,13 @@ enum Cmd {
         One transaction, the old bytes overwritten; recorded, so verify and replay report the steps it changed as redacted."
     )]
     Redact(erase::RedactArgs),
+    /// Copy a store under a new key (encrypt, change the key, or decrypt).
+    #[command(
+        after_help = "Examples:\n  ABRIDGE_NEW_KEY=... abridge rekey --db plain.db --to encrypted.db\n  \
+        ABRIDGE_KEY=old ABRIDGE_NEW_KEY=new abridge rekey --db encrypted.db --to rekeyed.db\n\n\
+        Needs a build with the encryption feature. The source is only read; the copy is a new file."
+    )]
+    Rekey(rekey::Args),
     /// Draw a session (or the whole store) as a self-contained HTML page.
     #[command(
         after_help = "Examples:\n  abridge report --db abridge-demo.db --session demo-42-0 --compact-at 4000 --soft-share 0.8 -o session.html\n  abridge report --db abridge-demo.db -o report.html"
@@ -132,6 +140,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode, Failure> {
         Cmd::Delete(a) => erase::delete(a).await,
         Cmd::Prune(a) => erase::prune(a).await,
         Cmd::Redact(a) => erase::redact(a).await,
+        Cmd::Rekey(a) => rekey::run(a).await,
         Cmd::Serve(a) => serve::run(a).await,
         Cmd::Verify(a) => verify::run(a).await,
         Cmd::Upgrade(a) => upgrade::run(a).await,
