@@ -116,9 +116,7 @@ impl Pattern {
     /// result), first inside its strings, decoded (see `replace_in_json`),
     /// then as written.
     fn replace_in_text(&self, text: &str) -> Option<(String, i64)> {
-        let json = matches!(text.trim_start().as_bytes().first(), Some(b'{' | b'['))
-            && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok();
-        let inner = if json {
+        let inner = if is_json_container(text) {
             self.replace_in_json(text).ok().flatten()
         } else {
             None
@@ -160,10 +158,14 @@ impl Pattern {
             let end = (i + 1).min(b.len());
             bare(&mut out, &json[last..start], &mut n);
             let literal = &json[start..end];
-            match serde_json::from_str::<String>(literal)
-                .ok()
-                .and_then(|s| self.replace(&s))
-            {
+            // A string that is itself JSON (a tool call's arguments kept as
+            // the exact text received) is redacted as JSON, so it stays JSON.
+            let replaced = match serde_json::from_str::<String>(literal) {
+                Ok(s) if is_json_container(&s) => self.replace_in_json(&s)?,
+                Ok(s) => self.replace(&s),
+                Err(_) => None,
+            };
+            match replaced {
                 Some((s, k)) => {
                     out.push_str(&serde_json::to_string(&s).map_err(|e| e.to_string())?);
                     n += k;
@@ -182,6 +184,12 @@ impl Pattern {
         })?;
         Ok(Some((out, n)))
     }
+}
+
+/// True when `text` is a JSON object or array.
+fn is_json_container(text: &str) -> bool {
+    matches!(text.trim_start().as_bytes().first(), Some(b'{' | b'['))
+        && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
 }
 
 /// A cut occurrence is redacted when at least this many bytes of it are left.
@@ -266,8 +274,11 @@ pub struct RedactedRows {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Redacted {
     /// Its record in `redactions`; None when nothing matched (nothing is
-    /// changed or recorded then).
+    /// changed or recorded then) and in a preview.
     pub redaction_id: Option<i64>,
+    /// A preview ([`crate::Store::redaction_preview`]): what a redaction
+    /// would do now; nothing was changed.
+    pub dry_run: bool,
     /// The session's row id.
     pub session_id: SessionId,
     /// Its external id.
@@ -466,6 +477,7 @@ pub(crate) fn redact(
     conn: &mut Connection,
     session: &SessionRow,
     pattern: &Pattern,
+    dry_run: bool,
 ) -> Result<Redacted> {
     conn.execute_batch("PRAGMA secure_delete = ON")?;
     let sid = session.id;
@@ -497,6 +509,7 @@ pub(crate) fn redact(
         tx.commit()?;
         return Ok(Redacted {
             redaction_id: None,
+            dry_run,
             session_id: sid,
             external_id: session.external_id.clone(),
             occurrences: 0,
@@ -585,10 +598,26 @@ pub(crate) fn redact(
         }
     }
     tx.execute("DELETE FROM erasing", [])?;
+    if dry_run {
+        // Everything above, measured, and nothing of it kept.
+        tx.rollback()?;
+        return Ok(Redacted {
+            redaction_id: None,
+            dry_run,
+            session_id: sid,
+            external_id: session.external_id.clone(),
+            occurrences,
+            rows,
+            steps_rebuilt: rebuilt.len() as i64,
+            turns_fenced,
+            checkpointed: false,
+        });
+    }
     tx.commit()?;
     let checkpointed = super::checkpoint(conn)?;
     Ok(Redacted {
         redaction_id: Some(redaction_id),
+        dry_run,
         session_id: sid,
         external_id: session.external_id.clone(),
         occurrences,
@@ -622,7 +651,24 @@ impl crate::Store {
         let key = key.into();
         self.call(move |c| {
             let session = crate::inspect::session(c, &key)?;
-            redact(c, &session, &pattern)
+            redact(c, &session, &pattern, false)
+        })
+        .await
+    }
+
+    /// What [`crate::Store::redact`] would do now (occurrences, rows, steps
+    /// that would rebuild with the marker, turns it would fence), with
+    /// nothing changed: the redaction is made inside a transaction that is
+    /// rolled back (it holds the write lock as long as a redaction).
+    pub async fn redaction_preview(
+        &self,
+        key: impl Into<crate::inspect::SessionKey>,
+        pattern: Pattern,
+    ) -> Result<Redacted> {
+        let key = key.into();
+        self.call(move |c| {
+            let session = crate::inspect::session(c, &key)?;
+            redact(c, &session, &pattern, true)
         })
         .await
     }
@@ -694,6 +740,16 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(out, r#"{"card":"[redacted]"}"#);
+        // JSON kept as a string (the exact arguments received) stays JSON.
+        let p = Pattern::regex(r#"pa"ss"#).unwrap();
+        let raw = r#"{"raw_input":"{\"pw\":\"pa\\\"ss\"}"}"#;
+        let (out, n) = p.replace_in_json(raw).unwrap().unwrap();
+        assert_eq!(n, 1);
+        let inner: String = serde_json::from_value(
+            serde_json::from_str::<serde_json::Value>(&out).unwrap()["raw_input"].clone(),
+        )
+        .unwrap();
+        assert_eq!(inner, r#"{"pw":"[redacted]"}"#);
         // A pattern that takes the structure with it is refused.
         let p = Pattern::text(",").unwrap();
         assert!(p.replace_in_json(r#"{"a":1,"b":2}"#).is_err());

@@ -162,6 +162,9 @@ pub struct RedactArgs {
     /// `-`: read it from standard input).
     #[arg(long)]
     pub regex: Option<String>,
+    /// Say what it would change, and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
     /// JSON output.
     #[arg(long)]
     pub json: bool,
@@ -192,21 +195,31 @@ pub async fn redact(args: RedactArgs) -> Result<ExitCode, Failure> {
         .call(move |c| abridge::inspect::resolve_session(c, &key))
         .await
         .map_err(fail)?;
-    let r = store.redact(session.id, pattern).await.map_err(fail)?;
+    let r = if args.dry_run {
+        store.redaction_preview(session.id, pattern).await
+    } else {
+        store.redact(session.id, pattern).await
+    }
+    .map_err(fail)?;
     if args.json {
         print_json(&r);
         return Ok(ExitCode::SUCCESS);
     }
-    match r.redaction_id {
-        None => println!(
+    match (r.occurrences, r.redaction_id) {
+        (0, _) => println!(
             "nothing to redact in session {} (id {}): no stored text matches",
             r.external_id, r.session_id
         ),
-        Some(id) => {
+        (_, id) => {
             let n = &r.rows;
             println!(
-                "redacted session {} (id {}): {} occurrences replaced by {REDACTION_MARKER} in \
-                 {} turns, {} steps, {} tool calls, {} compactions, {} pins{} (redaction {id})",
+                "{} session {} (id {}): {} occurrences replaced by {REDACTION_MARKER} in \
+                 {} turns, {} steps, {} tool calls, {} compactions, {} pins{}{}",
+                if r.dry_run {
+                    "would redact"
+                } else {
+                    "redacted"
+                },
                 r.external_id,
                 r.session_id,
                 r.occurrences,
@@ -220,18 +233,31 @@ pub async fn redact(args: RedactArgs) -> Result<ExitCode, Failure> {
                 } else {
                     ""
                 },
+                id.map_or(String::new(), |id| format!(" (redaction {id})")),
             );
             println!(
-                "{} executed steps now rebuild with the marker (verify and replay report them as redacted)",
-                r.steps_rebuilt
+                "{} executed steps {} with the marker (verify and replay report them as redacted)",
+                r.steps_rebuilt,
+                if r.dry_run {
+                    "would rebuild"
+                } else {
+                    "now rebuild"
+                }
             );
             if r.turns_fenced > 0 {
                 println!(
-                    "{} running turn fenced: its runner is refused at its next write; resume it",
-                    r.turns_fenced
+                    "{} running turn {}: its runner is refused at its next write; resume it",
+                    r.turns_fenced,
+                    if r.dry_run {
+                        "would be fenced"
+                    } else {
+                        "fenced"
+                    }
                 );
             }
-            if !r.checkpointed {
+            if r.dry_run {
+                println!("dry run: nothing was changed");
+            } else if !r.checkpointed {
                 println!("a reader held the write-ahead log: its copy goes at the next checkpoint");
             }
         }
