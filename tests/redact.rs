@@ -597,6 +597,38 @@ async fn redact_from_the_command_line() {
         }
         child.wait_with_output().unwrap()
     };
+    // A dry run says what it would do and changes nothing.
+    let out = run(
+        &[
+            "--session",
+            "user-3",
+            "--text",
+            SECRET,
+            "--dry-run",
+            "--json",
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dry: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (dry["dry_run"].as_bool(), dry["redaction_id"].as_i64()),
+        (Some(true), None)
+    );
+    {
+        let store = common::store_at(&db);
+        assert_eq!(count(&store, "SELECT count(*) FROM redactions"), 0);
+        assert!(
+            count(
+                &store,
+                "SELECT count(*) FROM turns WHERE instr(input, 'sk-live') > 0"
+            ) > 0
+        );
+    }
     let out = run(
         &["--session", "user-3", "--text", "-", "--json"],
         Some(&format!("{SECRET}\n")),
@@ -608,6 +640,9 @@ async fn redact_from_the_command_line() {
     );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["occurrences"].as_i64().unwrap() >= 3, "{v}");
+    for field in ["occurrences", "rows", "steps_rebuilt", "turns_fenced"] {
+        assert_eq!(v[field], dry[field], "the dry run foretold {field}");
+    }
     assert!(v["redaction_id"].as_i64().is_some());
     let out = run(&["--session", "user-3", "--regex", "roses?"], None);
     let text = String::from_utf8_lossy(&out.stdout);
