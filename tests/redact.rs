@@ -174,6 +174,25 @@ fn setup(
     )
 }
 
+impl Setup {
+    /// A session with `turns` turns of [`input`] run.
+    async fn session(&self, external_id: &str, turns: i64) -> abridge::SessionId {
+        let sid = self
+            .runner
+            .create_session(external_id, "claude-sonnet-4-5", "You help.")
+            .await
+            .unwrap()
+            .id;
+        for i in 0..turns {
+            self.runner
+                .run_turn_at(sid, i, &input(i as usize))
+                .await
+                .unwrap();
+        }
+        sid
+    }
+}
+
 fn quoting() -> Arc<Quoting> {
     Arc::new(Quoting {
         gate: None,
@@ -416,18 +435,7 @@ async fn a_redacted_secret_is_gone_from_the_file_and_verify_reports_the_redactio
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outside_a_redaction_history_still_never_changes() {
     let (s, _) = setup(quoting(), None);
-    let sid = s
-        .runner
-        .create_session("user-1", "claude-sonnet-4-5", "You help.")
-        .await
-        .unwrap()
-        .id;
-    for i in 0..3 {
-        s.runner
-            .run_turn_at(sid, i, &input(i as usize))
-            .await
-            .unwrap();
-    }
+    s.session("user-1", 3).await;
     s.store
         .redact("user-1", Pattern::text(SECRET).unwrap())
         .await
@@ -561,18 +569,7 @@ async fn a_summary_made_while_the_session_is_redacted_is_made_again_from_the_red
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redact_from_the_command_line() {
     let (s, _) = setup(quoting(), None);
-    let sid = s
-        .runner
-        .create_session("user-3", "claude-sonnet-4-5", "You help.")
-        .await
-        .unwrap()
-        .id;
-    for i in 0..3 {
-        s.runner
-            .run_turn_at(sid, i, &input(i as usize))
-            .await
-            .unwrap();
-    }
+    s.session("user-3", 3).await;
     drop(s.runner);
     let db = s.db.clone();
     let run = |args: &[&str], stdin: Option<&str>| {

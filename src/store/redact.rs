@@ -598,25 +598,16 @@ pub(crate) fn redact(
         }
     }
     tx.execute("DELETE FROM erasing", [])?;
-    if dry_run {
-        // Everything above, measured, and nothing of it kept.
+    // A dry run: everything above, measured, and nothing of it kept.
+    let (redaction_id, checkpointed) = if dry_run {
         tx.rollback()?;
-        return Ok(Redacted {
-            redaction_id: None,
-            dry_run,
-            session_id: sid,
-            external_id: session.external_id.clone(),
-            occurrences,
-            rows,
-            steps_rebuilt: rebuilt.len() as i64,
-            turns_fenced,
-            checkpointed: false,
-        });
-    }
-    tx.commit()?;
-    let checkpointed = super::checkpoint(conn)?;
+        (None, false)
+    } else {
+        tx.commit()?;
+        (Some(redaction_id), super::checkpoint(conn)?)
+    };
     Ok(Redacted {
-        redaction_id: Some(redaction_id),
+        redaction_id,
         dry_run,
         session_id: sid,
         external_id: session.external_id.clone(),
@@ -648,12 +639,7 @@ impl crate::Store {
         key: impl Into<crate::inspect::SessionKey>,
         pattern: Pattern,
     ) -> Result<Redacted> {
-        let key = key.into();
-        self.call(move |c| {
-            let session = crate::inspect::session(c, &key)?;
-            redact(c, &session, &pattern, false)
-        })
-        .await
+        self.redact_session(key.into(), pattern, false).await
     }
 
     /// What [`crate::Store::redact`] would do now (occurrences, rows, steps
@@ -665,10 +651,18 @@ impl crate::Store {
         key: impl Into<crate::inspect::SessionKey>,
         pattern: Pattern,
     ) -> Result<Redacted> {
-        let key = key.into();
+        self.redact_session(key.into(), pattern, true).await
+    }
+
+    async fn redact_session(
+        &self,
+        key: crate::inspect::SessionKey,
+        pattern: Pattern,
+        dry_run: bool,
+    ) -> Result<Redacted> {
         self.call(move |c| {
             let session = crate::inspect::session(c, &key)?;
-            redact(c, &session, &pattern, true)
+            redact(c, &session, &pattern, dry_run)
         })
         .await
     }

@@ -86,17 +86,26 @@ fn say(d: &Deleted) {
     );
 }
 
-/// Runs `delete`.
-pub async fn delete(args: DeleteArgs) -> Result<ExitCode, Failure> {
-    must_exist(&args.db)?;
-    let store = crate::common::open_store(&args.db)?;
-    // The session as `inspect` names it (id, external id, `id:`/`ext:`).
-    let key = args.session.clone();
-    let fail = |e| Failure::session(&args.session, e);
+/// The store at `db` (which must exist) and the session named `typed`, as
+/// `inspect` names it (id, external id, `id:`/`ext:`).
+async fn open_session(
+    db: &std::path::Path,
+    typed: &str,
+) -> Result<(abridge::Store, abridge::store::SessionRow), Failure> {
+    must_exist(db)?;
+    let store = crate::common::open_store(db)?;
+    let key = typed.to_string();
     let session = store
         .call(move |c| abridge::inspect::resolve_session(c, &key))
         .await
-        .map_err(fail)?;
+        .map_err(|e| Failure::session(typed, e))?;
+    Ok((store, session))
+}
+
+/// Runs `delete`.
+pub async fn delete(args: DeleteArgs) -> Result<ExitCode, Failure> {
+    let (store, session) = open_session(&args.db, &args.session).await?;
+    let fail = |e| Failure::session(&args.session, e);
     let deleted = store.delete_session(session.id).await.map_err(fail)?;
     if args.vacuum {
         store.vacuum().await?;
@@ -188,13 +197,8 @@ pub async fn redact(args: RedactArgs) -> Result<ExitCode, Failure> {
         (None, Some(r)) => Pattern::regex(&from_arg(r)?)?,
         (None, None) => unreachable!("clap requires one"),
     };
-    let store = crate::common::open_store(&args.db)?;
-    let key = args.session.clone();
+    let (store, session) = open_session(&args.db, &args.session).await?;
     let fail = |e| Failure::session(&args.session, e);
-    let session = store
-        .call(move |c| abridge::inspect::resolve_session(c, &key))
-        .await
-        .map_err(fail)?;
     let r = if args.dry_run {
         store.redaction_preview(session.id, pattern).await
     } else {
