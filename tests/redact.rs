@@ -656,6 +656,12 @@ async fn redact_from_the_command_line() {
     let out = run(&["--session", "user-3", "--regex", "x*"], None);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("matches the empty text"));
+    // A pattern that would take a value abridge reads back (a response's
+    // block type) is refused, and nothing is changed.
+    let out = run(&["--session", "user-3", "--regex", "^text$"], None);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("a value abridge reads back"), "{err}");
     let out = run(&["--session", "nobody", "--text", "x"], None);
     assert_eq!(out.status.code(), Some(1));
     let out = run(&["--session", "user-3"], None);

@@ -360,9 +360,15 @@ pub(crate) fn input_before_redaction(conn: &Connection, turn_id: i64, input: &st
 /// What an executed step rebuilds to, and whether that is the hash it is
 /// checked against (the newest redaction's, or the one it recorded).
 fn rebuilt_before(conn: &Connection, step: StepId) -> Result<(String, bool)> {
-    let r = crate::replay::rebuild_step(conn, step)?;
-    let held = r.holds();
-    Ok((r.sha256, held))
+    match crate::replay::rebuild_step(conn, step) {
+        Ok(r) => {
+            let held = r.holds();
+            Ok((r.sha256, held))
+        }
+        // A step whose rows do not read back is left as it is reported.
+        Err(e) if !e.is_resumable() => Ok((String::new(), false)),
+        Err(e) => Err(e),
+    }
 }
 
 /// One changed row: table, id, the columns' new values, the hash to record.
@@ -433,12 +439,24 @@ fn scan(tx: &Connection, sid: SessionId, pattern: &Pattern) -> Result<(Vec<Chang
                 let old: Option<String> = r.get(i + 1)?;
                 let new = match old.as_deref() {
                     None => None,
-                    Some(text) if *json => pattern.replace_in_json(text).map_err(|why| {
-                        Error::Config(format!(
-                            "cannot redact {} {id}'s {name}: {why}; give a narrower pattern",
-                            t.tbl
-                        ))
-                    })?,
+                    Some(text) if *json => {
+                        let refuse = |why: &str| {
+                            Error::Config(format!(
+                                "cannot redact {} {id}'s {name}: {why}; give a narrower pattern",
+                                t.tbl
+                            ))
+                        };
+                        let new = pattern.replace_in_json(text).map_err(|why| refuse(&why))?;
+                        // A response must still read back as one: a pattern
+                        // that takes a number abridge reads (its usage) is
+                        // refused, not left to break the session.
+                        if let (Some((r, _)), "steps") = (&new, t.tbl) {
+                            serde_json::from_str::<crate::message::ModelResponse>(r).map_err(
+                                |_| refuse("the pattern matches a value abridge reads back"),
+                            )?;
+                        }
+                        new
+                    }
                     Some(text) => pattern.replace_in_text(text),
                 };
                 match new {
@@ -565,8 +583,11 @@ pub(crate) fn redact(
     let mut rebuilt = Vec::new();
     for id in &steps {
         let (was, held) = &before[id];
+        if !*held {
+            continue; // it did not verify before: verify goes on reporting it
+        }
         let now = crate::replay::rebuild_step(&tx, *id)?.sha256;
-        if *held && now != *was {
+        if now != *was {
             rebuilt.push((*id, now));
         }
     }
