@@ -69,6 +69,8 @@ pub struct SessionDetail {
     /// Its live pinned facts (the newest value of each slot, every fact
     /// without one).
     pub live_pins: Vec<crate::pins::Pin>,
+    /// Its redactions, oldest first.
+    pub redactions: Vec<crate::store::RedactionRecord>,
 }
 
 /// A session as a host names it: its row id or its external id.
@@ -296,6 +298,7 @@ pub fn session_detail(conn: &Connection, key: &str) -> Result<SessionDetail> {
     Ok(SessionDetail {
         compactions: store::list_compactions(conn, s.id)?,
         live_pins: store::live_pins(conn, s.id, i64::MAX, crate::pins::DEFAULT_PINS_WINDOW)?,
+        redactions: store::list_redactions(conn, s.id)?,
         summary: SessionSummary {
             counts: store::session_counts(conn, s.id)?,
             session: s,

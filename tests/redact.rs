@@ -422,6 +422,29 @@ async fn a_redacted_secret_is_gone_from_the_file_and_verify_reports_the_redactio
         "{text}"
     );
 
+    // inspect lists the redactions (the pattern as its hash only).
+    let d = s
+        .store
+        .with_conn(|c| abridge::inspect::session_detail(c, "user-42"))
+        .unwrap();
+    assert_eq!(
+        d.redactions.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![id, newest]
+    );
+    assert_eq!(d.redactions[0].rows, r.rows);
+    let out = abridge()
+        .args(["inspect", "--db"])
+        .arg(&s.db)
+        .arg("user-42")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("redactions:") && text.contains("text sha256"),
+        "{text}"
+    );
+    assert!(!text.contains("sk-live"), "{text}");
+
     // Deleting the session takes its redaction records with it.
     s.store.delete_session("user-42").await.unwrap();
     assert_eq!(count(&s.store, "SELECT count(*) FROM redactions"), 0);

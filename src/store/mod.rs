@@ -52,7 +52,9 @@ pub(crate) use erase::*;
 pub use erase::{Deleted, IdleSession};
 pub use history::{HistoryStep, HistoryTurn};
 pub(crate) use redact::*;
-pub use redact::{Pattern, Redacted, RedactedRows, RedactionMark, REDACTION_MARKER};
+pub use redact::{
+    Pattern, Redacted, RedactedRows, RedactionMark, RedactionRecord, REDACTION_MARKER,
+};
 pub use rows::*;
 
 pub(crate) use audit::*;

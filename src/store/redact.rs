@@ -254,7 +254,7 @@ fn cut_ranges(text: &str, form: &str) -> Vec<std::ops::Range<usize>> {
 }
 
 /// Rows a redaction changed, by table.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RedactedRows {
     /// The session row (its system prompt): 0 or 1.
     pub sessions: i64,
@@ -309,6 +309,59 @@ pub struct RedactionMark {
     /// SHA-256 of what the row rebuilds to since (the step's messages; a
     /// compaction's summary).
     pub sha256: String,
+}
+
+/// A redaction as recorded (never the pattern: its SHA-256).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RedactionRecord {
+    /// Its id.
+    pub id: i64,
+    /// `text` or `regex`.
+    pub pattern_kind: String,
+    /// SHA-256 of the pattern.
+    pub pattern_sha256: String,
+    /// Occurrences replaced.
+    pub occurrences: i64,
+    /// Rows changed, by table.
+    pub rows: RedactedRows,
+    /// Executed steps that rebuild with the marker since.
+    pub steps_rebuilt: i64,
+    /// Running turns fenced.
+    pub turns_fenced: i64,
+    /// When, ms since the epoch.
+    pub at: i64,
+}
+
+/// A session's redactions, oldest first.
+pub(crate) fn list_redactions(
+    conn: &Connection,
+    session_id: SessionId,
+) -> Result<Vec<RedactionRecord>> {
+    let mut st = conn.prepare_cached(
+        "SELECT id, pattern_kind, pattern_sha256, occurrences, rows, steps_rebuilt, \
+         turns_fenced, at FROM redactions WHERE session_id = ?1 ORDER BY id",
+    )?;
+    let rows = st.query_map([session_id], |r| {
+        Ok((
+            RedactionRecord {
+                id: r.get(0)?,
+                pattern_kind: r.get(1)?,
+                pattern_sha256: r.get(2)?,
+                occurrences: r.get(3)?,
+                rows: RedactedRows::default(),
+                steps_rebuilt: r.get(5)?,
+                turns_fenced: r.get(6)?,
+                at: r.get(7)?,
+            },
+            r.get::<_, String>(4)?,
+        ))
+    })?;
+    rows.map(|row| {
+        let (mut record, counts) = row?;
+        record.rows = serde_json::from_str(&counts)?;
+        Ok(record)
+    })
+    .collect()
 }
 
 /// The newest redaction of `row_id` in `tbl` that recorded a hash.

@@ -170,4 +170,19 @@ fn print_session(d: &inspect::SessionDetail) {
             abridge::compaction::truncate_chars(p.line(true).trim_start_matches("- "), 100)
         );
     }
+    if !d.redactions.is_empty() {
+        println!("\nredactions:");
+        for r in &d.redactions {
+            println!(
+                "  {:>3}  at {} ms  {} sha256 {}…  {} occurrences, {} steps rebuild with the marker, {} turns fenced",
+                r.id,
+                r.at,
+                r.pattern_kind,
+                &r.pattern_sha256[..r.pattern_sha256.len().min(12)],
+                r.occurrences,
+                r.steps_rebuilt,
+                r.turns_fenced
+            );
+        }
+    }
 }
