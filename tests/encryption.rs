@@ -328,5 +328,17 @@ mod encrypted {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("the key does not open it"), "{err}");
         assert_eq!(err.lines().count(), 1, "{err}");
+        // The chaos harness runs on plain stores: it says so instead of
+        // failing on the first open.
+        let chaos = dir.path().join("chaos.db");
+        let out = abridge()
+            .args(["chaos", "--kills", "1", "--db"])
+            .arg(&chaos)
+            .env("ABRIDGE_KEY", "s3cret")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("unset ABRIDGE_KEY"));
+        assert!(!chaos.exists());
     }
 }
