@@ -9,9 +9,8 @@
 
 use crate::error::{Error, Result};
 use rusqlite::Connection;
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::path::Path;
+use std::sync::Arc;
 
 /// The key of an encrypted store, as the host supplies it: a passphrase
 /// (SQLCipher derives the key from it, PBKDF2-HMAC-SHA512) or 32 raw key
@@ -91,38 +90,53 @@ pub(crate) fn map_keyed_err(path: &Path, key: Option<&Key>, e: Error) -> Error {
     }
 }
 
-/// The keys of the stores this process opened, by path: for the few
-/// connections abridge opens beside a store's pool (the demo's outside
-/// service, the chaos harness's lock holder), which must read the same file.
-fn keys() -> &'static Mutex<HashMap<PathBuf, Key>> {
-    static KEYS: OnceLock<Mutex<HashMap<PathBuf, Key>>> = OnceLock::new();
-    KEYS.get_or_init(Default::default)
-}
+/// The keys of the stores this process opened, by path: for the one
+/// connection abridge opens beside a store's pool (the demo's outside
+/// service), which must read the same file. Kept only in builds that have it.
+#[cfg(feature = "harness")]
+mod registry {
+    use super::{apply_key, Key};
+    use crate::error::Result;
+    use rusqlite::Connection;
+    use std::collections::HashMap;
+    use std::path::{Path, PathBuf};
+    use std::sync::{Mutex, OnceLock};
 
-fn canonical(path: &Path) -> PathBuf {
-    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
-}
+    fn keys() -> &'static Mutex<HashMap<PathBuf, Key>> {
+        static KEYS: OnceLock<Mutex<HashMap<PathBuf, Key>>> = OnceLock::new();
+        KEYS.get_or_init(Default::default)
+    }
 
-pub(crate) fn remember_key(path: &Path, key: Option<&Key>) {
-    if let Some(k) = key {
-        let mut keys = keys().lock().unwrap_or_else(|e| e.into_inner());
-        keys.insert(canonical(path), k.clone());
+    fn canonical(path: &Path) -> PathBuf {
+        std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+    }
+
+    pub(crate) fn remember_key(path: &Path, key: Option<&Key>) {
+        if let Some(k) = key {
+            let mut keys = keys().lock().unwrap_or_else(|e| e.into_inner());
+            keys.insert(canonical(path), k.clone());
+        }
+    }
+
+    /// An ordinary connection to the store at `path`, with the key a store
+    /// of this process opened it with (if any).
+    pub(crate) fn connect(path: &Path) -> Result<Connection> {
+        let key = keys()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&canonical(path))
+            .cloned();
+        let conn = Connection::open(path)?;
+        apply_key(&conn, key.as_ref())?;
+        Ok(conn)
     }
 }
-
-/// An ordinary connection to the store at `path`, with the key a store of
-/// this process opened it with (if any).
 #[cfg(feature = "harness")]
-pub(crate) fn connect(path: &Path) -> Result<Connection> {
-    let key = keys()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&canonical(path))
-        .cloned();
-    let conn = Connection::open(path)?;
-    apply_key(&conn, key.as_ref())?;
-    Ok(conn)
-}
+pub(crate) use registry::{connect, remember_key};
+
+/// Without the harness nothing opens a connection beside the pool.
+#[cfg(not(feature = "harness"))]
+pub(crate) fn remember_key(_: &Path, _: Option<&Key>) {}
 
 /// Writes a copy of the store at `from` (opened with `from_key`, None when
 /// it is not encrypted) to the new file `to`, encrypted with `to_key` (None:

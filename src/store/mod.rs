@@ -22,7 +22,9 @@
 //! built from); `rows` holds the row types; `schema` the file checks, the
 //! schema of version 1 and the numbered migrations; `tx` the transaction
 //! helpers; `snapshot` read-only access from outside a host; `audit` the
-//! counts and checks `inspect` and `verify` read. This file holds the
+//! counts and checks `inspect` and `verify` read; `erase` deleting a session
+//! whole and `redact` redacting a secret (the two exceptions to append-only
+//! history); `key` the key of an encrypted store. This file holds the
 //! [`Store`] itself: options, the pool, the blocking bridge.
 
 mod audit;
