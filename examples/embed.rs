@@ -56,7 +56,7 @@ struct Remember;
 impl TransactionalTool for Remember {
     fn call(
         &self,
-        tx: &abridge::rusqlite::Transaction<'_>,
+        tx: &abridge::store::Transaction<'_>,
         call: &ToolCall,
     ) -> Result<Value, ToolError> {
         tx.execute("CREATE TABLE IF NOT EXISTS notes (key TEXT, body TEXT)", [])

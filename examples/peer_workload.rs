@@ -71,7 +71,11 @@ impl ModelClient for PeerModel {
 struct Lookup(AtomicU64);
 
 impl TransactionalTool for Lookup {
-    fn call(&self, tx: &rusqlite::Transaction<'_>, call: &ToolCall) -> Result<Value, ToolError> {
+    fn call(
+        &self,
+        tx: &abridge::store::Transaction<'_>,
+        call: &ToolCall,
+    ) -> Result<Value, ToolError> {
         let n = self.0.fetch_add(1, Ordering::SeqCst);
         abridge::store::demo::append_effect(
             tx,

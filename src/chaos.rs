@@ -460,8 +460,9 @@ pub async fn worker_main(db: &Path, w: &Workload, worker: u64) -> Result<()> {
 /// The hidden `chaos-locker` verb: holds the write lock for 20-120 ms every
 /// 50-300 ms, until killed.
 pub fn locker_main(db: &Path, seed: u64) -> Result<()> {
-    let mut conn = rusqlite::Connection::open(db)?;
+    let conn = rusqlite::Connection::open(db)?;
     conn.busy_timeout(Duration::from_secs(30))?;
+    let mut conn = crate::store::Connection::from(conn);
     let mut rng = Rng::new(seed ^ 0x10c4);
     loop {
         std::thread::sleep(Duration::from_millis(50 + rng.below(250)));
@@ -847,7 +848,7 @@ fn tally_into(t: &BTreeMap<String, u64>, random_kills: u64, report: &mut ChaosRe
 
 /// Per session: (transcript, step hashes).
 fn session_fingerprints(
-    conn: &rusqlite::Connection,
+    conn: &crate::store::Connection,
     w: &Workload,
 ) -> Result<Vec<(String, String, Vec<String>)>> {
     let mut out = Vec::new();

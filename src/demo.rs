@@ -406,7 +406,11 @@ pub fn tool_result(name: &str, args: &Value) -> Result<Value, ToolError> {
 pub struct DemoTxTool(pub &'static str);
 
 impl TransactionalTool for DemoTxTool {
-    fn call(&self, tx: &rusqlite::Transaction<'_>, call: &ToolCall) -> Result<Value, ToolError> {
+    fn call(
+        &self,
+        tx: &crate::store::Transaction<'_>,
+        call: &ToolCall,
+    ) -> Result<Value, ToolError> {
         let result = tool_result(self.0, &call.input)?;
         append_effect(
             tx,
@@ -447,7 +451,6 @@ impl Tool for DemoExternalTool {
         );
         tokio::task::spawn_blocking(move || -> crate::error::Result<()> {
             let mut conn = crate::store::connect(&db)?;
-            conn.busy_timeout(Duration::from_secs(30))?;
             append_external(&mut conn, &key, name, &args)
         })
         .await

@@ -120,6 +120,42 @@ pub enum Error {
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
 
+    /// A PostgreSQL error (the `postgres` feature). A lost connection, a
+    /// serialization failure or a deadlock is worth a retry; a constraint
+    /// violation is a bug or tampering.
+    #[cfg(feature = "postgres")]
+    #[error("postgres: {}", postgres_message(.0))]
+    Postgres(#[from] tokio_postgres::Error),
+
+    /// The PostgreSQL server of a store URL did not answer (refused, timed
+    /// out, no such host). Nothing was written. Retry when it is back.
+    #[error("{target}: the server is unreachable: {reason}")]
+    Unreachable {
+        /// The store, without its password.
+        target: String,
+        /// What the connection attempt said.
+        reason: String,
+    },
+
+    /// The database a store URL names does not exist on its server
+    /// (create it first: abridge creates its schema and tables, not the
+    /// database).
+    #[error("{target}: no such database on the server (create it first)")]
+    NoSuchDatabase {
+        /// The store, without its password.
+        target: String,
+    },
+
+    /// An operation only one backend has (an SQLite pragma, a file-level
+    /// backup), asked of another.
+    #[error("{what} is not available on a {backend:?} store")]
+    Unsupported {
+        /// The operation.
+        what: &'static str,
+        /// The backend it was asked of.
+        backend: crate::store::BackendKind,
+    },
+
     /// The connection pool could not hand out a connection in time. Retry.
     #[error("connection pool: {0}")]
     Pool(#[from] r2d2::Error),
@@ -417,6 +453,16 @@ impl Error {
                 | Error::Task(_)
                 | Error::CompactionWaitTimeout { .. }
         )
+    }
+}
+
+/// A PostgreSQL error as its server's message (with the SQLSTATE), or the
+/// client's when the server did not answer.
+#[cfg(feature = "postgres")]
+fn postgres_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
     }
 }
 

@@ -30,10 +30,10 @@
 use crate::error::{Error, Result};
 use crate::ids::{SessionId, StepId, TurnId};
 use crate::message::{ModelResponse, ResponseBlock};
+use crate::store::Connection;
 use crate::store::{
     self, CompactionRow, InvocationRow, SessionCounts, SessionRow, StepRow, Store, TurnRow,
 };
-use rusqlite::Connection;
 use serde::Serialize;
 use serde_json::json;
 

@@ -2,8 +2,8 @@
 //! holder works, for the runner and the compactor alike.
 
 use crate::owner::AbortOnDrop;
+use crate::store::Connection;
 use crate::store::Store;
-use rusqlite::Connection;
 use std::time::Duration;
 use tracing::debug;
 

@@ -4,8 +4,8 @@ use crate::error::{Error, Result};
 use crate::ids::{SessionId, StepId};
 use crate::message::{sha256_hex, to_bytes, Message};
 use crate::render::{build_messages, RenderFormat, SummaryView};
+use crate::store::Connection;
 use crate::store::{self, CompactionRow, CompactionStatus, SessionRow};
-use rusqlite::Connection;
 
 /// A step's messages rebuilt from the store.
 #[derive(Debug, Clone, PartialEq)]

@@ -21,8 +21,8 @@
 use crate::error::Result;
 use crate::ids::SessionId;
 use crate::inspect::{self, SessionSummary};
+use crate::store::Connection;
 use crate::store::{self, CompactionRow, CompactionStatus, StepRow};
-use rusqlite::Connection;
 use std::collections::HashMap;
 use std::fmt::Write;
 

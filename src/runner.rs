@@ -464,7 +464,12 @@ impl Runner {
 
     /// After taking a turn's lease, in the same blocking call: the session and
     /// the first step to run, prepared.
-    fn start(&self, c: &mut rusqlite::Connection, turn: TurnRow, lease: Lease) -> Result<Begun> {
+    fn start(
+        &self,
+        c: &mut crate::store::Connection,
+        turn: TurnRow,
+        lease: Lease,
+    ) -> Result<Begun> {
         let session = store::get_session(c, turn.session_id)?;
         let ctx = self.inner.contexts.take(session.id);
         let first = self.prepare(c, &session, &turn, &lease, ctx)?;
@@ -598,7 +603,7 @@ impl Runner {
     /// Pins the facts of turn `turn_idx` inside the transaction that finishes it.
     fn pin_turn(
         &self,
-        tx: &rusqlite::Transaction<'_>,
+        tx: &crate::store::Transaction<'_>,
         session: &SessionRow,
         turn_idx: i64,
     ) -> Result<()> {
@@ -799,7 +804,7 @@ impl Runner {
     /// there is nothing to compact, its messages built.
     fn prepare(
         &self,
-        c: &mut rusqlite::Connection,
+        c: &mut crate::store::Connection,
         session: &SessionRow,
         turn: &TurnRow,
         lease: &Lease,
@@ -1139,7 +1144,7 @@ impl Runner {
 
     fn advance_blocking(
         &self,
-        c: &mut rusqlite::Connection,
+        c: &mut crate::store::Connection,
         plan: &StepPlan,
         from: usize,
         persist: Option<Responded>,
@@ -1230,7 +1235,7 @@ impl Runner {
     /// (its stored result is reused, G5).
     fn tool_in_tx(
         &self,
-        tx: &rusqlite::Transaction<'_>,
+        tx: &crate::store::Transaction<'_>,
         plan: &StepPlan,
         pos: usize,
         tell: bool,
@@ -1243,7 +1248,7 @@ impl Runner {
             Err(refusal) => {
                 // No tool runs: record the error result the model sees.
                 let inv = new_invocation(plan.step_id, pos, &call, Effect::None);
-                let body = Box::new(move |_: &rusqlite::Transaction<'_>| Ok(Err(refusal)));
+                let body = Box::new(move |_: &crate::store::Transaction<'_>| Ok(Err(refusal)));
                 (
                     store::run_transactional(tx, lease, &inv, body)?,
                     Effect::None,
@@ -1252,7 +1257,7 @@ impl Runner {
             Ok((ToolImpl::Transactional(tool), _)) => {
                 let inv = new_invocation(plan.step_id, pos, &call, Effect::Transactional);
                 let tc = call.clone();
-                let body = move |tx: &rusqlite::Transaction<'_>| {
+                let body = move |tx: &crate::store::Transaction<'_>| {
                     let r = std::panic::catch_unwind(AssertUnwindSafe(|| tool.call(tx, &tc)));
                     let out = match r {
                         Ok(Ok(v)) => render_result(v),

@@ -65,7 +65,8 @@ pub trait TransactionalTool: Send + Sync {
     /// completed: its writes commit together with that record, or not at all.
     /// Runs on a blocking thread. An `Err` rolls the tool's writes back and
     /// records an error result; a panic does the same.
-    fn call(&self, tx: &rusqlite::Transaction<'_>, call: &ToolCall) -> Result<Value, ToolError>;
+    fn call(&self, tx: &crate::store::Transaction<'_>, call: &ToolCall)
+        -> Result<Value, ToolError>;
 }
 
 #[derive(Clone)]

@@ -10,8 +10,8 @@ use crate::error::Result;
 use crate::ids::TurnId;
 use crate::message::sha256_hex;
 use crate::replay::rebuild_step;
+use crate::store::Connection;
 use crate::store::{self, CompactionStatus};
-use rusqlite::Connection;
 use serde::Serialize;
 
 /// One check's outcome.
@@ -68,7 +68,7 @@ fn redacted(mut c: Check, n: i64, notes: &mut Vec<String>, what: &str) -> Check 
 ///
 /// ```
 /// use abridge::verify::EffectCheck;
-/// use abridge::rusqlite::Connection;
+/// use abridge::store::Connection;
 ///
 /// /// Every order my `place_order` tool wrote, once per idempotency key.
 /// struct OrdersOnce;
@@ -349,7 +349,7 @@ fn history_gaps(conn: &Connection) -> Result<(i64, Vec<String>)> {
         (
             "SELECT 'session ' || s.external_id || ' has ' || count(t.id) || ' turns numbered up to ' \
              || max(t.idx) FROM turns t JOIN sessions s ON s.id = t.session_id \
-             GROUP BY t.session_id HAVING count(t.id) <> max(t.idx) + 1",
+             GROUP BY t.session_id, s.external_id HAVING count(t.id) <> max(t.idx) + 1",
         ),
         (
             "SELECT 'turn ' || turn_id || ' has ' || count(*) || ' steps numbered up to ' || max(idx) \

@@ -220,7 +220,7 @@ struct GatedSession {
 
 async fn gated_until_pending() -> GatedSession {
     let (_dir, path) = common::temp_db();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(common::db_for(&path)).unwrap();
     let gate = Gate::closed();
     let r = runner_with(
         &store,
@@ -287,7 +287,7 @@ async fn below_the_hard_threshold_no_step_waits_for_a_summary() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_keeps_the_compaction_it_began_with() {
     let (_d, path) = common::temp_db();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(common::db_for(&path)).unwrap();
     let gate = Arc::new(Gate::closed());
     // In the middle of the turn (its first step's tool call): the gate opens
     // and the background summary completes before the second step.
@@ -299,11 +299,11 @@ async fn a_turn_keeps_the_compaction_it_began_with() {
             loop {
                 let done = st
                     .with_conn(|c| {
-                        Ok(c.query_row(
+                        c.query_row(
                             "SELECT count(*) FROM compactions WHERE status = 'completed'",
                             [],
                             |r| r.get::<_, i64>(0),
-                        )?)
+                        )
                     })
                     .unwrap();
                 if done == 1 {
@@ -408,7 +408,7 @@ async fn reaching_the_hard_threshold_while_a_background_summary_is_pending_waits
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_background_summariser_that_dies_leaves_a_row_the_next_runner_finishes() {
     let (_d, path) = common::temp_db();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(common::db_for(&path)).unwrap();
     // Runner A's background summariser dies mid-summary (an injected fault
     // inside the task: its claim is dropped with it).
     let hook: abridge::FaultHook = Arc::new(|p| {
@@ -457,7 +457,7 @@ async fn a_background_summariser_that_dies_leaves_a_row_the_next_runner_finishes
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_queued_for_another_process_are_served_exactly_once() {
     let (_d, path) = common::temp_db();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(common::db_for(&path)).unwrap();
     let host_summariser = common::Counting::new(ExtractiveSummariser);
     let host = runner_with(
         &store,
@@ -506,7 +506,7 @@ async fn rows_queued_for_another_process_are_served_exactly_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abridge_serve_finishes_the_queued_rows_of_a_store() {
     let (_d, path) = common::temp_db();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(common::db_for(&path)).unwrap();
     let host = runner_with(
         &store,
         Arc::new(ExtractiveSummariser),
@@ -517,7 +517,7 @@ async fn abridge_serve_finishes_the_queued_rows_of_a_store() {
     let s = host.create_session("s", "m", "sys").await.unwrap();
     until_pending(&host, &store, s.id, 0).await;
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_abridge"))
-        .args(["serve", "--db", path.to_str().unwrap()])
+        .args(["serve", "--db", common::db_for(&path).to_str().unwrap()])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -528,7 +528,7 @@ async fn abridge_serve_finishes_the_queued_rows_of_a_store() {
     );
     assert_eq!(rows(&store, s.id)[0].2, "completed");
     let again = std::process::Command::new(env!("CARGO_BIN_EXE_abridge"))
-        .args(["serve", "--db", path.to_str().unwrap()])
+        .args(["serve", "--db", common::db_for(&path).to_str().unwrap()])
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&again.stdout).contains("served 0 pending"));
@@ -537,7 +537,7 @@ async fn abridge_serve_finishes_the_queued_rows_of_a_store() {
 #[tokio::test]
 async fn inline_compaction_records_the_wait_of_every_step_that_made_one() {
     let (_d, path) = common::temp_db();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(common::db_for(&path)).unwrap();
     let cfg = CompactionConfig::default()
         .with_compact_at(Threshold::Tokens(HARD))
         .with_background(None);

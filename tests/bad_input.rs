@@ -81,7 +81,7 @@ impl Tool for Panics {
 }
 struct TxPanics;
 impl TransactionalTool for TxPanics {
-    fn call(&self, tx: &rusqlite::Transaction<'_>, c: &ToolCall) -> Result<Value, ToolError> {
+    fn call(&self, tx: &abridge::store::Transaction<'_>, c: &ToolCall) -> Result<Value, ToolError> {
         abridge::store::demo::append_effect(
             tx,
             abridge::store::demo::DemoTable::Effects,
@@ -199,7 +199,7 @@ async fn failing_and_panicking_tools_become_error_results_and_roll_back() {
     assert_eq!(res[3], (r#"{"x":1}"#.to_string(), false));
     // The panicking transactional tool's write was rolled back with it.
     let effects: i64 = store
-        .with_conn(|c| Ok(c.query_row("SELECT count(*) FROM demo_effects", [], |r| r.get(0))?))
+        .with_conn(|c| c.query_row("SELECT count(*) FROM demo_effects", [], |r| r.get(0)))
         .unwrap();
     assert_eq!(effects, 0);
     assert_verified(&store);
@@ -212,11 +212,11 @@ async fn an_empty_response_fails_the_turn_and_keeps_earlier_rows() {
     assert_eq!(turn_statuses(&store), vec!["completed", "failed"]);
     let failed_steps: i64 = store
         .with_conn(|c| {
-            Ok(c.query_row(
+            c.query_row(
                 "SELECT count(*) FROM steps WHERE status = 'failed'",
                 [],
                 |r| r.get(0),
-            )?)
+            )
         })
         .unwrap();
     assert_eq!(failed_steps, 1);
@@ -245,16 +245,16 @@ async fn unknown_block_types_are_stored_but_not_sent_back() {
     r.unwrap();
     let stored: String = store
         .with_conn(|c| {
-            Ok(c.query_row(
+            c.query_row(
                 "SELECT response FROM steps WHERE response LIKE '%thinking_v9%'",
                 [],
                 |r| r.get(0),
-            )?)
+            )
         })
         .unwrap();
     assert!(stored.contains("secret"));
     let last_step: i64 = store
-        .with_conn(|c| Ok(c.query_row("SELECT max(id) FROM steps", [], |r| r.get(0))?))
+        .with_conn(|c| c.query_row("SELECT max(id) FROM steps", [], |r| r.get(0)))
         .unwrap();
     let rebuilt = store
         .with_conn(|c| abridge::replay::rebuild_step(c, abridge::StepId(last_step)))
@@ -309,11 +309,11 @@ async fn multi_megabyte_results_and_exotic_unicode_round_trip_byte_for_byte() {
     r.unwrap();
     let len: i64 = store
         .with_conn(|c| {
-            Ok(c.query_row(
+            c.query_row(
                 "SELECT max(length(CAST(result AS BLOB))) FROM tool_invocations",
                 [],
                 |r| r.get(0),
-            )?)
+            )
         })
         .unwrap();
     assert!(len > 8_000_000, "{len}");
@@ -352,11 +352,11 @@ async fn failure_messages_name_no_row_ids() {
     assert!(r.is_err());
     let (step_err, turn_err): (String, String) = store
         .with_conn(|c| {
-            Ok(c.query_row(
+            c.query_row(
                 "SELECT s.error, t.error FROM steps s JOIN turns t ON s.turn_id = t.id WHERE s.status = 'failed'",
                 [],
                 |r| Ok((r.get(0)?, r.get(1)?)),
-            )?)
+            )
         })
         .unwrap();
     assert_eq!(step_err, "model returned an empty response");
@@ -635,11 +635,9 @@ async fn a_running_turn_whose_rows_do_not_read_back_is_named_by_verify_and_faile
         .unwrap();
     let turn_id = store
         .with_conn(|c| {
-            Ok(
-                c.query_row("SELECT id FROM turns WHERE status = 'running'", [], |r| {
-                    r.get(0)
-                })?,
-            )
+            c.query_row("SELECT id FROM turns WHERE status = 'running'", [], |r| {
+                r.get(0)
+            })
         })
         .unwrap();
     let err = runner.resume_turn(turn_id).await.unwrap_err();
@@ -685,12 +683,12 @@ async fn usage_above_i64_max_is_stored_saturated_and_the_threshold_still_fires()
     }
     let (context, input, output, compactions): (i64, i64, i64, i64) = store
         .with_conn(|c| {
-            Ok(c.query_row(
+            c.query_row(
                 "SELECT min(context_tokens), min(input_tokens), min(output_tokens), \
                  (SELECT count(*) FROM compactions WHERE status = 'completed') FROM steps",
                 [],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-            )?)
+            )
         })
         .unwrap();
     assert_eq!((context, input, output), (i64::MAX, i64::MAX, i64::MAX));

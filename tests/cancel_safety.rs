@@ -210,16 +210,13 @@ async fn resume_turn_dropped_anywhere_stops_renewing_and_is_finished_by_another(
                     .await
                     .unwrap_err();
                 assert!(matches!(err, Error::Injected(_)), "{err}");
-                let turn_id =
-                    store
-                        .with_conn(|c| {
-                            Ok(c.query_row(
-                                "SELECT id FROM turns WHERE status = 'running'",
-                                [],
-                                |r| r.get(0),
-                            )?)
+                let turn_id = store
+                    .with_conn(|c| {
+                        c.query_row("SELECT id FROM turns WHERE status = 'running'", [], |r| {
+                            r.get(0)
                         })
-                        .unwrap();
+                    })
+                    .unwrap();
                 runner(&store, "first", true, None)
                     .resume_turn(turn_id)
                     .await

@@ -131,12 +131,12 @@ async fn history(store: &abridge::Store, turns: u64) -> abridge::store::SessionR
 fn latest_measure(store: &abridge::Store) -> i64 {
     store
         .with_conn(|c| {
-            Ok(c.query_row(
+            c.query_row(
                 "SELECT s.context_tokens FROM steps s JOIN turns t ON s.turn_id = t.id \
                  ORDER BY t.idx DESC, s.idx DESC LIMIT 1",
                 [],
                 |r| r.get(0),
-            )?)
+            )
         })
         .unwrap()
 }
@@ -328,12 +328,12 @@ async fn keep_last_turns_stay_verbatim_after_the_summary() {
         .unwrap();
     let (row_boundary, step_id): (i64, i64) = store
         .with_conn(|c| {
-            Ok(c.query_row(
+            c.query_row(
                 "SELECT c.up_to_turn_index, s.id FROM steps s JOIN compactions c ON s.compaction_id = c.id \
                  ORDER BY s.id LIMIT 1",
                 [],
                 |r| Ok((r.get(0)?, r.get(1)?)),
-            )?)
+            )
         })
         .unwrap();
     assert_eq!(row_boundary, 3);
@@ -423,7 +423,7 @@ fn racing_processes_on_one_boundary_make_one_row() {
         .map(|_| {
             abridge_cmd()
                 .args(["compact", "--db"])
-                .arg(&path)
+                .arg(db_for(&path))
                 .args(["--session", "1"])
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
@@ -479,11 +479,11 @@ async fn a_claim_dropped_mid_summary_is_taken_over_at_once_by_the_next_runner() 
     assert_eq!(after, vec![(pending[0].0, 4, "completed".into())]);
     let (attempts, reads): (i64, i64) = store
         .with_conn(|c| {
-            Ok(c.query_row(
+            c.query_row(
                 "SELECT attempts, (SELECT count(*) FROM steps WHERE compaction_id = compactions.id) FROM compactions",
                 [],
                 |r| Ok((r.get(0)?, r.get(1)?)),
-            )?)
+            )
         })
         .unwrap();
     assert_eq!((attempts, reads), (2, out.steps));
@@ -533,7 +533,7 @@ async fn a_stale_completer_cannot_overwrite_the_winners_summary() {
     assert!(stale_summariser.returned(), "the stale path did not run");
     assert_eq!(seen_by_stale, won);
     let stored: String = store
-        .with_conn(|c| Ok(c.query_row("SELECT summary FROM compactions", [], |r| r.get(0))?))
+        .with_conn(|c| c.query_row("SELECT summary FROM compactions", [], |r| r.get(0)))
         .unwrap();
     assert_eq!(written(&stored), "WINNER summary ORD-1");
     // The stale holder claimed (Compacting) but never reported a completion.
@@ -582,11 +582,11 @@ async fn a_fact_from_turn_one_survives_five_compactions() {
     }
     let latest: String = store
         .with_conn(|c| {
-            Ok(c.query_row(
+            c.query_row(
                 "SELECT summary FROM compactions WHERE status = 'completed' ORDER BY up_to_turn_index DESC LIMIT 1",
                 [],
                 |r| r.get(0),
-            )?)
+            )
         })
         .unwrap();
     assert!(latest.contains("ZX-99817"), "{latest}");
@@ -680,7 +680,7 @@ async fn empty_and_not_smaller_summaries_are_failed_attempts_and_the_policy_deci
         assert_eq!(all[0].2, "failed");
         assert_eq!(summ.count(), 3, "three attempts");
         let error: String = store
-            .with_conn(|c| Ok(c.query_row("SELECT error FROM compactions", [], |r| r.get(0))?))
+            .with_conn(|c| c.query_row("SELECT error FROM compactions", [], |r| r.get(0)))
             .unwrap();
         assert!(
             error.contains(if answer.is_empty() {
@@ -699,11 +699,11 @@ async fn empty_and_not_smaller_summaries_are_failed_attempts_and_the_policy_deci
             out.unwrap();
             let read: i64 = store
                 .with_conn(|c| {
-                    Ok(c.query_row(
+                    c.query_row(
                         "SELECT count(*) FROM steps WHERE compaction_id IS NOT NULL",
                         [],
                         |r| r.get(0),
-                    )?)
+                    )
                 })
                 .unwrap();
             assert_eq!(read, 0, "a step read a failed compaction");
@@ -780,11 +780,11 @@ async fn manual_compaction_racing_an_automatic_one_makes_one_row() {
     );
     let summary: String = store
         .with_conn(move |c| {
-            Ok(c.query_row(
+            c.query_row(
                 "SELECT summary FROM compactions WHERE id = ?1",
                 [row.id],
                 |r| r.get(0),
-            )?)
+            )
         })
         .unwrap();
     assert_eq!(written(&summary), "manual: ORD-1");
@@ -892,7 +892,11 @@ async fn ensure_waits_for_a_connection_when_none_is_idle() {
     let row = on.compactor().ensure(&s, 4, 0).await.unwrap();
     drop((on, seeded));
 
-    let store = abridge::Store::open_with(&path, store_options().with_max_connections(1)).unwrap();
+    let store = abridge::Store::open_with(
+        common::db_for(&path),
+        store_options().with_max_connections(1),
+    )
+    .unwrap();
     let runner = runner_with(&store, "one-connection", extractive(), |_| {});
     let (held_tx, held_rx) = std::sync::mpsc::channel();
     let holder = {

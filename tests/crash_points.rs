@@ -73,7 +73,7 @@ fn step_states(store: &abridge::Store) -> Vec<(i64, i64, String, Vec<String>)> {
             let mut st = c.prepare(
                 "SELECT t.idx, s.idx, s.status, \
                  (SELECT group_concat(status, ',') FROM (SELECT status FROM tool_invocations \
-                  WHERE step_id = s.id ORDER BY position)) \
+                  WHERE step_id = s.id ORDER BY position) AS i) \
                  FROM steps s JOIN turns t ON t.id = s.turn_id ORDER BY t.idx, s.idx",
             )?;
             let rows = st.query_map([], |r| {
@@ -174,7 +174,7 @@ fn two_tool_runner(
 
 fn demo_effect_count(store: &abridge::Store) -> i64 {
     store
-        .with_conn(|c| Ok(c.query_row("SELECT count(*) FROM demo_effects", [], |r| r.get(0))?))
+        .with_conn(|c| c.query_row("SELECT count(*) FROM demo_effects", [], |r| r.get(0)))
         .unwrap()
 }
 
@@ -293,12 +293,18 @@ async fn a_turn_without_a_claimed_next_step_resumes() {
     // history is lifted for this one edit, then put back.
     let removed = store
         .with_conn(|c| {
-            let guard: String = c.query_row(
-                "SELECT sql FROM sqlite_master WHERE name = 'steps_never_deleted'",
-                [],
-                |r| r.get(0),
-            )?;
-            c.execute_batch("DROP TRIGGER steps_never_deleted")?;
+            let guard: String = if on_postgres() {
+                c.execute_batch("ALTER TABLE steps DISABLE TRIGGER steps_never_deleted")?;
+                "ALTER TABLE steps ENABLE TRIGGER steps_never_deleted".into()
+            } else {
+                let sql = c.query_row(
+                    "SELECT sql FROM sqlite_master WHERE name = 'steps_never_deleted'",
+                    [],
+                    |r| r.get(0),
+                )?;
+                c.execute_batch("DROP TRIGGER steps_never_deleted")?;
+                sql
+            };
             let n = c.execute(
                 "DELETE FROM steps WHERE status = 'running' AND idx > 0 \
                  AND NOT EXISTS (SELECT 1 FROM tool_invocations WHERE step_id = steps.id)",
@@ -359,15 +365,15 @@ fn charge_runner(
 
 /// (status, result) of the `charge` invocation.
 fn charge_row(store: &abridge::Store) -> Option<(String, Option<String>)> {
-    use rusqlite::OptionalExtension;
+    use abridge::store::OptionalExtension;
     store
         .with_conn(|c| {
-            Ok(c.query_row(
+            c.query_row(
                 "SELECT status, result FROM tool_invocations WHERE tool_name = 'charge'",
                 [],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
-            .optional()?)
+            .optional()
         })
         .unwrap()
 }

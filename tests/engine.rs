@@ -45,7 +45,11 @@ impl ModelClient for ThreeModes {
 /// records the task it ran in.
 struct Note(Arc<Mutex<Vec<Option<tokio::task::Id>>>>);
 impl TransactionalTool for Note {
-    fn call(&self, tx: &rusqlite::Transaction<'_>, call: &ToolCall) -> Result<Value, ToolError> {
+    fn call(
+        &self,
+        tx: &abridge::store::Transaction<'_>,
+        call: &ToolCall,
+    ) -> Result<Value, ToolError> {
         self.0.lock().unwrap().push(tokio::task::try_id());
         tx.execute(
             "INSERT INTO notes (key) VALUES (?1)",
@@ -83,7 +87,7 @@ type Keys = Arc<Mutex<Vec<String>>>;
 fn three_mode_runner(store: &abridge::Store) -> (Runner, Ids, Ids, Keys, Keys) {
     store
         .with_conn(|c| {
-            c.execute_batch("CREATE TABLE IF NOT EXISTS notes (key TEXT PRIMARY KEY)")?;
+            c.execute_batch("CREATE TABLE IF NOT EXISTS notes (id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE)")?;
             Ok(())
         })
         .unwrap();
@@ -140,7 +144,7 @@ async fn multi_turn_run_with_tools_in_all_three_modes() {
     // Each mode ran six times, once per turn, with the keys recorded.
     let notes: Vec<String> = store
         .with_conn(|c| {
-            let mut st = c.prepare("SELECT key FROM notes ORDER BY rowid")?;
+            let mut st = c.prepare("SELECT key FROM notes ORDER BY id")?;
             let v = st.query_map([], |r| r.get(0))?;
             Ok(v.collect::<rusqlite::Result<Vec<_>>>()?)
         })
@@ -213,7 +217,7 @@ fn in_place_blocking_runs_turns_on_both_runtime_flavors() {
         };
         let (_d, path) = temp_db();
         let store = abridge::Store::open_with(
-            &path,
+            common::db_for(&path),
             abridge::StoreOptions::default().with_blocking(blocking),
         )
         .unwrap();
@@ -242,7 +246,8 @@ fn in_place_blocking_runs_turns_on_both_runtime_flavors() {
             .collect();
         assert_eq!(
             same,
-            vec![in_place; 4],
+            // A PostgreSQL store's calls always run on the blocking pool.
+            vec![in_place && !on_postgres(); 4],
             "multi-thread {multi}, {blocking:?}: {turn_tasks:?} vs {tool_ids:?}"
         );
         assert_verified(&store);
@@ -319,11 +324,11 @@ async fn kept_contexts_extend_over_turns_other_runners_ran() {
     }
     let compactions: i64 = store
         .with_conn(|c| {
-            Ok(c.query_row(
+            c.query_row(
                 "SELECT count(*) FROM compactions WHERE status = 'completed'",
                 [],
                 |r| r.get(0),
-            )?)
+            )
         })
         .unwrap();
     assert!(
@@ -531,7 +536,7 @@ impl ModelClient for Recording {
 async fn the_estimate_counts_the_exact_bytes_sent_with_any_token_counter() {
     for custom in [false, true] {
         let (_d, path) = temp_db();
-        let store = abridge::Store::open(&path).unwrap();
+        let store = abridge::Store::open(common::db_for(&path)).unwrap();
         let model = Arc::new(Recording(Mutex::new(Vec::new())));
         let mut compaction = abridge::CompactionConfig::default().with_compact_at(Threshold::Off);
         if custom {

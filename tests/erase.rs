@@ -107,11 +107,11 @@ async fn a_deleted_sessions_text_is_gone_from_the_file_and_the_others_still_veri
     verify_and_replay(&store);
     let (erasures, gate): (i64, i64) = store
         .with_conn(|c| {
-            Ok(c.query_row(
+            c.query_row(
                 "SELECT (SELECT count(*) FROM erasures), (SELECT count(*) FROM erasing)",
                 [],
                 |r| Ok((r.get(0)?, r.get(1)?)),
-            )?)
+            )
         })
         .unwrap();
     assert_eq!((erasures, gate), (1, 0));
@@ -121,7 +121,7 @@ async fn a_deleted_sessions_text_is_gone_from_the_file_and_the_others_still_veri
         Err(Error::SessionDeleted { session_id }) if session_id == deleted.session_id
     ));
     // The schema still refuses any other delete.
-    let refused = store.with_conn(|c| Ok(c.execute("DELETE FROM turns", [])?));
+    let refused = store.with_conn(|c| c.execute("DELETE FROM turns", []));
     assert!(refused.is_err());
     // VACUUM returns the space.
     let size = std::fs::metadata(&db).unwrap().len();
@@ -146,18 +146,16 @@ async fn ids_of_deleted_rows_are_never_taken_again() {
     let max = |table: &'static str| {
         store
             .with_conn(move |c| {
-                Ok(
-                    c.query_row(&format!("SELECT max(id) FROM {table}"), [], |r| {
-                        r.get::<_, i64>(0)
-                    })?,
-                )
+                c.query_row(&format!("SELECT max(id) FROM {table}"), [], |r| {
+                    r.get::<_, i64>(0)
+                })
             })
             .unwrap()
     };
     let (turns, compactions) = (max("turns"), max("compactions"));
     // The newest session holds the highest ids.
     let newest = store
-        .with_conn(|c| Ok(c.query_row("SELECT max(id) FROM sessions", [], |r| r.get::<_, i64>(0))?))
+        .with_conn(|c| c.query_row("SELECT max(id) FROM sessions", [], |r| r.get::<_, i64>(0)))
         .unwrap();
     store
         .delete_session(abridge::SessionId(newest))
@@ -255,14 +253,14 @@ fn a_delete_racing_a_running_turn_in_another_process_refuses_its_next_write() {
     // Nothing of the session came back, and the rest verifies.
     let left: i64 = store
         .with_conn(|c| {
-            Ok(c.query_row(
+            c.query_row(
                 "SELECT (SELECT count(*) FROM turns WHERE session_id = ?1) \
                       + (SELECT count(*) FROM compactions WHERE session_id = ?1) \
                       + (SELECT count(*) FROM pins WHERE session_id = ?1) \
                       + (SELECT count(*) FROM sessions WHERE id = ?1)",
                 [deleted.session_id],
                 |r| r.get(0),
-            )?)
+            )
         })
         .unwrap();
     assert_eq!(left, 0);

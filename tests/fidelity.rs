@@ -549,12 +549,12 @@ async fn keep_recent_tokens_keeps_the_newest_turns_that_fit() {
             .with_conn({
                 let id = c.id;
                 move |conn| {
-                    Ok(conn.query_row(
+                    conn.query_row(
                         "SELECT min(t.idx) FROM steps s JOIN turns t ON t.id = s.turn_id \
                          WHERE s.compaction_id = ?1",
                         [id],
                         |r| r.get::<_, i64>(0),
-                    )?)
+                    )
                 }
             })
             .unwrap();
@@ -587,7 +587,7 @@ async fn reading_the_live_pins_does_not_walk_every_value_a_slot_had() {
             .with_conn(move |c| {
                 let steps = Arc::new(AtomicUsize::new(0));
                 let counter = steps.clone();
-                c.progress_handler(
+                c.as_sqlite().unwrap().progress_handler(
                     10,
                     Some(move || {
                         counter.fetch_add(1, Ordering::SeqCst);
@@ -600,7 +600,9 @@ async fn reading_the_live_pins_does_not_walk_every_value_a_slot_had() {
                     i64::MAX,
                     abridge::pins::DEFAULT_PINS_WINDOW,
                 )?;
-                c.progress_handler(0, None::<fn() -> bool>)?;
+                c.as_sqlite()
+                    .unwrap()
+                    .progress_handler(0, None::<fn() -> bool>)?;
                 assert_eq!(
                     live.iter()
                         .filter(|p| p.slot.as_deref() == Some("size"))

@@ -148,7 +148,11 @@ impl ModelClient for GoldenModel {
 
 struct Note;
 impl TransactionalTool for Note {
-    fn call(&self, tx: &rusqlite::Transaction<'_>, call: &ToolCall) -> Result<Value, ToolError> {
+    fn call(
+        &self,
+        tx: &abridge::store::Transaction<'_>,
+        call: &ToolCall,
+    ) -> Result<Value, ToolError> {
         tx.execute(
             "INSERT INTO golden_notes (key, body) VALUES (?1, ?2)",
             (&call.idempotency_key, call.input.to_string()),

@@ -90,7 +90,7 @@ async fn until<T, F: std::future::Future<Output = Option<T>>>(
 
 fn only_turn_id(store: &abridge::Store) -> abridge::TurnId {
     store
-        .with_conn(|c| Ok(c.query_row("SELECT id FROM turns", [], |r| r.get(0))?))
+        .with_conn(|c| c.query_row("SELECT id FROM turns", [], |r| r.get(0)))
         .unwrap()
 }
 
@@ -98,11 +98,11 @@ fn only_turn_id(store: &abridge::Store) -> abridge::TurnId {
 fn lease_expired(store: &abridge::Store, turn_id: abridge::TurnId) -> bool {
     let exp: Option<i64> = store
         .with_conn(move |c| {
-            Ok(c.query_row(
+            c.query_row(
                 "SELECT lease_expires_at FROM turns WHERE id = ?1",
                 [turn_id],
                 |r| r.get(0),
-            )?)
+            )
         })
         .unwrap();
     exp.is_some_and(|e| e < abridge::store::now_ms())
@@ -165,7 +165,7 @@ async fn stale_lease_holder_is_fenced_and_the_taker_finishes_the_turn() {
     assert!(matches!(late, Err(Error::LeaseLost { .. })), "{late:?}");
     // Nothing the frozen runner did after losing the lease reached the store.
     let steps: i64 = store
-        .with_conn(|c| Ok(c.query_row("SELECT count(*) FROM steps", [], |r| r.get(0))?))
+        .with_conn(|c| c.query_row("SELECT count(*) FROM steps", [], |r| r.get(0)))
         .unwrap();
     assert_eq!(steps, done.steps);
     assert_verified(&store);

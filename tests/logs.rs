@@ -106,11 +106,9 @@ async fn run(log_content: bool) -> (Vec<String>, String) {
     );
     let stored: String = store
         .with_conn(|c| {
-            Ok(
-                c.query_row("SELECT error FROM turns WHERE status = 'failed'", [], |r| {
-                    r.get(0)
-                })?,
-            )
+            c.query_row("SELECT error FROM turns WHERE status = 'failed'", [], |r| {
+                r.get(0)
+            })
         })
         .unwrap();
     assert!(stored.contains(SECRET), "the store keeps the error whole");

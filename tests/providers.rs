@@ -651,11 +651,11 @@ async fn an_overflow_inside_one_turn_sends_older_tool_results_as_placeholders() 
     assert!(!sent.contains("result of tool call call_2 left out"));
     let full: i64 = store
         .with_conn(|c| {
-            Ok(c.query_row(
+            c.query_row(
                 "SELECT count(*) FROM tool_invocations WHERE length(result) > 2000",
                 [],
                 |r| r.get(0),
-            )?)
+            )
         })
         .unwrap();
     assert_eq!(full, 4, "every full result stays in the store");
@@ -678,7 +678,7 @@ async fn a_context_that_cannot_fit_is_a_typed_error() {
     );
     assert_eq!(fake.seen().len(), 1);
     let status: String = store
-        .with_conn(|c| Ok(c.query_row("SELECT status FROM turns", [], |r| r.get(0))?))
+        .with_conn(|c| c.query_row("SELECT status FROM turns", [], |r| r.get(0)))
         .unwrap();
     assert_eq!(status, "failed");
     assert_store_holds(&store);

@@ -105,7 +105,7 @@ async fn cost_of_turn_at(h: i64, compact_at: Threshold) -> Cost {
     .unwrap();
     store
         .with_conn(|c| {
-            c.trace_v2(
+            c.as_sqlite().unwrap().trace_v2(
                 TraceEventCodes::SQLITE_TRACE_STMT | TraceEventCodes::SQLITE_TRACE_ROW,
                 Some(count),
             );
@@ -142,7 +142,7 @@ async fn cost_of_turn_at(h: i64, compact_at: Threshold) -> Cost {
             c.execute_batch("PRAGMA wal_autocheckpoint = 0")?;
             c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
             Ok((
-                c.total_changes(),
+                c.as_sqlite().unwrap().total_changes(),
                 c.query_row("PRAGMA page_size", [], |r| r.get::<_, i64>(0))? as u64,
             ))
         })
@@ -154,7 +154,9 @@ async fn cost_of_turn_at(h: i64, compact_at: Threshold) -> Cost {
     RECORD.store(false, Ordering::SeqCst);
     assert_eq!(out.steps, 2);
     let after = counters();
-    let changes_after = store.with_conn(|c| Ok(c.total_changes())).unwrap();
+    let changes_after = store
+        .with_conn(|c| Ok(c.as_sqlite().unwrap().total_changes()))
+        .unwrap();
     let wal_after = std::fs::metadata(&wal).unwrap().len();
     let cost = Cost {
         statements: after[0] - before[0],
@@ -203,7 +205,10 @@ fn assert_no_history_scan(store: &Store) {
                 {
                     continue; // BEGIN, COMMIT, SAVEPOINT, pragmas
                 }
-                let mut st = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
+                let mut st = c
+                    .as_sqlite()
+                    .unwrap()
+                    .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
                 // Parameters left unbound (NULL): the plan does not depend on them.
                 let mut rows = st.raw_query();
                 let mut plan = Vec::new();

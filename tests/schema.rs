@@ -149,7 +149,7 @@ fn version_one_store() -> (tempfile::TempDir, std::path::PathBuf) {
     (d, p)
 }
 
-fn counts(c: &rusqlite::Connection) -> Vec<i64> {
+fn counts(c: &abridge::store::Connection) -> Vec<i64> {
     [
         "sessions",
         "turns",
@@ -168,7 +168,7 @@ fn counts(c: &rusqlite::Connection) -> Vec<i64> {
 #[test]
 fn a_version_one_store_is_migrated_to_the_current_version_keeping_every_row() {
     let (_d, p) = version_one_store();
-    let before = counts(&rusqlite::Connection::open(&p).unwrap());
+    let before = counts(&rusqlite::Connection::open(&p).unwrap().into());
     let store = Store::open(&p).unwrap();
     let (v, after, formats) = store
         .with_conn(|c| {
@@ -225,7 +225,10 @@ fn g6_the_schema_refuses_deleting_history_and_changing_finished_rows() {
          WHERE up_to_turn_index = 7 AND session_id = 1",
     )
     .unwrap();
-    assert_eq!(counts(&c)[4], 9);
+    assert_eq!(
+        counts(&rusqlite::Connection::open(&p).unwrap().into())[4],
+        9
+    );
     // Pins: never deleted, never changed, marked superseded once.
     c.execute_batch(
         "INSERT INTO pins (session_id, turn_index, kind, slot, value, sentence, source, created_at) \
@@ -321,8 +324,8 @@ fn closed_store() -> (tempfile::TempDir, std::path::PathBuf) {
     (d, p)
 }
 
-fn session_count(c: &rusqlite::Connection) -> abridge::Result<i64> {
-    Ok(c.query_row("SELECT count(*) FROM sessions", [], |r| r.get(0))?)
+fn session_count(c: &abridge::store::Connection) -> abridge::Result<i64> {
+    c.query_row("SELECT count(*) FROM sessions", [], |r| r.get(0))
 }
 
 fn add_session(c: &rusqlite::Connection, external_id: &str) {
@@ -423,7 +426,7 @@ fn the_bench_truncation_removes_turns_and_leaves_the_guards_in_place() {
     let store = Store::open(&p).unwrap();
     let count_turns = |store: &Store| -> i64 {
         store
-            .with_conn(|c| Ok(c.query_row("SELECT count(*) FROM turns", [], |r| r.get(0))?))
+            .with_conn(|c| c.query_row("SELECT count(*) FROM turns", [], |r| r.get(0)))
             .unwrap()
     };
     let triggers = |store: &Store| -> Vec<String> {
@@ -440,12 +443,12 @@ fn the_bench_truncation_removes_turns_and_leaves_the_guards_in_place() {
     let before = triggers(&store);
     let sid = store
         .with_conn(|c| {
-            c.execute(
+            Ok(abridge::SessionId(c.query_row(
                 "INSERT INTO sessions (external_id, model, system_prompt, created_at) \
-                 VALUES ('b', 'm', 's', 0)",
+                 VALUES ('b', 'm', 's', 0) RETURNING id",
                 [],
-            )?;
-            Ok(abridge::SessionId(c.last_insert_rowid()))
+                |r| r.get(0),
+            )?))
         })
         .unwrap();
     let shape = SeedShape {
@@ -460,13 +463,13 @@ fn the_bench_truncation_removes_turns_and_leaves_the_guards_in_place() {
     assert_eq!(count_turns(&store), 6);
     assert_eq!(triggers(&store), before, "the guards are back as they were");
     // And they still guard.
-    let refused = store.with_conn(|c| Ok(c.execute("DELETE FROM turns", [])?));
+    let refused = store.with_conn(|c| c.execute("DELETE FROM turns", []));
     assert!(refused.is_err());
     store
         .with_conn(abridge::store::bench::clear_compactions)
         .unwrap();
     let left: i64 = store
-        .with_conn(|c| Ok(c.query_row("SELECT count(*) FROM compactions", [], |r| r.get(0))?))
+        .with_conn(|c| c.query_row("SELECT count(*) FROM compactions", [], |r| r.get(0)))
         .unwrap();
     assert_eq!(left, 0);
     assert_eq!(triggers(&store), before);

@@ -261,7 +261,7 @@ impl Compactor {
     /// at once when this step has reached the hard threshold.
     pub(crate) fn decide(
         &self,
-        c: &rusqlite::Connection,
+        c: &crate::store::Connection,
         session: &SessionRow,
         turn_idx: i64,
         step_idx: i64,
@@ -546,7 +546,7 @@ impl Compactor {
     /// it for another process (then None).
     pub(crate) fn claim_background(
         &self,
-        c: &mut rusqlite::Connection,
+        c: &mut crate::store::Connection,
         sid: SessionId,
         boundary: i64,
         measure: Option<i64>,

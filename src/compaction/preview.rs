@@ -49,7 +49,7 @@ pub struct CompactionPreview {
 /// turn, less the kept recent ones), with the row already there, if any.
 pub(super) fn manual_plan(
     config: &CompactionConfig,
-    c: &rusqlite::Connection,
+    c: &crate::store::Connection,
     session_id: SessionId,
 ) -> Result<ManualPlan> {
     store::get_session(c, session_id)?;
@@ -97,7 +97,7 @@ pub(super) fn manual_plan(
 /// answer is at most [`CompactionConfig::summary_chars`] plus the block.
 pub fn preview(
     config: &CompactionConfig,
-    c: &rusqlite::Connection,
+    c: &crate::store::Connection,
     session_id: SessionId,
     focus: Option<&str>,
 ) -> Result<CompactionPreview> {

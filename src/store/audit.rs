@@ -1,9 +1,10 @@
 //! Counts and checks over whole tables, for `inspect` and `verify`.
 
+use super::db::Connection;
 use super::rows::*;
 use crate::error::Result;
 use crate::ids::{CompactionId, InvocationId, SessionId, StepId};
-use rusqlite::{params, Connection};
+use rusqlite::params;
 
 /// Counts for one session.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -47,16 +48,16 @@ impl SessionCounts {
 /// Steps of a session that waited for a summary, and their waits summed (ms).
 #[cfg(feature = "harness")]
 pub(crate) fn summary_waits(conn: &Connection, session_id: SessionId) -> Result<(i64, i64)> {
-    Ok(conn.query_row(
+    conn.query_row(
         "SELECT count(s.summary_wait_ms), coalesce(sum(s.summary_wait_ms), 0) \
          FROM steps s JOIN turns t ON t.id = s.turn_id WHERE t.session_id = ?1",
         [session_id],
         |r| Ok((r.get(0)?, r.get(1)?)),
-    )?)
+    )
 }
 
 pub(crate) fn session_counts(conn: &Connection, session_id: SessionId) -> Result<SessionCounts> {
-    Ok(conn.query_row(
+    conn.query_row(
         "SELECT
            (SELECT count(*) FROM turns WHERE session_id = ?1),
            (SELECT count(*) FROM turns WHERE session_id = ?1 AND status = 'completed'),
@@ -91,7 +92,7 @@ pub(crate) fn session_counts(conn: &Connection, session_id: SessionId) -> Result
                 cache_write_tokens: r.get::<_, Option<i64>>(8)?.and(r.get(10)?),
             })
         },
-    )?)
+    )
 }
 
 /// Ids of every executed step (one with a recorded hash), optionally of one session.
@@ -101,7 +102,7 @@ pub(crate) fn executed_step_ids(
 ) -> Result<Vec<StepId>> {
     let mut st = conn.prepare(
         "SELECT s.id FROM steps s JOIN turns t ON s.turn_id = t.id \
-         WHERE s.messages_sha256 IS NOT NULL AND (?1 IS NULL OR t.session_id = ?1) ORDER BY s.id",
+         WHERE s.messages_sha256 IS NOT NULL AND (CAST(?1 AS BIGINT) IS NULL OR t.session_id = ?1) ORDER BY s.id",
     )?;
     let rows = st.query_map(params![session_id], |r| r.get(0))?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
@@ -197,11 +198,15 @@ pub(crate) fn invocation_anomalies(conn: &Connection) -> Result<InvocationAnomal
 
 /// Counts: (steps executed, tool invocations).
 pub(crate) fn invocation_count(conn: &Connection) -> Result<i64> {
-    Ok(conn.query_row("SELECT count(*) FROM tool_invocations", [], |r| r.get(0))?)
+    conn.query_row("SELECT count(*) FROM tool_invocations", [], |r| r.get(0))
 }
 
 /// `PRAGMA integrity_check`: the lines it reports ("ok" when sound).
 pub(crate) fn integrity_check(conn: &Connection) -> Result<Vec<String>> {
+    #[cfg(feature = "postgres")]
+    if conn.kind() == super::BackendKind::Postgres {
+        return super::pg::rules_in_place(conn);
+    }
     let mut st = conn.prepare("PRAGMA integrity_check")?;
     let rows = st.query_map([], |r| r.get(0))?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
@@ -210,44 +215,43 @@ pub(crate) fn integrity_check(conn: &Connection) -> Result<Vec<String>> {
 /// (sessions, turns, turns failed, completed compactions) of the whole store.
 #[cfg(all(feature = "harness", unix))]
 pub(crate) fn run_totals(conn: &Connection) -> Result<(i64, i64, i64, i64)> {
-    Ok(conn.query_row(
+    conn.query_row(
         "SELECT (SELECT count(*) FROM sessions), (SELECT count(*) FROM turns), \
                 (SELECT count(*) FROM turns WHERE status = 'failed'), \
                 (SELECT count(*) FROM compactions WHERE status = 'completed')",
         [],
         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-    )?)
+    )
 }
 
 /// (completed compactions made in the background, steps that waited for a summary).
 #[cfg(all(feature = "harness", unix))]
 pub(crate) fn background_totals(conn: &Connection) -> Result<(i64, i64)> {
-    Ok(conn.query_row(
+    conn.query_row(
         "SELECT (SELECT count(*) FROM compactions WHERE status = 'completed' AND background = 1), \
                 (SELECT count(*) FROM steps WHERE summary_wait_ms IS NOT NULL)",
         [],
         |r| Ok((r.get(0)?, r.get(1)?)),
-    )?)
+    )
 }
 
 /// (turns whose lease was taken more than once, compactions claimed more than once).
 #[cfg(all(feature = "harness", unix))]
 pub(crate) fn takeovers(conn: &Connection) -> Result<(i64, i64)> {
-    Ok(conn.query_row(
+    conn.query_row(
         "SELECT (SELECT count(*) FROM turns WHERE lease_epoch > 1), \
                 (SELECT count(*) FROM compactions WHERE attempts > 1)",
         [],
         |r| Ok((r.get(0)?, r.get(1)?)),
-    )?)
+    )
 }
 
 /// Finished (completed or failed) turns of the session with this external id,
 /// 0 when it does not exist yet.
 pub fn finished_turns(conn: &Connection, external_id: &str) -> Result<i64> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT count(*) FROM turns t JOIN sessions s ON t.session_id = s.id \
+    conn.prepare_cached(
+        "SELECT count(*) FROM turns t JOIN sessions s ON t.session_id = s.id \
              WHERE s.external_id = ?1 AND t.status <> 'running'",
-        )?
-        .query_row([external_id], |r| r.get(0))?)
+    )?
+    .query_row([external_id], |r| r.get(0))
 }

@@ -1,11 +1,12 @@
 //! Bulk history for benchmarks: writes a session's past turns directly, in one
 //! transaction, as a runner would have left them. Not for production use.
 
+use super::db::Connection;
 use super::{now_ms, write_tx};
 use crate::error::Result;
 use crate::ids::SessionId;
 use crate::message::{sha256_hex, ModelResponse, ResponseBlock, Usage};
-use rusqlite::{params, Connection};
+use rusqlite::params;
 
 /// What each seeded turn holds.
 #[derive(Debug, Clone)]
@@ -42,17 +43,18 @@ pub fn seed_history(conn: &mut Connection, session_id: SessionId, shape: &SeedSh
     let now = now_ms();
     for k in 0..shape.turns {
         let idx = start + k;
-        tx.prepare_cached(
-            "INSERT INTO turns (session_id, idx, input, status, output, lease_epoch, created_at, finished_at) \
-             VALUES (?1, ?2, ?3, 'completed', 'done', 1, ?4, ?4)",
-        )?
-        .execute(params![
+        let turn_id = tx.prepare_cached(concat!(
+            "INSERT INTO turns (id, session_id, idx, input, status, output, lease_epoch, created_at, \
+             finished_at) VALUES (",
+            super::next_id!("turns"),
+            ", ?1, ?2, ?3, 'completed', 'done', 1, ?4, ?4) RETURNING id"
+        ))?
+        .query_row(params![
             session_id,
             idx,
             format!("Turn {idx}: where is order ORD-{} and can you ship to 10{:03}?", 10_000 + idx, idx % 1000),
             now
-        ])?;
-        let turn_id = tx.last_insert_rowid();
+        ], |r| r.get::<_, i64>(0))?;
         let usage = Usage {
             input_tokens: Some(1_000),
             output_tokens: Some(20),
@@ -90,14 +92,16 @@ pub fn seed_history(conn: &mut Connection, session_id: SessionId, shape: &SeedSh
                 }
             };
             let json = serde_json::to_string(&resp)?;
-            tx.prepare_cached(
+            let step_id = tx.prepare_cached(
                 "INSERT INTO steps (turn_id, idx, status, messages_sha256, response, input_tokens, \
                  output_tokens, context_tokens, created_at, responded_at, completed_at) \
-                 VALUES (?1, ?2, 'completed', ?3, ?4, 1000, 20, 1000, ?5, ?5, ?5)",
+                 VALUES (?1, ?2, 'completed', ?3, ?4, 1000, 20, 1000, ?5, ?5, ?5) RETURNING id",
             )?
-            .execute(params![turn_id, step_idx as i64, sha256_hex(json.as_bytes()), json, now])?;
+            .query_row(
+                params![turn_id, step_idx as i64, sha256_hex(json.as_bytes()), json, now],
+                |r| r.get::<_, i64>(0),
+            )?;
             if step_idx < k {
-                let step_id = tx.last_insert_rowid();
                 let sizes = &shape.tool_result_bytes;
                 let n = if sizes.is_empty() {
                     peer_result_size((idx as u64) * k as u64 + step_idx as u64)
@@ -121,9 +125,13 @@ pub fn seed_history(conn: &mut Connection, session_id: SessionId, shape: &SeedSh
                     "- a fact\n".repeat(60)
                 );
                 tx.execute(
-                    "INSERT INTO compactions (session_id, up_to_turn_index, up_to_turn_id, status, summary, \
-                     summary_sha256, trigger, attempts, tokens_before, tokens_after, summary_calls, created_at, \
-                     completed_at) VALUES (?1, ?2, ?3, 'completed', ?4, ?5, 'auto', 1, 5000, 200, 1, ?6, ?6)",
+                    concat!(
+                        "INSERT INTO compactions (id, session_id, up_to_turn_index, up_to_turn_id, status, \
+                         summary, summary_sha256, trigger, attempts, tokens_before, tokens_after, \
+                         summary_calls, created_at, completed_at) VALUES (",
+                        super::next_id!("compactions"),
+                        ", ?1, ?2, ?3, 'completed', ?4, ?5, 'auto', 1, 5000, 200, 1, ?6, ?6)"
+                    ),
                     params![session_id, idx, turn_id, summary, sha256_hex(summary.as_bytes()), now],
                 )?;
             }
@@ -173,7 +181,7 @@ pub fn clear_compactions(conn: &mut Connection) -> Result<()> {
 /// they were before it commits.
 fn lifting_delete_guards(
     conn: &mut Connection,
-    f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<()>,
+    f: impl FnOnce(&crate::store::Transaction<'_>) -> Result<()>,
 ) -> Result<()> {
     let tx = write_tx(conn)?;
     let guards: Vec<(String, String)> = {

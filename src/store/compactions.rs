@@ -1,10 +1,11 @@
 //! Compaction rows: claim, lease, complete, fail (G1, G2).
 
+use super::db::{Connection, OptionalExtension};
 use super::rows::*;
 use super::{now_ms, write_tx};
 use crate::error::{Error, Result};
 use crate::ids::{CompactionId, SessionId};
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::params;
 
 /// What a claim on a boundary found. Not a bool: each case asks the caller for
 /// something different.
@@ -62,12 +63,11 @@ pub struct CompactionStats {
 }
 
 pub(crate) fn get_compaction(conn: &Connection, id: CompactionId) -> Result<CompactionRow> {
-    Ok(conn
-        .prepare_cached(&format!(
-            "SELECT {} FROM compactions WHERE id = ?1",
-            CompactionRow::COLUMNS
-        ))?
-        .query_row([id], CompactionRow::from_row)?)
+    conn.prepare_cached(&format!(
+        "SELECT {} FROM compactions WHERE id = ?1",
+        CompactionRow::COLUMNS
+    ))?
+    .query_row([id], CompactionRow::from_row)
 }
 
 pub(crate) fn compaction_at(
@@ -75,13 +75,12 @@ pub(crate) fn compaction_at(
     session_id: SessionId,
     boundary: i64,
 ) -> Result<Option<CompactionRow>> {
-    Ok(conn
-        .prepare_cached(&format!(
-            "SELECT {} FROM compactions WHERE session_id = ?1 AND up_to_turn_index = ?2",
-            CompactionRow::COLUMNS
-        ))?
-        .query_row(params![session_id, boundary], CompactionRow::from_row)
-        .optional()?)
+    conn.prepare_cached(&format!(
+        "SELECT {} FROM compactions WHERE session_id = ?1 AND up_to_turn_index = ?2",
+        CompactionRow::COLUMNS
+    ))?
+    .query_row(params![session_id, boundary], CompactionRow::from_row)
+    .optional()
 }
 
 /// The newest completed compaction whose boundary is before turn `turn_idx`:
@@ -91,14 +90,13 @@ pub(crate) fn latest_completed(
     session_id: SessionId,
     turn_idx: i64,
 ) -> Result<Option<CompactionRow>> {
-    Ok(conn
-        .prepare_cached(&format!(
-            "SELECT {} FROM compactions WHERE session_id = ?1 AND status = 'completed' \
+    conn.prepare_cached(&format!(
+        "SELECT {} FROM compactions WHERE session_id = ?1 AND status = 'completed' \
              AND up_to_turn_index < ?2 ORDER BY up_to_turn_index DESC LIMIT 1",
-            CompactionRow::COLUMNS
-        ))?
-        .query_row(params![session_id, turn_idx], CompactionRow::from_row)
-        .optional()?)
+        CompactionRow::COLUMNS
+    ))?
+    .query_row(params![session_id, turn_idx], CompactionRow::from_row)
+    .optional()
 }
 
 pub(crate) fn list_compactions(
@@ -243,14 +241,13 @@ pub(crate) fn newest_pending(
     conn: &Connection,
     session_id: SessionId,
 ) -> Result<Option<CompactionRow>> {
-    Ok(conn
-        .prepare_cached(&format!(
-            "SELECT {} FROM compactions WHERE session_id = ?1 AND status = 'pending' \
+    conn.prepare_cached(&format!(
+        "SELECT {} FROM compactions WHERE session_id = ?1 AND status = 'pending' \
              ORDER BY up_to_turn_index DESC LIMIT 1",
-            CompactionRow::COLUMNS
-        ))?
-        .query_row(params![session_id], CompactionRow::from_row)
-        .optional()?)
+        CompactionRow::COLUMNS
+    ))?
+    .query_row(params![session_id], CompactionRow::from_row)
+    .optional()
 }
 
 /// Every pending row of the store, oldest first: what a background server

@@ -7,8 +7,9 @@
 //! repeated effect stays visible, which is what `verify` and the chaos harness
 //! look for.
 
+use super::db::Connection;
 use crate::error::Result;
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::params;
 
 /// Creates the demo tables if missing (IMMEDIATE: several processes may open
 /// the same new file at once).
@@ -72,14 +73,7 @@ pub enum DemoTable {
 
 /// True when the demo tables exist.
 pub fn has_demo_tables(conn: &Connection) -> Result<bool> {
-    Ok(conn
-        .query_row(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'demo_effects'",
-            [],
-            |_| Ok(()),
-        )
-        .optional()?
-        .is_some())
+    conn.has_table("demo_effects")
 }
 
 /// Effects per (table, key) applied more than once: (key, tool, count).
@@ -89,11 +83,11 @@ pub fn duplicate_effects(
 ) -> Result<Vec<(String, String, i64)>> {
     let sql = match table {
         DemoTable::Effects => {
-            "SELECT idempotency_key, tool, count(*) FROM demo_effects GROUP BY idempotency_key HAVING count(*) > 1"
+            "SELECT idempotency_key, min(tool), count(*) FROM demo_effects GROUP BY idempotency_key HAVING count(*) > 1"
         }
         DemoTable::External => {
-            "SELECT idempotency_key, tool, count(*) FROM demo_external GROUP BY idempotency_key \
-             HAVING count(DISTINCT arguments) > 1 OR (tool = 'charge_card' AND count(*) > 1)"
+            "SELECT idempotency_key, min(tool), count(*) FROM demo_external GROUP BY idempotency_key \
+             HAVING count(DISTINCT arguments) > 1 OR (min(tool) = 'charge_card' AND count(*) > 1)"
         }
     };
     let mut st = conn.prepare(sql)?;
@@ -107,7 +101,7 @@ pub fn count_effects(conn: &Connection, table: DemoTable) -> Result<i64> {
         DemoTable::Effects => "SELECT count(*) FROM demo_effects",
         DemoTable::External => "SELECT count(*) FROM demo_external",
     };
-    Ok(conn.query_row(sql, [], |r| r.get(0))?)
+    conn.query_row(sql, [], |r| r.get(0))
 }
 
 /// Every (key, tool, arguments) of a table, ordered: for comparing two runs.
@@ -159,7 +153,7 @@ pub fn effects_by_session(
 /// deleted session's effects are the host's rows and stay (its invocations
 /// go with it).
 pub fn transactional_effect_balance(conn: &Connection) -> Result<(i64, i64)> {
-    Ok(conn.query_row(
+    conn.query_row(
         "SELECT (SELECT count(*) FROM tool_invocations i \
                  LEFT JOIN demo_effects e ON e.idempotency_key = i.idempotency_key \
                  WHERE i.effect = 'transactional' AND i.status = 'completed' AND e.id IS NULL \
@@ -169,7 +163,7 @@ pub fn transactional_effect_balance(conn: &Connection) -> Result<(i64, i64)> {
                  AND i.status = 'completed' WHERE i.id IS NULL)",
         [],
         |r| Ok((r.get(0)?, r.get(1)?)),
-    )?)
+    )
 }
 
 /// The demo's effects, checked as part of G5 by `abridge verify` and the

@@ -1,10 +1,11 @@
 //! Deleting a session whole: the one exception to append-only history.
 
+use super::db::Connection;
 use super::rows::SessionRow;
 use crate::error::Result;
 use crate::ids::SessionId;
 use crate::store::now_ms;
-use rusqlite::{params, Connection, TransactionBehavior};
+use rusqlite::params;
 
 /// The SQL expression of the id a new row of `table` takes: past both its
 /// highest id and the floor of the newest erasure (floors only grow: each
@@ -57,9 +58,9 @@ pub(crate) fn delete_session(
     idle_before: Option<i64>,
 ) -> Result<Option<Deleted>> {
     // (Every pooled connection has it on; said again for this delete.)
-    conn.execute_batch("PRAGMA secure_delete = ON")?;
+    conn.secure_delete()?;
     let sid = session.id;
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let tx = conn.write_tx()?;
     // Checked again inside the write lock: a racing delete already did it.
     super::get_session(&tx, sid)?;
     if let Some(before) = idle_before {
@@ -139,7 +140,17 @@ pub(crate) fn delete_session(
 
 /// Copies the WAL into the database file and truncates it; false when a
 /// reader of an older snapshot kept part of it.
+///
+/// On PostgreSQL, a plain `VACUUM` of the history tables instead: the old
+/// row versions' space is freed for reuse (the server's own write-ahead log
+/// and its retention are the server's to manage).
 pub(crate) fn checkpoint(conn: &Connection) -> Result<bool> {
+    if conn.kind() == super::BackendKind::Postgres {
+        conn.execute_batch(
+            "VACUUM sessions, turns, steps, tool_invocations, compactions, pins, redacted_rows",
+        )?;
+        return Ok(true);
+    }
     let (busy, log, done): (i64, i64, i64) =
         conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?))
@@ -149,18 +160,17 @@ pub(crate) fn checkpoint(conn: &Connection) -> Result<bool> {
 
 /// When `session`'s newest turn began, or it was created, with no turn.
 fn last_activity(conn: &Connection, session: &SessionRow) -> Result<i64> {
-    Ok(conn.query_row(
+    conn.query_row(
         "SELECT coalesce(max(created_at), ?2) FROM turns WHERE session_id = ?1",
         params![session.id, session.created_at],
         |r| r.get(0),
-    )?)
+    )
 }
 
 /// Whether session `id` was deleted (an erasure records it).
 pub(crate) fn was_deleted(conn: &Connection, id: SessionId) -> Result<bool> {
-    Ok(conn
-        .prepare_cached("SELECT 1 FROM erasures WHERE session_id = ?1 AND kind = 'delete'")?
-        .exists([id])?)
+    conn.prepare_cached("SELECT 1 FROM erasures WHERE session_id = ?1 AND kind = 'delete'")?
+        .exists([id])
 }
 
 /// Sessions whose newest turn (or, with none, the session itself) was

@@ -3,9 +3,10 @@
 //! Three range queries, whatever the history's length: the turns, their
 //! completed steps, and those steps' finished tool invocations.
 
+use super::db::Connection;
 use crate::error::Result;
 use crate::ids::{SessionId, StepId, TurnId};
-use rusqlite::{params, Connection};
+use rusqlite::params;
 
 /// A completed step as the message builder sees it.
 #[derive(Debug, Clone, PartialEq)]

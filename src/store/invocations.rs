@@ -1,12 +1,13 @@
 //! Tool invocations: claimed before an outside call, run inside the step's
 //! transaction for a transactional tool, finished with the result the model sees.
 
+use super::db::{Connection, OptionalExtension, Transaction};
 use super::leases::*;
 use super::now_ms;
 use super::rows::*;
 use crate::error::{Error, Result};
 use crate::ids::{InvocationId, StepId};
-use rusqlite::{params, Connection, OptionalExtension, Transaction};
+use rusqlite::params;
 
 /// A tool call to record.
 #[derive(Debug, Clone)]
@@ -30,7 +31,8 @@ pub(super) fn insert_or_get_invocation(
         "started",
         None,
         " ON CONFLICT (step_id, tool_call_id) DO NOTHING",
-    )? == 1;
+    )?
+    .is_some();
     let row = tx
         .prepare_cached(&format!(
             "SELECT {} FROM tool_invocations WHERE step_id = ?1 AND tool_call_id = ?2",
@@ -44,23 +46,23 @@ pub(super) fn insert_or_get_invocation(
 }
 
 /// Inserts an invocation row in `status` (with its result when finished);
-/// `tail` ends the statement. Returns the rows inserted.
+/// `tail` ends the statement. Returns the new row's id (None: not inserted).
 fn insert_invocation(
     tx: &Transaction<'_>,
     inv: &NewInvocation<'_>,
     status: &str,
     result: Option<&str>,
     tail: &str,
-) -> Result<usize> {
+) -> Result<Option<i64>> {
     let now = now_ms();
     let finished_at = result.map(|_| now);
-    Ok(tx
-        .prepare_cached(&format!(
+    tx.insert_returning_id(
+        &format!(
             "INSERT INTO tool_invocations (step_id, position, tool_call_id, tool_name, arguments, \
              effect, idempotency_key, status, result, created_at, completed_at) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11){tail}"
-        ))?
-        .execute(params![
+        ),
+        params![
             inv.step_id,
             inv.position,
             inv.tool_call_id,
@@ -72,7 +74,8 @@ fn insert_invocation(
             result,
             now,
             finished_at
-        ])?)
+        ],
+    )
 }
 
 /// Records that a tool call is about to run (or returns its row if it exists),
@@ -179,13 +182,12 @@ fn get_invocation_by_call(
     step_id: StepId,
     tool_call_id: &str,
 ) -> Result<Option<InvocationRow>> {
-    Ok(tx
-        .prepare_cached(&format!(
-            "SELECT {} FROM tool_invocations WHERE step_id = ?1 AND tool_call_id = ?2",
-            InvocationRow::COLUMNS
-        ))?
-        .query_row(params![step_id, tool_call_id], InvocationRow::from_row)
-        .optional()?)
+    tx.prepare_cached(&format!(
+        "SELECT {} FROM tool_invocations WHERE step_id = ?1 AND tool_call_id = ?2",
+        InvocationRow::COLUMNS
+    ))?
+    .query_row(params![step_id, tool_call_id], InvocationRow::from_row)
+    .optional()
 }
 
 /// Inserts an invocation already finished (a transactional tool, run in this
@@ -197,8 +199,11 @@ fn insert_finished_invocation(
     result: &str,
 ) -> Result<InvocationId> {
     let status = if ok { "completed" } else { "failed" };
-    insert_invocation(tx, inv, status, Some(result), "")?;
-    Ok(InvocationId(tx.last_insert_rowid()))
+    let id = insert_invocation(tx, inv, status, Some(result), "")?;
+    // Without ON CONFLICT, an insert either makes its row or fails.
+    Ok(InvocationId(
+        id.ok_or(rusqlite::Error::QueryReturnedNoRows)?,
+    ))
 }
 
 pub(crate) fn list_invocations(conn: &Connection, step_id: StepId) -> Result<Vec<InvocationRow>> {

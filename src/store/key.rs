@@ -120,7 +120,11 @@ mod registry {
 
     /// An ordinary connection to the store at `path`, with the key a store
     /// of this process opened it with (if any).
-    pub(crate) fn connect(path: &Path) -> Result<Connection> {
+    pub(crate) fn connect(path: &Path) -> Result<crate::store::Connection> {
+        #[cfg(feature = "postgres")]
+        if let Some(url) = path.to_str().filter(|p| crate::store::is_url(p)) {
+            return Ok(crate::store::pg::parse(url)?.connect()?.into());
+        }
         let key = keys()
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -128,7 +132,8 @@ mod registry {
             .cloned();
         let conn = Connection::open(path)?;
         apply_key(&conn, key.as_ref())?;
-        Ok(conn)
+        conn.busy_timeout(std::time::Duration::from_secs(30))?;
+        Ok(conn.into())
     }
 }
 #[cfg(feature = "harness")]

@@ -1,11 +1,12 @@
 //! Turn leases: taking one (a new turn, a takeover), fencing every write of
 //! a leased turn by its epoch, renewing it.
 
+use super::db::{Connection, OptionalExtension, Transaction};
 use super::rows::*;
 use super::{now_ms, write_tx};
 use crate::error::{Error, Result};
 use crate::ids::TurnId;
-use rusqlite::{params, Connection, OptionalExtension, Transaction};
+use rusqlite::params;
 
 /// A held turn lease: the right to write one turn's steps while `epoch` is current.
 #[derive(Debug, Clone, PartialEq, Eq)]

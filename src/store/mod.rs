@@ -32,6 +32,7 @@ mod audit;
 #[cfg(feature = "harness")]
 pub mod bench;
 mod compactions;
+mod db;
 #[cfg(feature = "harness")]
 pub mod demo;
 mod erase;
@@ -39,6 +40,8 @@ mod history;
 mod invocations;
 mod key;
 mod leases;
+#[cfg(feature = "postgres")]
+pub(crate) mod pg;
 mod pins;
 mod redact;
 mod rows;
@@ -50,9 +53,15 @@ mod turns;
 mod tx;
 
 pub use compactions::{ClaimOutcome, CompactionStats};
+pub use db::{
+    BackendKind, ColumnIndex, Connection, MappedRows, OptionalExtension, Params, Row, Rows,
+    Savepoint, Statement, Transaction,
+};
 pub(crate) use erase::*;
 pub use erase::{Deleted, IdleSession};
 pub use history::{HistoryStep, HistoryTurn};
+#[cfg(feature = "postgres")]
+pub use pg::SCHEMA_PG_SQL;
 pub(crate) use redact::*;
 pub use redact::{
     Pattern, Redacted, RedactedRows, RedactionMark, RedactionRecord, REDACTION_MARKER,
@@ -85,7 +94,6 @@ pub(crate) use tx::{in_read_tx, write_tx};
 use crate::error::{Error, Result};
 use crate::ids::SessionId;
 use r2d2_sqlite::SqliteConnectionManager;
-use rusqlite::Connection;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -194,12 +202,54 @@ impl Default for StoreOptions {
 /// A handle on one abridge database. Cheap to clone.
 #[derive(Clone)]
 pub struct Store {
-    pool: r2d2::Pool<SqliteConnectionManager>,
+    pool: r2d2::Pool<Manager>,
+    backend: BackendKind,
     path: PathBuf,
     blocking: Blocking,
     busy_timeout: Duration,
     settled: Arc<Settled>,
     file: Arc<FileIdentity>,
+}
+
+/// Makes the pool's connections, whichever the backend.
+#[derive(Debug)]
+enum Manager {
+    Sqlite(SqliteConnectionManager),
+    #[cfg(feature = "postgres")]
+    Postgres(pg::Manager),
+}
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = Connection;
+    type Error = Error;
+
+    fn connect(&self) -> Result<Connection> {
+        match self {
+            Manager::Sqlite(m) => Ok(Connection::from(m.connect()?)),
+            #[cfg(feature = "postgres")]
+            Manager::Postgres(m) => Ok(Connection::from(m.0.connect()?)),
+        }
+    }
+
+    fn is_valid(&self, conn: &mut Connection) -> Result<()> {
+        match (self, &mut conn.backend) {
+            (Manager::Sqlite(m), db::Backend::Sqlite(c)) => Ok(m.is_valid(c)?),
+            #[cfg(feature = "postgres")]
+            (Manager::Postgres(m), db::Backend::Postgres(c)) => m.is_valid(c),
+            #[allow(unreachable_patterns)]
+            _ => Ok(()),
+        }
+    }
+
+    fn has_broken(&self, conn: &mut Connection) -> bool {
+        match (self, &mut conn.backend) {
+            (Manager::Sqlite(m), db::Backend::Sqlite(c)) => m.has_broken(c),
+            #[cfg(feature = "postgres")]
+            (Manager::Postgres(_), db::Backend::Postgres(c)) => c.is_closed(),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
 }
 
 /// The database file as opened: a store whose file is deleted or replaced
@@ -253,6 +303,9 @@ impl Store {
     /// [`Error::SchemaTooNew`]; in each case the file is left untouched.
     pub fn open_with(path: impl AsRef<Path>, opts: StoreOptions) -> Result<Store> {
         let path = path.as_ref().to_path_buf();
+        if let Some(url) = path.to_str().filter(|p| is_url(p)) {
+            return Store::open_url(url, opts);
+        }
         check_path(&path)?;
         if opts.key.is_some() && !encryption_available() {
             return Err(Error::EncryptionUnavailable);
@@ -260,7 +313,7 @@ impl Store {
         create_private(&path)?;
         let key = opts.key.clone();
         {
-            let mut conn = Connection::open(&path).map_err(|e| map_open_err(&path, e))?;
+            let conn = rusqlite::Connection::open(&path).map_err(|e| map_open_err(&path, e))?;
             apply_key(&conn, key.as_ref())?;
             conn.busy_timeout(opts.busy_timeout)?;
             // Check before anything writes (journal_mode=WAL writes the header).
@@ -277,7 +330,7 @@ impl Store {
             if !mode.eq_ignore_ascii_case("wal") {
                 tracing::warn!(%mode, "journal_mode WAL not available");
             }
-            migrate(&mut conn, &path)?;
+            migrate(&mut Connection::from(conn), &path)?;
         }
         let busy = opts.busy_timeout;
         let sync = opts.synchronous;
@@ -300,6 +353,7 @@ impl Store {
             c.set_prepared_statement_cache_capacity(64);
             Ok(())
         });
+        let manager = Manager::Sqlite(manager);
         let pool = r2d2::Pool::builder()
             .max_size(opts.max_connections)
             // Longer than busy_timeout, so a connection wait never fires first.
@@ -314,6 +368,7 @@ impl Store {
         });
         Ok(Store {
             pool,
+            backend: BackendKind::Sqlite,
             path,
             blocking: opts.blocking,
             busy_timeout: busy,
@@ -322,7 +377,69 @@ impl Store {
         })
     }
 
-    /// The database file.
+    /// Opens a store on a PostgreSQL server (the `postgres` feature): a
+    /// libpq URL, `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`, with
+    /// abridge's own `?schema=NAME` (default `public`) naming the schema its
+    /// tables live in. The first open creates the schema and its tables in
+    /// one transaction under the store's advisory lock, so concurrent first
+    /// opens are safe. [`Store::open`] takes such a URL as its path.
+    ///
+    /// Its store calls always run on tokio's blocking pool
+    /// ([`Blocking::Pool`]: a round trip to a server is not for a worker
+    /// thread), `max_connections` is the pool's size and `busy_timeout` how
+    /// long a call waits for a pooled connection. A key is refused
+    /// ([`Error::Config`]): encryption at rest is the server's.
+    ///
+    /// Errors: [`Error::Unreachable`], [`Error::NoSuchDatabase`],
+    /// [`Error::SchemaTooNew`], [`Error::ForeignDatabase`] (the schema holds
+    /// other tables); nothing is written in each case. Without the
+    /// `postgres` feature, [`Error::Unsupported`].
+    pub fn open_url(url: &str, opts: StoreOptions) -> Result<Store> {
+        #[cfg(feature = "postgres")]
+        {
+            if opts.key.is_some() {
+                return Err(Error::Config(
+                    "a PostgreSQL store takes no key: encryption at rest is the server's".into(),
+                ));
+            }
+            let target = pg::parse(url)?;
+            target.migrate(&target.connect()?)?;
+            let pool = r2d2::Pool::builder()
+                .max_size(opts.max_connections)
+                .connection_timeout(opts.busy_timeout + Duration::from_secs(5))
+                // A server connection can drop: check it before handing it out.
+                .test_on_check_out(true)
+                .build(Manager::Postgres(pg::Manager(target.clone())))?;
+            Ok(Store {
+                pool,
+                backend: BackendKind::Postgres,
+                path: PathBuf::from(&target.display),
+                blocking: Blocking::Pool,
+                busy_timeout: opts.busy_timeout,
+                settled: Arc::default(),
+                file: Arc::new(FileIdentity {
+                    opened: None,
+                    gone: Default::default(),
+                }),
+            })
+        }
+        #[cfg(not(feature = "postgres"))]
+        {
+            let _ = (url, opts);
+            Err(Error::Unsupported {
+                what: "a postgres:// store (build with the `postgres` feature)",
+                backend: BackendKind::Postgres,
+            })
+        }
+    }
+
+    /// Which database this store is on.
+    pub fn backend(&self) -> BackendKind {
+        self.backend
+    }
+
+    /// The database file (for a PostgreSQL store, its URL without the
+    /// password).
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -438,14 +555,18 @@ impl Store {
         if let Some(conn) = self.pool.try_get() {
             /// Puts the busy handler back however `f` ends (a panic included),
             /// before the connection returns to the pool.
-            struct Restore<'c>(&'c Connection, Duration);
+            struct Restore<'c>(&'c rusqlite::Connection, Duration);
             impl Drop for Restore<'_> {
                 fn drop(&mut self) {
                     let _ = self.0.busy_timeout(self.1);
                 }
             }
-            conn.busy_timeout(Duration::ZERO)?;
-            let restore = Restore(&conn, self.busy_timeout);
+            let Some(raw) = conn.as_sqlite() else {
+                drop(conn);
+                return self.call(move |c| f(c)).await;
+            };
+            raw.busy_timeout(Duration::ZERO)?;
+            let restore = Restore(raw, self.busy_timeout);
             let r = f(&conn);
             drop(restore);
             match r {
@@ -473,6 +594,12 @@ pub(crate) fn lease_held_by_live_other(
         (Some(holder), Some(exp)) => exp >= now && holder != me && !holder_is_gone(holder),
         _ => false,
     }
+}
+
+/// Whether `db` names a PostgreSQL server (`postgres://…` or
+/// `postgresql://…`) rather than an SQLite file.
+pub fn is_url(db: &str) -> bool {
+    db.starts_with("postgres://") || db.starts_with("postgresql://")
 }
 
 /// Milliseconds since the Unix epoch.

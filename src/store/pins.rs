@@ -1,18 +1,19 @@
 //! Pinned facts: recorded with the turn that states them, read back live at a
 //! boundary (the newest value of each slot).
 
+use super::db::{Connection, OptionalExtension};
 use super::history::load_history;
 use super::now_ms;
 use crate::error::Result;
 use crate::ids::SessionId;
 use crate::message::{ModelResponse, ResponseBlock};
 use crate::pins::{Fact, FactKind, FactSource, Pin, PinExtractor, MAX_PINS_PER_TURN};
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::params;
 
 const PIN_COLUMNS: &str = "p.id, p.turn_index, p.kind, p.slot, p.value, p.sentence, p.source, \
      p.supersedes, (SELECT o.value FROM pins o WHERE o.id = p.supersedes)";
 
-fn pin_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Pin> {
+fn pin_from_row(r: &crate::store::Row<'_>) -> rusqlite::Result<Pin> {
     let kind: String = r.get(2)?;
     let source: String = r.get(6)?;
     Ok(Pin {
@@ -71,13 +72,11 @@ pub(crate) fn record_facts(
                 }
             }
         };
-        let n = conn
-            .prepare_cached(
-                "INSERT OR IGNORE INTO pins (session_id, turn_index, kind, slot, value, sentence, \
-                 source, supersedes, windowed, created_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-            )?
-            .execute(params![
+        let id = conn.insert_returning_id(
+            "INSERT INTO pins (session_id, turn_index, kind, slot, value, sentence, \
+             source, supersedes, windowed, created_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT DO NOTHING",
+            params![
                 session_id,
                 turn_index,
                 f.kind.as_str(),
@@ -88,13 +87,15 @@ pub(crate) fn record_facts(
                 supersedes,
                 crate::pins::window_group(f.kind, f.slot.is_some(), source),
                 now
-            ])?;
-        if let (1, Some(old)) = (n, supersedes) {
+            ],
+        )?;
+        let n = usize::from(id.is_some());
+        if let (Some(id), Some(old)) = (id, supersedes) {
             conn.prepare_cached(
                 "UPDATE pins SET superseded_by = ?1, superseded_at = ?2 \
                  WHERE id = ?3 AND superseded_by IS NULL",
             )?
-            .execute(params![conn.last_insert_rowid(), turn_index, old])?;
+            .execute(params![id, turn_index, old])?;
         }
         written += n;
     }
@@ -178,11 +179,11 @@ pub(crate) fn live_pins(
          UNION ALL \
          SELECT * FROM (SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 \
          AND p.windowed = 1 AND p.superseded_at IS NULL AND p.turn_index <= ?2 \
-         ORDER BY p.turn_index DESC, p.id DESC LIMIT ?3) \
+         ORDER BY p.turn_index DESC, p.id DESC LIMIT ?3) AS w1 \
          UNION ALL \
          SELECT * FROM (SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 \
          AND p.windowed = 2 AND p.superseded_at IS NULL AND p.turn_index <= ?2 \
-         ORDER BY p.turn_index DESC, p.id DESC LIMIT ?3) \
+         ORDER BY p.turn_index DESC, p.id DESC LIMIT ?3) AS w2 \
          ORDER BY 1"
     ))?;
     let window = i64::try_from(window).unwrap_or(i64::MAX);

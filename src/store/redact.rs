@@ -15,12 +15,13 @@
 //! redacted text (G2), a changed turn input the hash of its input before (a
 //! host re-submitting that input is recognised).
 
+use super::db::{Connection, OptionalExtension};
 use super::rows::SessionRow;
 use crate::error::{Error, Result};
 use crate::ids::{SessionId, StepId};
 use crate::message::sha256_hex;
 use crate::store::now_ms;
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::params;
 use std::collections::HashMap;
 
 /// What every redacted occurrence is replaced by.
@@ -370,44 +371,40 @@ pub(crate) fn redaction_mark(
     tbl: &str,
     row_id: i64,
 ) -> Result<Option<RedactionMark>> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT r.id, r.at, x.sha256 FROM redacted_rows x JOIN redactions r \
+    conn.prepare_cached(
+        "SELECT r.id, r.at, x.sha256 FROM redacted_rows x JOIN redactions r \
              ON r.id = x.redaction_id WHERE x.tbl = ?1 AND x.row_id = ?2 AND x.sha256 IS NOT NULL \
              ORDER BY x.redaction_id DESC LIMIT 1",
-        )?
-        .query_row(params![tbl, row_id], |r| {
-            Ok(RedactionMark {
-                redaction_id: r.get(0)?,
-                at: r.get(1)?,
-                sha256: r.get(2)?,
-            })
+    )?
+    .query_row(params![tbl, row_id], |r| {
+        Ok(RedactionMark {
+            redaction_id: r.get(0)?,
+            at: r.get(1)?,
+            sha256: r.get(2)?,
         })
-        .optional()?)
+    })
+    .optional()
 }
 
 /// True when a redaction changed row `row_id` of `tbl`.
 pub(crate) fn row_redacted(conn: &Connection, tbl: &str, row_id: i64) -> Result<bool> {
-    Ok(conn
-        .prepare_cached("SELECT 1 FROM redacted_rows WHERE tbl = ?1 AND row_id = ?2")?
-        .exists(params![tbl, row_id])?)
+    conn.prepare_cached("SELECT 1 FROM redacted_rows WHERE tbl = ?1 AND row_id = ?2")?
+        .exists(params![tbl, row_id])
 }
 
 /// The newest redaction of a session (its id), 0 when none: what a kept
 /// context and a summary in flight were read under.
 pub(crate) fn session_redaction(conn: &Connection, session_id: SessionId) -> Result<i64> {
-    Ok(conn
-        .prepare_cached("SELECT coalesce(max(id), 0) FROM redactions WHERE session_id = ?1")?
-        .query_row([session_id], |r| r.get(0))?)
+    conn.prepare_cached("SELECT coalesce(max(id), 0) FROM redactions WHERE session_id = ?1")?
+        .query_row([session_id], |r| r.get(0))
 }
 
 /// True when turn `turn_id`'s input read `input` before a redaction changed it.
 pub(crate) fn input_before_redaction(conn: &Connection, turn_id: i64, input: &str) -> Result<bool> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT 1 FROM redacted_rows WHERE tbl = 'turns' AND row_id = ?1 AND sha256 = ?2",
-        )?
-        .exists(params![turn_id, sha256_hex(input.as_bytes())])?)
+    conn.prepare_cached(
+        "SELECT 1 FROM redacted_rows WHERE tbl = 'turns' AND row_id = ?1 AND sha256 = ?2",
+    )?
+    .exists(params![turn_id, sha256_hex(input.as_bytes())])
 }
 
 /// What an executed step rebuilds to, and whether that is the hash it is
@@ -550,7 +547,7 @@ pub(crate) fn redact(
     pattern: &Pattern,
     dry_run: bool,
 ) -> Result<Redacted> {
-    conn.execute_batch("PRAGMA secure_delete = ON")?;
+    conn.secure_delete()?;
     let sid = session.id;
     // What each executed step rebuilds to now, and whether that is what it
     // is checked against (a step that did not verify before is left to
@@ -569,7 +566,7 @@ pub(crate) fn redact(
         }
         Ok((session_redaction(c, sid)?, before))
     })?;
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let tx = conn.write_tx()?;
     super::get_session(&tx, sid)?;
     if session_redaction(&tx, sid)? != seen_redaction {
         before.clear();
@@ -644,7 +641,7 @@ pub(crate) fn redact(
             rebuilt.push((*id, now));
         }
     }
-    tx.execute(
+    let redaction_id = tx.insert_returning_id(
         "INSERT INTO redactions (session_id, pattern_kind, pattern_sha256, marker, occurrences, \
          rows, steps_rebuilt, turns_fenced, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         params![
@@ -658,8 +655,8 @@ pub(crate) fn redact(
             turns_fenced,
             now_ms()
         ],
-    )?;
-    let redaction_id = tx.last_insert_rowid();
+    )?
+    .ok_or(rusqlite::Error::QueryReturnedNoRows)?;
     {
         let mut ins = tx.prepare(
             "INSERT INTO redacted_rows (redaction_id, tbl, row_id, sha256) VALUES (?1, ?2, ?3, ?4)",

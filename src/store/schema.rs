@@ -3,7 +3,7 @@
 //! and the numbered migrations after it.
 
 use crate::error::{Error, Result};
-use rusqlite::{Connection, TransactionBehavior};
+use rusqlite::Connection;
 use std::path::Path;
 use std::time::Duration;
 
@@ -122,10 +122,10 @@ pub(super) fn retry_busy<T>(
     }
 }
 
-pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+pub(super) fn migrate(conn: &mut super::db::Connection, path: &Path) -> Result<()> {
+    let tx = conn.write_tx()?;
     // Re-check inside the write lock: another process may have migrated first.
-    let version = check_file(&tx, path)?;
+    let version = check_file(tx.sqlite("the schema check")?, path)?;
     if version == 0 {
         tx.execute_batch(SCHEMA_SQL)?;
         tx.execute_batch("PRAGMA user_version = 1")?;

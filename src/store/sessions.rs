@@ -1,10 +1,11 @@
 //! Sessions: created once per external id, read by id or external id.
 
+use super::db::{Connection, OptionalExtension};
 use super::rows::*;
 use super::{now_ms, write_tx};
 use crate::error::{Error, Result};
 use crate::ids::SessionId;
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::params;
 
 pub(crate) fn get_session(conn: &Connection, id: SessionId) -> Result<SessionRow> {
     conn.prepare_cached(&format!(
@@ -26,13 +27,12 @@ pub(crate) fn get_session(conn: &Connection, id: SessionId) -> Result<SessionRow
 }
 
 pub(crate) fn find_session(conn: &Connection, external_id: &str) -> Result<Option<SessionRow>> {
-    Ok(conn
-        .prepare_cached(&format!(
-            "SELECT {} FROM sessions WHERE external_id = ?1",
-            SessionRow::COLUMNS
-        ))?
-        .query_row([external_id], SessionRow::from_row)
-        .optional()?)
+    conn.prepare_cached(&format!(
+        "SELECT {} FROM sessions WHERE external_id = ?1",
+        SessionRow::COLUMNS
+    ))?
+    .query_row([external_id], SessionRow::from_row)
+    .optional()
 }
 
 pub(crate) fn list_sessions(conn: &Connection) -> Result<Vec<SessionRow>> {

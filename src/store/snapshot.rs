@@ -1,10 +1,11 @@
 //! Read-only access to a store from outside any host: an ordinary read-only
 //! connection, and the trace-free snapshot the command line reads through.
 
+use super::db::Connection;
 use super::schema::{check_file, check_path, map_open_err};
 use super::{apply_key, map_keyed_err, Key};
 use crate::error::{Error, Result};
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::OpenFlags;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -17,6 +18,9 @@ pub fn open_read_only(path: impl AsRef<Path>) -> Result<Connection> {
 /// [`open_read_only`] for a store encrypted with `key` (see [`super::Key`]).
 pub fn open_read_only_keyed(path: impl AsRef<Path>, key: Option<&Key>) -> Result<Connection> {
     let path = path.as_ref();
+    if let Some(url) = server_url(path) {
+        return open_server(url, key).map(|(c, _)| c);
+    }
     let (conn, version) = open_checked(path, key)?;
     current(path, version)?;
     Ok(conn)
@@ -31,7 +35,39 @@ pub fn read_only_version(path: impl AsRef<Path>) -> Result<i64> {
 
 /// [`read_only_version`] for a store encrypted with `key`.
 pub fn read_only_version_keyed(path: impl AsRef<Path>, key: Option<&Key>) -> Result<i64> {
+    if let Some(url) = server_url(path.as_ref()) {
+        return open_server(url, key).map(|(_, v)| v);
+    }
     Ok(open_checked(path.as_ref(), key)?.1)
+}
+
+/// The URL, when `path` names a PostgreSQL store.
+fn server_url(path: &Path) -> Option<&str> {
+    path.to_str().filter(|p| super::is_url(p))
+}
+
+/// A connection to the PostgreSQL store at `url` and its schema version
+/// (refused when older or newer than this build's, or missing).
+#[cfg(feature = "postgres")]
+fn open_server(url: &str, key: Option<&Key>) -> Result<(Connection, i64)> {
+    if key.is_some() {
+        return Err(Error::Config(
+            "a PostgreSQL store takes no key: encryption at rest is the server's".into(),
+        ));
+    }
+    let target = super::pg::parse(url)?;
+    let conn = target.connect()?;
+    let version = target.version(&conn)?;
+    current(Path::new(&target.display), version)?;
+    Ok((Connection::from(conn), version))
+}
+
+#[cfg(not(feature = "postgres"))]
+fn open_server(_: &str, _: Option<&Key>) -> Result<(Connection, i64)> {
+    Err(Error::Unsupported {
+        what: "a postgres:// store (build with the `postgres` feature)",
+        backend: super::BackendKind::Postgres,
+    })
 }
 
 /// An ordinary read-only connection to an existing abridge store, and its
@@ -43,7 +79,7 @@ fn open_checked(path: &Path, key: Option<&Key>) -> Result<(Connection, i64)> {
             path: path.to_path_buf(),
         });
     }
-    let conn = Connection::open_with_flags(
+    let conn = rusqlite::Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
@@ -51,7 +87,7 @@ fn open_checked(path: &Path, key: Option<&Key>) -> Result<(Connection, i64)> {
     apply_key(&conn, key)?;
     conn.busy_timeout(Duration::from_secs(10))?;
     let version = abridge_version(&conn, path).map_err(|e| map_keyed_err(path, key, e))?;
-    Ok((conn, version))
+    Ok((Connection::from(conn), version))
 }
 
 /// Runs `read` on a read-only view of the store at `path` that leaves no
@@ -83,10 +119,15 @@ pub fn read_only_keyed<T>(
     key: Option<&Key>,
     mut read: impl FnMut(&Connection) -> Result<T>,
 ) -> Result<T> {
+    let path = path.as_ref();
+    if let Some(url) = server_url(path) {
+        // One snapshot for every read, as a file read gives.
+        let conn = open_server(url, key)?.0;
+        return conn.in_read_tx(|c| read(c));
+    }
     if key.is_some() && !super::encryption_available() {
         return Err(Error::EncryptionUnavailable);
     }
-    let path = path.as_ref();
     check_path(path)?;
     if !path.exists() {
         return Err(Error::NotFound {
@@ -146,7 +187,7 @@ fn open_immutable(path: &Path, key: Option<&Key>) -> Result<Connection> {
         }
     }
     uri.push_str("?immutable=1");
-    let conn = Connection::open_with_flags(
+    let conn = rusqlite::Connection::open_with_flags(
         &uri,
         OpenFlags::SQLITE_OPEN_READ_ONLY
             | OpenFlags::SQLITE_OPEN_NO_MUTEX
@@ -158,11 +199,11 @@ fn open_immutable(path: &Path, key: Option<&Key>) -> Result<Connection> {
         path,
         abridge_version(&conn, path).map_err(|e| map_keyed_err(path, key, e))?,
     )?;
-    Ok(conn)
+    Ok(Connection::from(conn))
 }
 
 /// The store's schema version; a file with no abridge version is foreign.
-fn abridge_version(conn: &Connection, path: &Path) -> Result<i64> {
+fn abridge_version(conn: &rusqlite::Connection, path: &Path) -> Result<i64> {
     match check_file(conn, path)? {
         0 => Err(Error::ForeignDatabase {
             path: path.to_path_buf(),

@@ -1,12 +1,13 @@
 //! Steps: claimed, given their model response, completed (claiming the next).
 
+use super::db::{Connection, OptionalExtension, Transaction};
 use super::leases::*;
 use super::rows::*;
 use super::turns::*;
 use super::{now_ms, write_tx};
 use crate::error::{Error, Result};
 use crate::ids::{CompactionId, StepId, TurnId};
-use rusqlite::{params, Connection, OptionalExtension, Transaction};
+use rusqlite::params;
 
 /// What step `idx` of `turn_id` read: the compaction (None: none, or no such
 /// step) and how many of the turn's steps had their results elided.
@@ -45,13 +46,12 @@ pub(crate) fn list_steps(conn: &Connection, turn_id: TurnId) -> Result<Vec<StepR
 
 /// The turn's newest step row, if any. A read: no transaction, no fence.
 pub(crate) fn last_step(conn: &Connection, turn_id: TurnId) -> Result<Option<StepRow>> {
-    Ok(conn
-        .prepare_cached(&format!(
-            "SELECT {} FROM steps WHERE turn_id = ?1 ORDER BY idx DESC LIMIT 1",
-            StepRow::COLUMNS
-        ))?
-        .query_row([turn_id], StepRow::from_row)
-        .optional()?)
+    conn.prepare_cached(&format!(
+        "SELECT {} FROM steps WHERE turn_id = ?1 ORDER BY idx DESC LIMIT 1",
+        StepRow::COLUMNS
+    ))?
+    .query_row([turn_id], StepRow::from_row)
+    .optional()
 }
 
 /// The step to run next: the turn's unfinished step if there is one (a resume,

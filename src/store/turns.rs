@@ -1,12 +1,13 @@
 //! Turns: begun (with their lease and step 0), listed, completed or failed.
 
+use super::db::{Connection, OptionalExtension, Transaction};
 use super::leases::*;
 use super::rows::*;
 use super::sessions::*;
 use super::{now_ms, write_tx};
 use crate::error::{Error, Result};
 use crate::ids::{CompactionId, SessionId, StepId, TurnId};
-use rusqlite::{params, Connection, OptionalExtension, Transaction};
+use rusqlite::params;
 
 pub(crate) fn get_turn(conn: &Connection, id: TurnId) -> Result<TurnRow> {
     conn.prepare_cached(&format!(
@@ -105,14 +106,16 @@ pub(crate) fn begin_turn(
         });
     }
     let now = now_ms();
-    tx.prepare_cached(concat!(
-        "INSERT INTO turns (id, session_id, idx, input, status, lease_owner, lease_epoch, \
-         lease_expires_at, created_at) VALUES (",
-        super::next_id!("turns"),
-        ", ?1, ?2, ?3, 'running', ?4, 1, ?5, ?6)"
-    ))?
-    .execute(params![session_id, idx, input, owner, now + ttl_ms, now])?;
-    let id = TurnId(tx.last_insert_rowid());
+    let id = tx.insert_returning_id(
+        concat!(
+            "INSERT INTO turns (id, session_id, idx, input, status, lease_owner, lease_epoch, \
+             lease_expires_at, created_at) VALUES (",
+            super::next_id!("turns"),
+            ", ?1, ?2, ?3, 'running', ?4, 1, ?5, ?6)"
+        ),
+        params![session_id, idx, input, owner, now + ttl_ms, now],
+    )?;
+    let id = TurnId(id.ok_or(rusqlite::Error::QueryReturnedNoRows)?);
     // Step 0 is claimed with its turn: the first step needs no write of its own.
     insert_step(&tx, id, 0, now)?;
     let row = get_turn(&tx, id)?;
@@ -183,17 +186,16 @@ pub(crate) fn latest_context_tokens(
     turn_idx: i64,
     step_idx: i64,
 ) -> Result<Option<(i64, Option<CompactionId>)>> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT s.context_tokens, s.compaction_id FROM turns t JOIN steps s ON s.turn_id = t.id \
+    conn.prepare_cached(
+        "SELECT s.context_tokens, s.compaction_id FROM turns t JOIN steps s ON s.turn_id = t.id \
              WHERE t.session_id = ?1 AND s.context_tokens IS NOT NULL \
              AND (t.idx < ?2 OR (t.idx = ?2 AND s.idx < ?3)) \
              ORDER BY t.idx DESC, s.idx DESC LIMIT 1",
-        )?
-        .query_row(params![session_id, turn_idx, step_idx], |r| {
-            Ok((r.get(0)?, r.get(1)?))
-        })
-        .optional()?)
+    )?
+    .query_row(params![session_id, turn_idx, step_idx], |r| {
+        Ok((r.get(0)?, r.get(1)?))
+    })
+    .optional()
 }
 
 /// Takes the lease of a running turn: free, expired, held by a dead owner, or

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// `verify`, with the demo's effects checked in G5.
-pub fn verify_demo(c: &rusqlite::Connection) -> abridge::Result<abridge::verify::Report> {
+pub fn verify_demo(c: &abridge::store::Connection) -> abridge::Result<abridge::verify::Report> {
     abridge::verify::verify_with(c, &[&abridge::store::demo::DemoEffects])
 }
 
@@ -33,20 +33,41 @@ pub fn store_options() -> abridge::store::StoreOptions {
     abridge::store::StoreOptions::default()
 }
 
-/// Opens the store at `path`: encrypted with [`test_key`] in a build with
-/// the `encryption` feature.
+/// Where the store of `path` lives: the SQLite file itself or, when
+/// `ABRIDGE_TEST_POSTGRES` holds a server URL (`postgres://postgres@127.0.0.1/test`,
+/// in a build with the `postgres` feature), a schema of that database named
+/// after the path, so every test has a store of its own there too and
+/// reopening the same path reopens the same store.
+pub fn db_for(path: &Path) -> PathBuf {
+    match std::env::var("ABRIDGE_TEST_POSTGRES") {
+        Ok(base) if !base.is_empty() && cfg!(feature = "postgres") => {
+            let h = abridge::message::sha256_hex(path.to_string_lossy().as_bytes());
+            let sep = if base.contains('?') { '&' } else { '?' };
+            PathBuf::from(format!("{base}{sep}schema=t_{}", &h[..20]))
+        }
+        _ => path.to_path_buf(),
+    }
+}
+
+/// True when the tests run against PostgreSQL (see [`db_for`]).
+pub fn on_postgres() -> bool {
+    db_for(Path::new("x")).to_str() != Some("x")
+}
+
+/// Opens the store at `path` (see [`db_for`]): encrypted with [`test_key`]
+/// in a build with the `encryption` feature.
 pub fn store_at(path: &Path) -> Store {
-    Store::open_with(path, store_options()).unwrap()
+    Store::open_with(db_for(path), store_options()).unwrap()
 }
 
 /// A read-only connection to the store at `path` (with [`test_key`] in a
 /// build with the `encryption` feature).
-pub fn read_only_conn(path: &Path) -> rusqlite::Connection {
+pub fn read_only_conn(path: &Path) -> abridge::store::Connection {
     #[cfg(feature = "encryption")]
     let key = Some(test_key());
     #[cfg(not(feature = "encryption"))]
     let key = None;
-    abridge::store::open_read_only_keyed(path, key.as_ref()).unwrap()
+    abridge::store::open_read_only_keyed(db_for(path), key.as_ref()).unwrap()
 }
 
 /// The `abridge` command, with the key of the test stores in `ABRIDGE_KEY`

@@ -1,9 +1,9 @@
 //! What every verb shares: the error type that names a session as typed,
 //! and output helpers.
 
+use abridge::store::Connection;
 use abridge::store::{Key, StoreOptions};
 use abridge::{Error, Store};
-use rusqlite::Connection;
 use std::path::Path;
 
 /// An error of a verb, with the session as the user typed it when the verb
@@ -55,8 +55,12 @@ impl std::fmt::Display for Failure {
     }
 }
 
-/// Fails unless a database file is at `db` (a verb that must not create one).
+/// Fails unless a database file is at `db` (a verb that must not create one);
+/// for a PostgreSQL URL, unless its schema holds a store.
 pub fn must_exist(db: &Path) -> abridge::Result<()> {
+    if db.to_str().is_some_and(abridge::store::is_url) {
+        return abridge::store::read_only_version(db).map(|_| ());
+    }
     abridge::store::check_path(db)?;
     if db.exists() {
         Ok(())

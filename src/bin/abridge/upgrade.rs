@@ -20,7 +20,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
     let before = abridge::store::read_only_version_keyed(&args.db, crate::common::key()?.as_ref())?;
     let store = crate::common::open_store(&args.db)?;
     let pins = store
-        .with_conn(|c| Ok(c.query_row("SELECT count(*) FROM pins", [], |r| r.get::<_, i64>(0))?))?;
+        .with_conn(|c| c.query_row("SELECT count(*) FROM pins", [], |r| r.get::<_, i64>(0)))?;
     let now = abridge::store::SCHEMA_VERSION;
     if before == now {
         println!("{}: already at schema version {now}", args.db.display());

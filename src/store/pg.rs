@@ -1,0 +1,755 @@
+//! The PostgreSQL backend (the `postgres` feature): a connection that runs
+//! the store's statements, as written for SQLite, on a PostgreSQL server.
+//!
+//! - Values: a rusqlite [`ToSql`] is bound as what the server expects for
+//!   that parameter (an integer as `int8`, `int4`, `bool` or `numeric`; a text
+//!   as `text`), and every column is decoded into the
+//!   [`ValueRef`] SQLite would have given (an integer, a real, a text, a
+//!   blob), so the row decoders and `FromSql` impls are the same.
+//! - Statements: `?N` placeholders become `$N`, and the few SQLite spellings
+//!   abridge uses are translated once per statement text ([`translate`]).
+//!   Prepared statements are cached per connection.
+//! - Transactions: a write transaction takes the store's advisory lock
+//!   (`pg_advisory_xact_lock`) first, so writers queue one at a time as
+//!   SQLite's `BEGIN IMMEDIATE` makes them, and each of its statements reads
+//!   the latest committed rows (READ COMMITTED). A read transaction is
+//!   `REPEATABLE READ, READ ONLY`: one snapshot, as SQLite's read transaction.
+
+use crate::error::{Error, Result};
+use rusqlite::types::{FromSql, ToSql, ToSqlOutput, Value, ValueRef};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::OnceLock;
+use tokio_postgres::types::{FromSql as PgFromSql, IsNull, ToSql as PgToSql, Type};
+
+type BoxError = Box<dyn std::error::Error + Sync + Send>;
+
+/// The runtime every PostgreSQL connection of the process does its I/O on
+/// (one thread, made on first use, never dropped). A store call waits for
+/// its answer on the calling thread with a plain executor, so it works the
+/// same on tokio's blocking pool, in a runtime's worker (as SQLite's calls
+/// do) and on a thread with no runtime at all.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("abridge-postgres")
+            .enable_all()
+            .build()
+            .expect("abridge: cannot start the PostgreSQL I/O thread")
+    })
+}
+
+/// Waits for `f` on the calling thread.
+fn wait<F: Future>(f: F) -> F::Output {
+    futures_executor::block_on(f)
+}
+
+/// One client, its prepared statements and whether a transaction is open.
+pub(crate) struct PgConn {
+    client: tokio_postgres::Client,
+    cache: RefCell<HashMap<String, tokio_postgres::Statement>>,
+    in_tx: Cell<bool>,
+    /// The key of the store's advisory write lock.
+    lock_key: i64,
+}
+
+pub(crate) struct PgStatement<'c> {
+    conn: &'c PgConn,
+    stmt: tokio_postgres::Statement,
+}
+
+impl PgConn {
+    pub(crate) fn new(client: tokio_postgres::Client, lock_key: i64) -> PgConn {
+        PgConn {
+            client,
+            cache: RefCell::default(),
+            in_tx: Cell::new(false),
+            lock_key,
+        }
+    }
+
+    pub(crate) fn in_transaction(&self) -> bool {
+        self.in_tx.get()
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+
+    pub(crate) fn prepare(&self, sql: &str, cached: bool) -> Result<PgStatement<'_>> {
+        if cached {
+            if let Some(stmt) = self.cache.borrow().get(sql) {
+                return Ok(PgStatement {
+                    conn: self,
+                    stmt: stmt.clone(),
+                });
+            }
+        }
+        let stmt = wait(self.client.prepare(&translate(sql))).inspect_err(|e| {
+            tracing::debug!(error = %e, sql = %translate(sql), "PostgreSQL refused a statement");
+            if std::env::var_os("ABRIDGE_PG_TRACE").is_some() {
+                eprintln!("PG REFUSED: {e}\n  {}", translate(sql));
+            }
+        })?;
+        if cached {
+            self.cache
+                .borrow_mut()
+                .insert(sql.to_string(), stmt.clone());
+        }
+        Ok(PgStatement { conn: self, stmt })
+    }
+
+    pub(crate) fn execute_batch(&self, sql: &str) -> Result<()> {
+        let head = sql.trim_start().to_ascii_uppercase();
+        wait(self.client.batch_execute(&translate(sql)))?;
+        if head.starts_with("BEGIN") || head.starts_with("START TRANSACTION") {
+            self.in_tx.set(true);
+        } else if head.starts_with("COMMIT")
+            || head.starts_with("END")
+            || (head.starts_with("ROLLBACK") && !head.starts_with("ROLLBACK TO"))
+        {
+            self.in_tx.set(false);
+        }
+        Ok(())
+    }
+
+    /// Begins a write transaction: READ COMMITTED, holding the store's
+    /// advisory lock until it ends (writers one at a time, as on SQLite).
+    pub(crate) fn begin_write(&self) -> Result<()> {
+        self.in_tx.set(true);
+        let r = wait(self.client.batch_execute(&format!(
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({})",
+            self.lock_key
+        )));
+        if r.is_err() {
+            let _ = wait(self.client.batch_execute("ROLLBACK"));
+            self.in_tx.set(false);
+        }
+        Ok(r?)
+    }
+
+    /// Begins a read transaction: one snapshot for all its reads.
+    pub(crate) fn begin_read(&self) -> Result<()> {
+        self.in_tx.set(true);
+        let r = wait(
+            self.client
+                .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"),
+        );
+        if r.is_err() {
+            self.in_tx.set(false);
+        }
+        Ok(r?)
+    }
+
+    pub(crate) fn end(&self, commit: bool) -> Result<()> {
+        let r = wait(
+            self.client
+                .batch_execute(if commit { "COMMIT" } else { "ROLLBACK" }),
+        );
+        // A failed COMMIT ends the transaction too (the server rolled it back).
+        self.in_tx.set(false);
+        Ok(r?)
+    }
+
+    pub(crate) fn insert_returning_id(
+        &self,
+        sql: &str,
+        params: &[&dyn ToSql],
+    ) -> Result<Option<i64>> {
+        let mut st = self.prepare(&format!("{sql} RETURNING id"), true)?;
+        match st.query(params)?.first() {
+            Some(row) => Ok(Some(get(row, 0)?)),
+            None => Ok(None),
+        }
+    }
+}
+
+impl PgStatement<'_> {
+    pub(crate) fn execute(&mut self, params: &[&dyn ToSql]) -> Result<usize> {
+        let values = bind(params)?;
+        let refs: Vec<&(dyn PgToSql + Sync)> =
+            values.iter().map(|v| v as &(dyn PgToSql + Sync)).collect();
+        let n = wait(self.conn.client.execute(&self.stmt, &refs))?;
+        Ok(n as usize)
+    }
+
+    pub(crate) fn query(&mut self, params: &[&dyn ToSql]) -> Result<Vec<tokio_postgres::Row>> {
+        let values = bind(params)?;
+        let refs: Vec<&(dyn PgToSql + Sync)> =
+            values.iter().map(|v| v as &(dyn PgToSql + Sync)).collect();
+        Ok(wait(self.conn.client.query(&self.stmt, &refs))?)
+    }
+}
+
+/// A value as SQLite would hold it, bound as the type the server expects.
+#[derive(Debug)]
+enum Bound {
+    Null,
+    Int(i64),
+    Real(f64),
+    Text(String),
+    Blob(Vec<u8>),
+}
+
+fn bind(params: &[&dyn ToSql]) -> Result<Vec<Bound>> {
+    params
+        .iter()
+        .map(|p| {
+            let v = match p.to_sql()? {
+                ToSqlOutput::Borrowed(r) => from_ref(r),
+                ToSqlOutput::Owned(v) => from_value(v),
+                other => {
+                    return Err(Error::Sqlite(rusqlite::Error::ToSqlConversionFailure(
+                        format!("cannot bind {other:?} on PostgreSQL").into(),
+                    )))
+                }
+            };
+            Ok(v)
+        })
+        .collect()
+}
+
+fn from_ref(r: ValueRef<'_>) -> Bound {
+    match r {
+        ValueRef::Null => Bound::Null,
+        ValueRef::Integer(i) => Bound::Int(i),
+        ValueRef::Real(f) => Bound::Real(f),
+        ValueRef::Text(t) => Bound::Text(String::from_utf8_lossy(t).into_owned()),
+        ValueRef::Blob(b) => Bound::Blob(b.to_vec()),
+    }
+}
+
+fn from_value(v: Value) -> Bound {
+    match v {
+        Value::Null => Bound::Null,
+        Value::Integer(i) => Bound::Int(i),
+        Value::Real(f) => Bound::Real(f),
+        Value::Text(t) => Bound::Text(t),
+        Value::Blob(b) => Bound::Blob(b),
+    }
+}
+
+impl PgToSql for Bound {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut bytes::BytesMut,
+    ) -> std::result::Result<IsNull, BoxError> {
+        match (self, ty) {
+            (Bound::Null, _) => Ok(IsNull::Yes),
+            (Bound::Int(i), &Type::INT8) => put(i, ty, out),
+            (Bound::Int(i), &Type::INT4) => put(i32::try_from(*i)?, ty, out),
+            (Bound::Int(i), &Type::INT2) => put(i16::try_from(*i)?, ty, out),
+            (Bound::Int(i), &Type::BOOL) => put(*i != 0, ty, out),
+            (Bound::Int(i), &Type::FLOAT8) => put(*i as f64, ty, out),
+            (Bound::Int(i), &Type::NUMERIC) => {
+                numeric_from_i64(*i, out);
+                Ok(IsNull::No)
+            }
+            (Bound::Int(i), t) if is_text(t) => put(i.to_string(), &Type::TEXT, out),
+            (Bound::Real(f), &Type::FLOAT8) => put(f, ty, out),
+            (Bound::Real(f), &Type::FLOAT4) => put(*f as f32, ty, out),
+            (Bound::Real(f), t) if is_text(t) => put(f.to_string(), &Type::TEXT, out),
+            (Bound::Text(s), t) if is_text(t) => put(s.as_str(), &Type::TEXT, out),
+            (Bound::Text(s), &Type::BYTEA) => put(s.as_bytes(), ty, out),
+            (Bound::Blob(b), &Type::BYTEA) => put(b.as_slice(), ty, out),
+            (v, t) => Err(format!("cannot bind {v:?} as a {t} parameter").into()),
+        }
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    tokio_postgres::types::to_sql_checked!();
+}
+
+/// `v` in the server's binary form of `ty`.
+fn put<T: PgToSql>(
+    v: T,
+    ty: &Type,
+    out: &mut bytes::BytesMut,
+) -> std::result::Result<IsNull, BoxError> {
+    v.to_sql(ty, out)
+}
+
+fn is_text(t: &Type) -> bool {
+    matches!(
+        *t,
+        Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN
+    )
+}
+
+/// A column as SQLite would have returned it.
+enum Column {
+    Null,
+    Int(i64),
+    Real(f64),
+    Text(String),
+    Blob(Vec<u8>),
+}
+
+impl<'a> PgFromSql<'a> for Column {
+    fn from_sql(ty: &Type, raw: &'a [u8]) -> std::result::Result<Column, BoxError> {
+        Ok(match *ty {
+            Type::INT8 => Column::Int(i64::from_sql(ty, raw)?),
+            Type::INT4 => Column::Int(i32::from_sql(ty, raw)?.into()),
+            Type::INT2 => Column::Int(i16::from_sql(ty, raw)?.into()),
+            Type::OID => Column::Int(u32::from_sql(ty, raw)?.into()),
+            Type::BOOL => Column::Int(bool::from_sql(ty, raw)?.into()),
+            Type::FLOAT8 => Column::Real(f64::from_sql(ty, raw)?),
+            Type::FLOAT4 => Column::Real(f32::from_sql(ty, raw)?.into()),
+            Type::NUMERIC => numeric(raw)?,
+            Type::BYTEA => Column::Blob(raw.to_vec()),
+            _ => Column::Text(String::from_utf8(raw.to_vec())?),
+        })
+    }
+
+    fn from_sql_null(_: &Type) -> std::result::Result<Column, BoxError> {
+        Ok(Column::Null)
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        // Text-like types arrive in the binary format as their UTF-8 bytes.
+        !matches!(
+            *ty,
+            Type::JSONB | Type::TIMESTAMP | Type::TIMESTAMPTZ | Type::DATE | Type::UUID
+        )
+    }
+}
+
+/// A NUMERIC column (what `sum()` of integers gives): an integer when it has
+/// no fractional digits, else a real.
+fn numeric(raw: &[u8]) -> std::result::Result<Column, BoxError> {
+    let word = |i: usize| -> std::result::Result<i16, BoxError> {
+        raw.get(i * 2..i * 2 + 2)
+            .map(|b| i16::from_be_bytes([b[0], b[1]]))
+            .ok_or_else(|| "short NUMERIC".into())
+    };
+    let (ndigits, weight, sign, dscale) = (word(0)?, word(1)?, word(2)? as u16, word(3)?);
+    if sign == 0xC000 {
+        return Ok(Column::Real(f64::NAN));
+    }
+    let negative = sign == 0x4000;
+    let mut int: i128 = 0;
+    let mut real = 0f64;
+    for k in 0..ndigits as usize {
+        let d = word(4 + k)? as i128;
+        let power = weight as i32 - k as i32;
+        real += d as f64 * 10_000f64.powi(power);
+        if power >= 0 {
+            int = int
+                .checked_mul(1)
+                .and_then(|v| v.checked_add(d * 10_000i128.pow(power as u32)))
+                .ok_or("NUMERIC out of range")?;
+        }
+    }
+    if dscale == 0 {
+        let v = if negative { -int } else { int };
+        return Ok(Column::Int(i64::try_from(v)?));
+    }
+    Ok(Column::Real(if negative { -real } else { real }))
+}
+
+/// An integer in PostgreSQL's binary NUMERIC form.
+fn numeric_from_i64(v: i64, out: &mut bytes::BytesMut) {
+    use bytes::BufMut;
+    let negative = v < 0;
+    let mut n = v.unsigned_abs();
+    let mut digits = Vec::new();
+    while n > 0 {
+        digits.push((n % 10_000) as i16);
+        n /= 10_000;
+    }
+    digits.reverse();
+    let weight = digits.len() as i16 - 1;
+    // Trailing zero groups are implied by the weight.
+    while digits.last() == Some(&0) {
+        digits.pop();
+    }
+    out.put_i16(digits.len() as i16);
+    out.put_i16(weight.max(0));
+    out.put_u16(if negative { 0x4000 } else { 0 });
+    out.put_u16(0);
+    for d in digits {
+        out.put_i16(d);
+    }
+}
+
+/// Column `i` of `row`, decoded as SQLite's value of it would be.
+pub(crate) fn get<T: FromSql>(row: &tokio_postgres::Row, i: usize) -> rusqlite::Result<T> {
+    let col: Column = row.try_get(i).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Null, Box::new(e))
+    })?;
+    let (r, ty) = match &col {
+        Column::Null => (ValueRef::Null, rusqlite::types::Type::Null),
+        Column::Int(v) => (ValueRef::Integer(*v), rusqlite::types::Type::Integer),
+        Column::Real(v) => (ValueRef::Real(*v), rusqlite::types::Type::Real),
+        Column::Text(s) => (ValueRef::Text(s.as_bytes()), rusqlite::types::Type::Text),
+        Column::Blob(b) => (ValueRef::Blob(b), rusqlite::types::Type::Blob),
+    };
+    T::column_result(r).map_err(|e| match e {
+        rusqlite::types::FromSqlError::InvalidType => {
+            rusqlite::Error::InvalidColumnType(i, row.columns()[i].name().to_string(), ty)
+        }
+        rusqlite::types::FromSqlError::Other(err) => {
+            rusqlite::Error::FromSqlConversionFailure(i, ty, err)
+        }
+        other => rusqlite::Error::FromSqlConversionFailure(i, ty, Box::new(other)),
+    })
+}
+
+/// The statement as PostgreSQL reads it: `?N` placeholders as `$N` (outside
+/// quoted text), and the SQLite spellings abridge uses in their PostgreSQL
+/// form.
+pub(crate) fn translate(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 8);
+    let mut chars = sql.chars().peekable();
+    let mut quote: Option<char> = None;
+    let mut positional = 0;
+    while let Some(c) = chars.next() {
+        match quote {
+            Some(q) => {
+                out.push(c);
+                if c == q {
+                    quote = None;
+                }
+            }
+            None if c == '\'' || c == '"' => {
+                quote = Some(c);
+                out.push(c);
+            }
+            None if c == '?' => {
+                out.push('$');
+                if chars.peek().is_some_and(|d| d.is_ascii_digit()) {
+                    while let Some(d) = chars.peek().copied().filter(char::is_ascii_digit) {
+                        out.push(d);
+                        chars.next();
+                    }
+                } else {
+                    positional += 1;
+                    out.push_str(&positional.to_string());
+                }
+            }
+            None => out.push(c),
+        }
+    }
+    for (from, to) in DIALECT {
+        if out.contains(from) {
+            out = out.replace(from, to);
+        }
+    }
+    out
+}
+
+/// SQLite spellings in abridge's statements and their PostgreSQL forms.
+const DIALECT: &[(&str, &str)] = &[
+    // The two-argument scalar max() of `next_id!`.
+    ("(SELECT max(coalesce(", "(SELECT greatest(coalesce("),
+    ("BEGIN IMMEDIATE", "BEGIN"),
+    ("instr(", "strpos("),
+    ("group_concat(", "string_agg("),
+    // A host's table (the demo's) keyed as SQLite keys it.
+    (
+        "INTEGER PRIMARY KEY",
+        "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY",
+    ),
+];
+
+/// The PostgreSQL schema at [`super::SCHEMA_VERSION`], applied at once.
+pub const SCHEMA_PG_SQL: &str = include_str!("../../schema_pg.sql");
+
+/// A store on a server: how to connect, the schema its tables live in, the
+/// key of its advisory write lock, and how to name it (without a password).
+#[derive(Clone)]
+pub(crate) struct Target {
+    config: tokio_postgres::Config,
+    pub(crate) schema: String,
+    pub(crate) display: String,
+    pub(crate) lock_key: i64,
+}
+
+/// Parses a store URL: a libpq connection URL, plus abridge's own
+/// `schema=NAME` parameter (default `public`): the schema its tables live
+/// in, created on first open. Without a `connect_timeout`, 10 s.
+pub(crate) fn parse(url: &str) -> Result<Target> {
+    let bad = |reason: String| Error::Config(format!("store URL: {reason}"));
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut schema = "public".to_string();
+    let mut kept = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("schema", v)) => schema = v.to_string(),
+            _ => kept.push(pair),
+        }
+    }
+    let valid = !schema.is_empty()
+        && schema.len() <= 63
+        && schema
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !schema.starts_with(|c: char| c.is_ascii_digit());
+    if !valid {
+        return Err(bad(format!(
+            "schema {schema:?}: letters, digits and _ only, not starting with a digit, at most 63"
+        )));
+    }
+    let rest = if kept.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    let mut config: tokio_postgres::Config = rest.parse().map_err(|e| bad(format!("{e}")))?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(std::time::Duration::from_secs(10));
+    }
+    let options = config.get_options().unwrap_or("").to_string();
+    config.options(format!("{options} -c search_path={schema}").trim());
+    config.application_name("abridge");
+    let host = config
+        .get_hosts()
+        .iter()
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(h) => h.clone(),
+            #[cfg(unix)]
+            tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    let port = config
+        .get_ports()
+        .first()
+        .map_or(String::new(), |p| format!(":{p}"));
+    let display = format!(
+        "postgres://{}@{host}{port}/{}?schema={schema}",
+        config.get_user().unwrap_or(""),
+        config.get_dbname().unwrap_or("")
+    );
+    let digest = crate::message::sha256_hex(format!("abridge store {schema}").as_bytes());
+    let lock_key = i64::from_str_radix(&digest[..15], 16).unwrap_or(0x0ab1d6e);
+    Ok(Target {
+        config,
+        schema,
+        display,
+        lock_key,
+    })
+}
+
+impl Target {
+    /// One client, with the connection errors a host can act on typed.
+    pub(crate) fn connect(&self) -> Result<PgConn> {
+        let config = self.config.clone();
+        let made =
+            wait(runtime().spawn(async move { config.connect(tokio_postgres::NoTls).await }))
+                .map_err(|e| Error::Task(e.to_string()))?;
+        let (client, connection) = made.map_err(|e| {
+            if e.code() == Some(&tokio_postgres::error::SqlState::INVALID_CATALOG_NAME) {
+                Error::NoSuchDatabase {
+                    target: self.display.clone(),
+                }
+            } else if e.as_db_error().is_none() {
+                Error::Unreachable {
+                    target: self.display.clone(),
+                    reason: e.to_string(),
+                }
+            } else {
+                Error::Postgres(e)
+            }
+        })?;
+        // The connection's I/O; it ends when the client is dropped.
+        runtime().spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(PgConn::new(client, self.lock_key))
+    }
+
+    /// Creates the schema and its tables on first open, in one transaction
+    /// holding the store's advisory lock (concurrent first opens wait for
+    /// the one that creates them); refuses a newer schema, and tables not
+    /// abridge's.
+    pub(crate) fn migrate(&self, conn: &PgConn) -> Result<i64> {
+        conn.begin_write()?;
+        let r = self.migrate_in_tx(conn);
+        let end = conn.end(r.is_ok());
+        let v = r?;
+        end?;
+        Ok(v)
+    }
+
+    fn migrate_in_tx(&self, conn: &PgConn) -> Result<i64> {
+        wait(
+            conn.client
+                .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {}", self.schema)),
+        )?;
+        match read_version(conn, self)? {
+            Some(v) if v > super::SCHEMA_VERSION => Err(Error::SchemaTooNew {
+                found: v,
+                supported: super::SCHEMA_VERSION,
+            }),
+            Some(v) => Ok(v),
+            None => {
+                wait(conn.client.batch_execute(SCHEMA_PG_SQL))?;
+                wait(conn.client.execute(
+                    "INSERT INTO abridge_schema (version) VALUES ($1)",
+                    &[&super::SCHEMA_VERSION],
+                ))?;
+                Ok(super::SCHEMA_VERSION)
+            }
+        }
+    }
+
+    /// The schema version of an existing store, read without writing.
+    pub(crate) fn version(&self, conn: &PgConn) -> Result<i64> {
+        let v = read_version(conn, self)?.ok_or_else(|| Error::NotFound {
+            path: self.display.clone().into(),
+        })?;
+        if v > super::SCHEMA_VERSION {
+            return Err(Error::SchemaTooNew {
+                found: v,
+                supported: super::SCHEMA_VERSION,
+            });
+        }
+        Ok(v)
+    }
+}
+
+/// The version stamp in the target's schema; None when it holds no tables;
+/// [`Error::ForeignDatabase`] when it holds tables but no stamp.
+fn read_version(conn: &PgConn, target: &Target) -> Result<Option<i64>> {
+    let row = wait(conn.client.query_one(
+        "SELECT to_regclass(format('%I.abridge_schema', $1::text)) IS NOT NULL, \
+                (SELECT count(*) FROM information_schema.tables WHERE table_schema = $1::text)",
+        &[&target.schema],
+    ))?;
+    let (stamped, tables): (bool, i64) = (row.get(0), row.get(1));
+    if !stamped {
+        if tables > 0 {
+            return Err(Error::ForeignDatabase {
+                path: target.display.clone().into(),
+            });
+        }
+        return Ok(None);
+    }
+    let v: Option<i64> = wait(
+        conn.client
+            .query_one("SELECT max(version) FROM abridge_schema", &[]),
+    )?
+    .get(0);
+    Ok(Some(v.unwrap_or(0)))
+}
+
+/// PostgreSQL's side of `PRAGMA integrity_check`: the server keeps its pages
+/// whole, so what is checked is that the rules abridge's guarantees stand on
+/// are in place in the store's schema: every trigger of [`SCHEMA_PG_SQL`]
+/// present and enabled, every unique index present and valid. `["ok"]`, or
+/// one line per rule missing.
+pub(crate) fn rules_in_place(conn: &super::Connection) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    let names = |kw: &str| -> Vec<String> {
+        SCHEMA_PG_SQL
+            .lines()
+            .filter_map(|l| l.strip_prefix(kw))
+            .filter_map(|l| l.split_whitespace().next())
+            .map(str::to_string)
+            .collect()
+    };
+    for trigger in names("CREATE TRIGGER ") {
+        let enabled: Option<String> = conn
+            .query_row(
+                "SELECT t.tgenabled::text FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid \
+                 WHERE c.relnamespace = current_schema()::regnamespace AND t.tgname = ?1",
+                [&trigger],
+                |r| r.get(0),
+            )
+            .map(Some)
+            .or_else(|e| match e {
+                Error::Sqlite(rusqlite::Error::QueryReturnedNoRows) => Ok(None),
+                e => Err(e),
+            })?;
+        match enabled.as_deref() {
+            None => problems.push(format!("trigger {trigger} is missing")),
+            Some("D") => problems.push(format!("trigger {trigger} is disabled")),
+            Some(_) => {}
+        }
+    }
+    for index in names("CREATE UNIQUE INDEX ") {
+        let valid: Option<bool> = conn
+            .query_row(
+                "SELECT i.indisvalid AND i.indisunique FROM pg_index i \
+                 JOIN pg_class c ON c.oid = i.indexrelid \
+                 WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ?1",
+                [&index],
+                |r| r.get(0),
+            )
+            .map(Some)
+            .or_else(|e| match e {
+                Error::Sqlite(rusqlite::Error::QueryReturnedNoRows) => Ok(None),
+                e => Err(e),
+            })?;
+        match valid {
+            None => problems.push(format!("unique index {index} is missing")),
+            Some(false) => problems.push(format!("unique index {index} is not valid")),
+            Some(true) => {}
+        }
+    }
+    if problems.is_empty() {
+        problems.push("ok".into());
+    }
+    Ok(problems)
+}
+
+/// Makes the pool's clients.
+#[derive(Clone)]
+pub(crate) struct Manager(pub(crate) Target);
+
+impl std::fmt::Debug for Manager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.display)
+    }
+}
+
+impl Manager {
+    pub(crate) fn is_valid(&self, c: &PgConn) -> Result<()> {
+        wait(c.client.simple_query(""))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_become_dollar_numbers_outside_quotes() {
+        assert_eq!(
+            translate("SELECT a FROM t WHERE b = ?1 AND c = '?2' AND d = ?12"),
+            "SELECT a FROM t WHERE b = $1 AND c = '?2' AND d = $12"
+        );
+        assert_eq!(translate("VALUES (?, ?)"), "VALUES ($1, $2)");
+    }
+
+    #[test]
+    fn numeric_integers_round_trip() {
+        for v in [
+            0i64,
+            1,
+            -1,
+            9_999,
+            10_000,
+            123_456_789,
+            -98_765_432_100,
+            i64::MAX,
+            i64::MIN + 1,
+        ] {
+            let mut b = bytes::BytesMut::new();
+            numeric_from_i64(v, &mut b);
+            match numeric(&b).unwrap() {
+                Column::Int(got) => assert_eq!(got, v),
+                _ => panic!("{v} did not decode as an integer"),
+            }
+        }
+    }
+}
