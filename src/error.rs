@@ -444,9 +444,24 @@ impl Error {
                 _ => false,
             };
         }
+        #[cfg(feature = "postgres")]
+        if let Error::Postgres(e) = self {
+            // About the moment: the connection (closed, killed, timed out:
+            // no SQLSTATE), or a class the server uses for it (08 connection,
+            // 40 rollback on serialization or deadlock, 53 resources, 57
+            // operator intervention, 55P03 lock timeout). Not about the data:
+            // a constraint (23), a syntax or a type (42).
+            return match e.code().map(|c| c.code()) {
+                None => true,
+                Some(c) => {
+                    ["08", "40", "53", "57"].iter().any(|p| c.starts_with(p)) || c == "55P03"
+                }
+            };
+        }
         matches!(
             self,
             Error::Pool(_)
+                | Error::Unreachable { .. }
                 | Error::LeaseHeld { .. }
                 | Error::LeaseLost { .. }
                 | Error::Injected(_)

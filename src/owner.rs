@@ -215,6 +215,26 @@ pub fn holder_is_gone(holder: &str, owner: &str, check_processes: bool) -> bool 
     check_processes && local_and_dead()
 }
 
+/// [`holder_is_gone`] for a store hosts on several machines share (a
+/// PostgreSQL store): a holder is gone early only when that is provable from
+/// here (a dropped claim of this very process, or, with `check_processes`,
+/// a dead process of this machine and PID namespace). A holder anywhere
+/// else is never presumed gone, whatever its name: a host of the same name
+/// on another machine may be alive, so only its lease's expiry frees the
+/// row.
+pub fn holder_is_gone_shared(holder: &str, _owner: &str, check_processes: bool) -> bool {
+    let Some(h) = parse_holder(holder) else {
+        return false;
+    };
+    let me = this_instance();
+    if h.instance == *me {
+        return !token_is_live(h.token);
+    }
+    check_processes
+        && me.shares_pid_space_with(&h.instance)
+        && platform::start_time(h.instance.pid) != Some(h.instance.start)
+}
+
 /// An owner name unique to this process: `name@host#pid.start`. Two processes
 /// never share it, so neither takes the other's live leases by name; a process
 /// that restarts gets a new one (its dead claims are still taken over at once
@@ -264,6 +284,36 @@ mod tests {
         assert!(holder_is_gone(&other(elsewhere.clone(), "w1"), "w1", true));
         // Another name elsewhere: only expiry frees it.
         assert!(!holder_is_gone(&other(elsewhere, "w2"), "w1", true));
+    }
+
+    #[test]
+    fn on_a_shared_store_only_a_provably_gone_holder_is_gone_early() {
+        let me = this_instance().clone();
+        // The same name on another machine: a restarted host for a file of
+        // one machine, a live peer for a store shared by several.
+        let elsewhere = Instance {
+            boot: "ffff".into(),
+            nonce: me.nonce ^ 5,
+            ..me.clone()
+        };
+        assert!(holder_is_gone(&other(elsewhere.clone(), "w1"), "w1", true));
+        assert!(!holder_is_gone_shared(
+            &other(elsewhere.clone(), "w1"),
+            "w1",
+            true
+        ));
+        assert!(!holder_is_gone_shared(&other(elsewhere, "w2"), "w1", true));
+        assert!(!holder_is_gone_shared(
+            "not a holder string",
+            "not a holder string",
+            true
+        ));
+        // A dropped claim of this very process is gone, on any store.
+        let a = ClaimGuard::new("host");
+        let holder = a.holder().to_string();
+        assert!(!holder_is_gone_shared(&holder, "host", true));
+        drop(a);
+        assert!(holder_is_gone_shared(&holder, "host", false));
     }
 
     #[test]

@@ -274,10 +274,14 @@ impl RunnerBuilder {
             cfg.compaction.check_model(model)?;
         }
         let events = EventSink::new(cfg.log_content);
-        let dead: crate::compaction::GoneCheck = if cfg.take_over_dead_local_owners {
-            |h, o| crate::owner::holder_is_gone(h, o, true)
-        } else {
-            |h, o| crate::owner::holder_is_gone(h, o, false)
+        // A store shared by several machines frees a lease held elsewhere
+        // only by its expiry (see holder_is_gone_shared).
+        let shared = self.store.backend() == crate::store::BackendKind::Postgres;
+        let dead: crate::compaction::GoneCheck = match (shared, cfg.take_over_dead_local_owners) {
+            (false, true) => |h, o| crate::owner::holder_is_gone(h, o, true),
+            (false, false) => |h, o| crate::owner::holder_is_gone(h, o, false),
+            (true, true) => |h, o| crate::owner::holder_is_gone_shared(h, o, true),
+            (true, false) => |h, o| crate::owner::holder_is_gone_shared(h, o, false),
         };
         let summariser = self
             .summariser

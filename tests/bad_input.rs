@@ -310,7 +310,7 @@ async fn multi_megabyte_results_and_exotic_unicode_round_trip_byte_for_byte() {
     let len: i64 = store
         .with_conn(|c| {
             c.query_row(
-                "SELECT max(length(CAST(result AS BLOB))) FROM tool_invocations",
+                "SELECT max(octet_length(result)) FROM tool_invocations",
                 [],
                 |r| r.get(0),
             )
@@ -609,10 +609,13 @@ async fn a_running_turn_whose_rows_do_not_read_back_is_named_by_verify_and_faile
     // The responded step's response is damaged behind the schema's back.
     store
         .with_conn(|c| {
-            c.execute_batch(
+            c.execute_batch(if on_postgres() {
+                "DROP TRIGGER steps_response_never_changes ON steps; \
+                 UPDATE steps SET response = '{\"blocks\": [' WHERE status = 'responded'"
+            } else {
                 "DROP TRIGGER steps_response_never_changes; \
-                 UPDATE steps SET response = '{\"blocks\": [' WHERE status = 'responded'",
-            )?;
+                 UPDATE steps SET response = '{\"blocks\": [' WHERE status = 'responded'"
+            })?;
             Ok(())
         })
         .unwrap();

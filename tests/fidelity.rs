@@ -185,7 +185,7 @@ async fn newest_summary(store: &Store, sid: abridge::SessionId) -> abridge::stor
 #[tokio::test]
 async fn a_newer_value_supersedes_the_older_one_and_the_block_says_so() {
     let (_d, path) = common::temp_db();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(common::db_for(&path)).unwrap();
     let r = runner(&store, Arc::new(Forgets), small_threshold());
     let s = padded_session(
         &r,
@@ -225,7 +225,7 @@ async fn a_newer_value_supersedes_the_older_one_and_the_block_says_so() {
 #[tokio::test]
 async fn a_host_pin_is_carried_by_the_next_compaction() {
     let (_d, path) = common::temp_db();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(common::db_for(&path)).unwrap();
     let r = runner(&store, Arc::new(Forgets), small_threshold());
     let s = r.create_session("s", "m", "sys").await.unwrap();
     r.run_turn(s.id, &padded("hello there")).await.unwrap();
@@ -253,7 +253,7 @@ async fn a_host_pin_is_carried_by_the_next_compaction() {
 #[tokio::test]
 async fn facts_are_pinned_once_in_the_transaction_that_finishes_the_turn() {
     let (_d, path) = common::temp_db();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(common::db_for(&path)).unwrap();
     let crashing = Runner::builder(store.clone(), Arc::new(Plain))
         .config(RunnerConfig::default().with_owner("crashing"))
         .fault_hook(common::fail_at(FaultPoint::BeforeStepComplete, 1))
@@ -283,7 +283,7 @@ async fn facts_are_pinned_once_in_the_transaction_that_finishes_the_turn() {
 #[tokio::test]
 async fn ids_past_the_tool_result_cap_are_pinned_and_carried() {
     let (_d, path) = common::temp_db();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(common::db_for(&path)).unwrap();
     let r = runner(&store, Arc::new(ExtractiveSummariser), small_threshold());
     let s = r.create_session("s", "m", "sys").await.unwrap();
     r.run_turn(s.id, "logs please").await.unwrap();
@@ -302,7 +302,7 @@ async fn ids_past_the_tool_result_cap_are_pinned_and_carried() {
 #[tokio::test]
 async fn pins_over_budget_are_all_kept_and_reported() {
     let (_d, path) = common::temp_db();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(common::db_for(&path)).unwrap();
     let mut cfg = small_threshold();
     cfg.pins_budget_chars = 40;
     let r = runner(&store, Arc::new(Forgets), cfg);
@@ -361,7 +361,7 @@ impl Summariser for Reasked {
 #[tokio::test]
 async fn a_summariser_is_asked_once_more_for_the_facts_it_left_out() {
     let (_d, path) = common::temp_db();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(common::db_for(&path)).unwrap();
     let mut cfg = small_threshold();
     cfg.reask_missing_pins = true;
     let summariser = Arc::new(Reasked {
@@ -393,7 +393,7 @@ async fn a_summariser_is_asked_once_more_for_the_facts_it_left_out() {
 #[tokio::test]
 async fn verify_reports_a_summary_that_lost_a_pin() {
     let (_d, path) = common::temp_db();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(common::db_for(&path)).unwrap();
     let r = runner(&store, Arc::new(Forgets), small_threshold());
     let s = padded_session(
         &r,
@@ -414,7 +414,11 @@ async fn verify_reports_a_summary_that_lost_a_pin() {
     drop(r);
     store
         .with_conn(move |c| {
-            c.execute_batch("DROP TRIGGER compactions_completed_never_change")?;
+            c.execute_batch(if common::on_postgres() {
+                "DROP TRIGGER compactions_completed_never_change ON compactions"
+            } else {
+                "DROP TRIGGER compactions_completed_never_change"
+            })?;
             let text = "The user talked about an order.";
             c.execute(
                 "UPDATE compactions SET summary = ?1, summary_sha256 = ?2 WHERE id = ?3",
@@ -443,13 +447,13 @@ async fn verify_reports_a_summary_that_lost_a_pin() {
 async fn every_compaction_of_the_demo_leaves_the_context_under_the_target() {
     let (_d, path) = common::temp_db();
     let opts = abridge::demo::DemoOptions {
-        db: path.clone(),
+        db: common::db_for(&path),
         ..Default::default()
     };
     let report = abridge::demo::run_demo(&opts, |_| {}).await.unwrap();
     assert!(report.compactions_completed >= 10);
     let threshold = 4_000;
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(common::db_for(&path)).unwrap();
     // (A summary made in the background after the session's last turn has
     // no step that read it.)
     let after: Vec<(i64, bool, Option<i64>)> = store
@@ -494,7 +498,7 @@ impl Summariser for Bloated {
 #[tokio::test]
 async fn compacting_in_consecutive_turns_is_reported_by_an_event_and_verify() {
     let (_d, path) = common::temp_db();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(common::db_for(&path)).unwrap();
     let mut cfg = CompactionConfig::default()
         .with_compact_at(Threshold::Tokens(400))
         .with_background(None);
@@ -528,7 +532,7 @@ async fn compacting_in_consecutive_turns_is_reported_by_an_event_and_verify() {
 #[tokio::test]
 async fn keep_recent_tokens_keeps_the_newest_turns_that_fit() {
     let (_d, path) = common::temp_db();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(common::db_for(&path)).unwrap();
     // A padded turn stores ~690 chars of input and 17 of answer: ~180 tokens.
     let cfg = CompactionConfig::default()
         .with_compact_at(Threshold::Tokens(700))
@@ -574,6 +578,7 @@ async fn keep_recent_tokens_keeps_the_newest_turns_that_fit() {
 #[tokio::test]
 async fn reading_the_live_pins_does_not_walk_every_value_a_slot_had() {
     let (_d, path) = common::temp_db();
+    // SQLite's virtual machine steps are what it counts: an SQLite store.
     let store = Store::open(&path).unwrap();
     let r = Runner::builder(store.clone(), Arc::new(Plain))
         .config(RunnerConfig::default().with_owner("slots"))
@@ -648,7 +653,7 @@ impl Tool for Counter {
 #[tokio::test]
 async fn facts_mentioned_in_passing_are_live_within_a_window_so_the_summary_stays_bounded() {
     let (_d, path) = common::temp_db();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(common::db_for(&path)).unwrap();
     let mut cfg = small_threshold();
     cfg.pins_window = 3;
     let r = runner_with_logs(&store, Counter(AtomicUsize::new(0)), Arc::new(Forgets), cfg);
@@ -694,7 +699,7 @@ impl Tool for Flood {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_ids_in_one_result_pins_a_bounded_number() {
     let (_d, path) = common::temp_db();
-    let store = Store::open(&path).unwrap();
+    let store = Store::open(common::db_for(&path)).unwrap();
     let r = runner_with_logs(
         &store,
         Flood,

@@ -5,6 +5,8 @@
 //! errors classified, and context overflow met without ending the session.
 #![cfg(all(feature = "openai", feature = "anthropic"))]
 
+mod common;
+
 use abridge::providers::{classify, Anthropic, ApiKey, HttpOptions, OpenAiChat, OpenAiResponses};
 use abridge::{
     CompactionConfig, EventKind, ModelClient, ModelError, Runner, RunnerConfig, Store, Threshold,
@@ -179,11 +181,15 @@ fn step_usage(store: &Store) -> Vec<StepUsage> {
         .with_conn(|c| {
             let mut q = c.prepare(
                 "SELECT input_tokens, cache_read_tokens, cache_write_tokens, \
-                 json_extract(response, '$.stop_reason'), elided_steps FROM steps ORDER BY id",
+                 response, elided_steps FROM steps ORDER BY id",
             )?;
             let rows = q
                 .query_map([], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                    let response: Option<String> = r.get(3)?;
+                    let stop = response
+                        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                        .and_then(|v| v.get("stop_reason")?.as_str().map(str::to_string));
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, stop, r.get(4)?))
                 })?
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(rows)
@@ -193,7 +199,7 @@ fn step_usage(store: &Store) -> Vec<StepUsage> {
 
 fn temp_store() -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path().join("p.db")).unwrap();
+    let store = Store::open(common::db_for(&dir.path().join("p.db"))).unwrap();
     (dir, store)
 }
 

@@ -201,37 +201,7 @@ fn quoting() -> Arc<Quoting> {
 }
 
 fn file_bytes(db: &Path) -> Vec<u8> {
-    if common::on_postgres() {
-        // What a PostgreSQL store holds: every text of every row.
-        let c = common::read_only_conn(db);
-        let columns: Vec<(String, String)> = {
-            let mut st = c
-                .prepare(
-                    "SELECT table_name::text, column_name::text FROM information_schema.columns \
-                     WHERE table_schema = current_schema() AND data_type = 'text'",
-                )
-                .unwrap();
-            let v = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
-            v.collect::<Result<_, _>>().unwrap()
-        };
-        let mut out = Vec::new();
-        for (t, col) in columns {
-            let s: Option<String> = c
-                .query_row(
-                    &format!("SELECT string_agg({col}, '|') FROM {t}"),
-                    [],
-                    |r| r.get(0),
-                )
-                .unwrap();
-            out.extend(s.unwrap_or_default().into_bytes());
-        }
-        return out;
-    }
-    let mut bytes = std::fs::read(db).unwrap();
-    if let Ok(w) = std::fs::read(format!("{}-wal", db.display())) {
-        bytes.extend(w);
-    }
-    bytes
+    common::stored_bytes(db)
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

@@ -1,6 +1,8 @@
 //! The `tiktoken` feature: a real tokenizer as the token counter.
 #![cfg(feature = "tiktoken")]
 
+mod common;
+
 use abridge::{
     CompactionConfig, ModelClient, ModelError, ModelRequest, ModelResponse, ResponseBlock, Runner,
     Store, Threshold, TiktokenCounter, TokenCounter,
@@ -54,7 +56,7 @@ fn tiktoken_counts_tokens_as_openai_does() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_usage_the_measure_is_tiktokens_count_of_the_bytes_sent() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path().join("t.db")).unwrap();
+    let store = Store::open(common::db_for(&dir.path().join("t.db"))).unwrap();
     let model = Arc::new(NoUsage(Mutex::new(Vec::new())));
     let counter = TiktokenCounter::o200k_base();
     let runner = Runner::builder(store.clone(), model.clone())

@@ -32,6 +32,8 @@ mod audit;
 #[cfg(feature = "harness")]
 pub mod bench;
 mod compactions;
+#[cfg(feature = "postgres")]
+mod copy;
 mod db;
 #[cfg(feature = "harness")]
 pub mod demo;
@@ -53,6 +55,8 @@ mod turns;
 mod tx;
 
 pub use compactions::{ClaimOutcome, CompactionStats};
+#[cfg(feature = "postgres")]
+pub use copy::{migrate_store, Migrated};
 pub use db::{
     BackendKind, ColumnIndex, Connection, MappedRows, OptionalExtension, Params, Row, Rows,
     Savepoint, Statement, Transaction,
@@ -402,7 +406,10 @@ impl Store {
                     "a PostgreSQL store takes no key: encryption at rest is the server's".into(),
                 ));
             }
-            let target = pg::parse(url)?;
+            let mut target = pg::parse(url)?;
+            // A writer waits for the store's lock as long as an SQLite writer
+            // waits on its busy handler, then fails (resumable).
+            target.lock_timeout(opts.busy_timeout);
             target.migrate(&target.connect()?)?;
             let pool = r2d2::Pool::builder()
                 .max_size(opts.max_connections)

@@ -539,6 +539,14 @@ pub(crate) fn parse(url: &str) -> Result<Target> {
 }
 
 impl Target {
+    /// How long a statement waits for a lock (the store's write lock
+    /// above all) before failing with `lock_not_available` (resumable).
+    pub(crate) fn lock_timeout(&mut self, d: std::time::Duration) {
+        let options = self.config.get_options().unwrap_or("").to_string();
+        self.config
+            .options(format!("{options} -c lock_timeout={}", d.as_millis()).trim());
+    }
+
     /// One client, with the connection errors a host can act on typed.
     pub(crate) fn connect(&self) -> Result<PgConn> {
         let config = self.config.clone();

@@ -39,6 +39,9 @@ pub fn store_options() -> abridge::store::StoreOptions {
 /// after the path, so every test has a store of its own there too and
 /// reopening the same path reopens the same store.
 pub fn db_for(path: &Path) -> PathBuf {
+    if path.to_str().is_some_and(abridge::store::is_url) {
+        return path.to_path_buf(); // already a server's store
+    }
     match std::env::var("ABRIDGE_TEST_POSTGRES") {
         Ok(base) if !base.is_empty() && cfg!(feature = "postgres") => {
             let h = abridge::message::sha256_hex(path.to_string_lossy().as_bytes());
@@ -47,6 +50,41 @@ pub fn db_for(path: &Path) -> PathBuf {
         }
         _ => path.to_path_buf(),
     }
+}
+
+/// What a store holds, as bytes to search: an SQLite file with its WAL, or
+/// every text of every row of a PostgreSQL store.
+pub fn stored_bytes(db: &Path) -> Vec<u8> {
+    if on_postgres() {
+        let c = read_only_conn(db);
+        let columns: Vec<(String, String)> = {
+            let mut st = c
+                .prepare(
+                    "SELECT table_name::text, column_name::text FROM information_schema.columns \
+                     WHERE table_schema = current_schema() AND data_type = 'text'",
+                )
+                .unwrap();
+            let v = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
+            v.collect::<Result<_, _>>().unwrap()
+        };
+        let mut out = Vec::new();
+        for (t, col) in columns {
+            let s: Option<String> = c
+                .query_row(
+                    &format!("SELECT string_agg({col}, '|') FROM {t}"),
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            out.extend(s.unwrap_or_default().into_bytes());
+        }
+        return out;
+    }
+    let mut bytes = std::fs::read(db).unwrap();
+    if let Ok(w) = std::fs::read(format!("{}-wal", db.display())) {
+        bytes.extend(w);
+    }
+    bytes
 }
 
 /// True when the tests run against PostgreSQL (see [`db_for`]).

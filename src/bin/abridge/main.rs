@@ -10,6 +10,7 @@ mod demo;
 mod erase;
 mod export;
 mod inspect;
+mod migrate;
 mod rekey;
 mod replay;
 mod report;
@@ -104,6 +105,12 @@ enum Cmd {
         Needs a build with the encryption feature. The source is only read; the copy is a new file."
     )]
     Rekey(rekey::Args),
+    /// Move an SQLite store to a PostgreSQL server, every row with its id.
+    #[command(
+        after_help = "Example:\n  abridge migrate --from agent.db --to postgres://postgres@127.0.0.1/agents?schema=team_a\n\n\
+        One transaction on the server; every executed step is rebuilt there to the bytes it rebuilds to from the file before it commits. The file is only read."
+    )]
+    Migrate(migrate::Args),
     /// Draw a session (or the whole store) as a self-contained HTML page.
     #[command(
         after_help = "Examples:\n  abridge report --db abridge-demo.db --session demo-42-0 --compact-at 4000 --soft-share 0.8 -o session.html\n  abridge report --db abridge-demo.db -o report.html"
@@ -141,6 +148,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode, Failure> {
         Cmd::Prune(a) => erase::prune(a).await,
         Cmd::Redact(a) => erase::redact(a).await,
         Cmd::Rekey(a) => rekey::run(a).await,
+        Cmd::Migrate(a) => migrate::run(a).await,
         Cmd::Serve(a) => serve::run(a).await,
         Cmd::Verify(a) => verify::run(a).await,
         Cmd::Upgrade(a) => upgrade::run(a).await,
@@ -154,7 +162,11 @@ fn init_tracing(verbose: u8) {
         _ => "debug",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+        // The PostgreSQL client's debug lines print statement parameters
+        // (a conversation's text): warnings only, unless RUST_LOG says more.
+        .unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new(format!("{default},tokio_postgres=warn"))
+        });
     // Colour codes only on a terminal: a log piped to a file stays plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt()
