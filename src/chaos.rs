@@ -298,6 +298,19 @@ const CHAOS_MARK: &str = "abridge_chaos_store";
 /// A run starts from an empty store, so it replaces the file at `--db`: only
 /// when there is none, or when it is a store an earlier chaos run made.
 fn check_replaceable(path: &Path) -> Result<()> {
+    if is_server(path) {
+        // A schema on a server: empty, or one an earlier chaos run made.
+        return match crate::store::open_read_only(path) {
+            Err(Error::NotFound { .. }) => Ok(()),
+            Ok(c) if c.has_table(CHAOS_MARK)? => Ok(()),
+            Ok(_) => Err(Error::Config(format!(
+                "refusing to replace {}: chaos only replaces a store an earlier chaos run made \
+                 (choose a new ?schema=)",
+                path.display()
+            ))),
+            Err(e) => Err(e),
+        };
+    }
     if !path.exists() {
         return Ok(());
     }
@@ -341,16 +354,31 @@ async fn one_pass(runner: &Runner, w: &Workload, order_seed: u64, report: bool) 
     let mut pass = Pass::default();
     'sessions: for (ext, seed, i) in ids {
         let e = ext.clone();
-        let done = runner
+        // A store error about the moment (a connection the server ended) is
+        // met as a host meets it: the session waits for the next pass.
+        let done = match runner
             .store()
             .call(move |c| crate::store::finished_turns(c, &e))
-            .await?;
+            .await
+        {
+            Ok(done) => done,
+            Err(e) if e.is_resumable() => {
+                pass.pending = true;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         if done as u64 >= w.turns {
             continue;
         }
-        let session = runner
-            .create_session(&ext, DEMO_MODEL, SYSTEM_PROMPT)
-            .await?;
+        let session = match runner.create_session(&ext, DEMO_MODEL, SYSTEM_PROMPT).await {
+            Ok(s) => s,
+            Err(e) if e.is_resumable() => {
+                pass.pending = true;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         for t in 0..w.turns {
             let input = user_turn(seed, i, t);
             match runner.run_turn_at(session.id, t as i64, &input).await {
@@ -451,18 +479,30 @@ pub fn kill_hook_from_env() -> Option<FaultHook> {
 
 /// The hidden `chaos-worker` verb: runs the workload to the end (or to its death).
 pub async fn worker_main(db: &Path, w: &Workload, worker: u64) -> Result<()> {
-    let store = open_workload_db(db)?;
     let owner = crate::owner::process_owner(&format!("chaos-w{worker}"));
-    run_workload(&store, w, owner, kill_hook_from_env(), true).await?;
-    Ok(())
+    let hook = kill_hook_from_env();
+    loop {
+        // An error about the moment (on a server, a connection it ended)
+        // anywhere outside a turn: start over, as a host's loop would.
+        let run = async {
+            let store = open_workload_db(db)?;
+            run_workload(&store, w, owner.clone(), hook.clone(), true).await
+        };
+        match run.await {
+            Ok(_) => return Ok(()),
+            Err(e) if e.is_resumable() => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// The hidden `chaos-locker` verb: holds the write lock for 20-120 ms every
 /// 50-300 ms, until killed.
 pub fn locker_main(db: &Path, seed: u64) -> Result<()> {
-    let conn = rusqlite::Connection::open(db)?;
-    conn.busy_timeout(Duration::from_secs(30))?;
-    let mut conn = crate::store::Connection::from(conn);
+    // On a server, the store's advisory write lock.
+    let mut conn = crate::store::connect(db)?;
     let mut rng = Rng::new(seed ^ 0x10c4);
     loop {
         std::thread::sleep(Duration::from_millis(50 + rng.below(250)));
@@ -530,6 +570,9 @@ pub struct ChaosReport {
     pub kills: u64,
     /// Workers frozen past their lease (SIGSTOP … SIGCONT).
     pub freezes: u64,
+    /// On PostgreSQL: workers' connections ended by the server
+    /// (`pg_terminate_backend`), whatever they were doing.
+    pub connections_terminated: u64,
     /// Races seen: fenced writes, turn takeovers, compaction takeovers.
     pub races: BTreeMap<String, u64>,
     /// Faults injected, by kind (as reported by the workers).
@@ -578,7 +621,7 @@ fn signal(pid: u32, sig: i32) {
 /// The command line of one worker process on the workload.
 fn worker_command(exe: &Path, db: &Path, w: &Workload, id: u64) -> Command {
     let mut c = Command::new(exe);
-    c.args(["chaos-worker", "--db"]).arg(db);
+    c.args(["chaos-worker", "--db"]).arg(worker_db(db));
     for (flag, v) in [
         ("--seed", w.seed),
         ("--sessions", w.sessions),
@@ -681,6 +724,12 @@ pub async fn run_chaos(o: &ChaosOptions) -> Result<ChaosReport> {
         workers.push(Some(spawn_worker(&exe, o, &w, id, &tally)?));
     }
     let mut random_kills = 0u64;
+    // On a server, the supervisor's own connection, to cut workers' ones.
+    let server = if is_server(&o.db) {
+        Some(crate::store::connect(&o.db)?)
+    } else {
+        None
+    };
     loop {
         if started.elapsed() > o.max_duration {
             report
@@ -720,6 +769,14 @@ pub async fn run_chaos(o: &ChaosOptions) -> Result<ChaosReport> {
             .collect();
         if live.is_empty() {
             continue;
+        }
+        if let Some(conn) = &server {
+            if rng.below(100) < 10 {
+                if terminate_a_backend(conn, &mut rng)? {
+                    report.connections_terminated += 1;
+                }
+                continue;
+            }
         }
         let pick = live[rng.below(live.len() as u64) as usize];
         disturb(workers[pick].as_mut().expect("live"), &mut rng, &mut report).await;
@@ -802,9 +859,17 @@ fn reap(
                 all_done = false;
             }
             Some(st) => {
-                report
-                    .violations
-                    .push(format!("worker {} exited with {st}", wk.id));
+                // What the workers logged as errors, to say why.
+                let logged: Vec<String> = tally
+                    .lock()
+                    .expect("tally")
+                    .keys()
+                    .filter_map(|k| k.strip_prefix("log:").map(str::to_string))
+                    .collect();
+                report.violations.push(format!(
+                    "worker {} exited with {st}; errors logged: {logged:?}",
+                    wk.id
+                ));
                 *slot = None;
             }
         }
@@ -870,10 +935,8 @@ fn session_fingerprints(
 
 /// Runs the control: the same workload, same faults, one runner, no kills.
 async fn build_control(o: &ChaosOptions, w: &Workload) -> Result<PathBuf> {
-    let control_path = PathBuf::from(format!("{}.control", o.db.display()));
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", control_path.display()));
-    }
+    let control_path = beside(&o.db, "control");
+    remove_db(&control_path);
     let control = open_workload_db(&control_path)?;
     // Sessions are independent and faults depend only on the request, so the
     // control can run its sessions concurrently: the same rows come out.
@@ -909,7 +972,79 @@ async fn build_control(o: &ChaosOptions, w: &Workload) -> Result<PathBuf> {
     Ok(control_path)
 }
 
+/// Whether `db` is a PostgreSQL store's URL.
+fn is_server(db: &Path) -> bool {
+    db.to_str().is_some_and(crate::store::is_url)
+}
+
+/// The store beside `db` for `what` (the control run): a file `DB.what`, or
+/// on a server the schema `SCHEMA_what`.
+fn beside(db: &Path, what: &str) -> PathBuf {
+    let Some(url) = db.to_str().filter(|u| crate::store::is_url(u)) else {
+        return PathBuf::from(format!("{}.{what}", db.display()));
+    };
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut schema = "public".to_string();
+    let mut kept: Vec<&str> = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.strip_prefix("schema=") {
+            Some(s) => schema = s.to_string(),
+            None => kept.push(pair),
+        }
+    }
+    kept.push("");
+    let rest = kept.join("&");
+    PathBuf::from(format!("{base}?{rest}schema={schema}_{what}"))
+}
+
+/// `db` as the workers open it: on a server, with an application name of
+/// this run's own, so the supervisor cuts only its workers' connections.
+fn worker_db(db: &Path) -> PathBuf {
+    match db.to_str().filter(|u| crate::store::is_url(u)) {
+        Some(url) => {
+            let sep = if url.contains('?') { '&' } else { '?' };
+            PathBuf::from(format!("{url}{sep}application_name={}", worker_app_name()))
+        }
+        None => db.to_path_buf(),
+    }
+}
+
+fn worker_app_name() -> String {
+    format!("abridge-chaos-{}", std::process::id())
+}
+
+/// Ends one backend of this run's workers (`pg_terminate_backend`): its
+/// connection dies mid-whatever, a transaction included. True when one was
+/// running.
+fn terminate_a_backend(conn: &crate::store::Connection, rng: &mut Rng) -> Result<bool> {
+    let pids: Vec<i64> = {
+        let mut st = conn.prepare(
+            "SELECT pid::bigint FROM pg_stat_activity WHERE application_name = ?1 \
+             AND datname = current_database() AND pid <> pg_backend_pid() ORDER BY pid",
+        )?;
+        let v = st.query_map([worker_app_name()], |r| r.get(0))?;
+        v.collect::<rusqlite::Result<_>>()?
+    };
+    if pids.is_empty() {
+        return Ok(false);
+    }
+    let pid = pids[rng.below(pids.len() as u64) as usize];
+    conn.query_row("SELECT pg_terminate_backend(?1::int)", [pid], |r| {
+        r.get::<_, bool>(0)
+    })
+}
+
 fn remove_db(path: &Path) {
+    if is_server(path) {
+        if let Ok(target) = crate::store::pg::parse(path.to_str().unwrap_or_default()) {
+            if let Ok(c) = target.connect() {
+                let c = crate::store::Connection::from(c);
+                let _ =
+                    c.execute_batch(&format!("DROP SCHEMA IF EXISTS {} CASCADE", target.schema));
+            }
+        }
+        return;
+    }
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }

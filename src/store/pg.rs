@@ -508,7 +508,9 @@ pub(crate) fn parse(url: &str) -> Result<Target> {
     }
     let options = config.get_options().unwrap_or("").to_string();
     config.options(format!("{options} -c search_path={schema}").trim());
-    config.application_name("abridge");
+    if config.get_application_name().is_none() {
+        config.application_name("abridge");
+    }
     let host = config
         .get_hosts()
         .iter()
