@@ -6,7 +6,7 @@
 //! `row.get(i)`), and values cross them as rusqlite's [`ToSql`] and
 //! [`FromSql`]: so the store's statements, the row decoders and a host's
 //! transactional tools read the same on every backend. A backend is an arm of
-//! [`Backend`]: SQLite, and PostgreSQL with the `postgres` feature, which
+//! `Backend`: SQLite, and PostgreSQL with the `postgres` feature, which
 //! binds the same values and decodes its columns into the same
 //! [`ValueRef`](rusqlite::types::ValueRef)s (see `pg`).
 //!
@@ -183,6 +183,17 @@ impl Connection {
                 Backend::Postgres(c) => StmtInner::Postgres(c.prepare(sql, cached)?),
             },
         })
+    }
+
+    /// Round trips to the server so far on this connection (PostgreSQL:
+    /// each statement, prepare, BEGIN and COMMIT is one); None on SQLite,
+    /// which has no server.
+    pub fn round_trips(&self) -> Option<u64> {
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(c) => Some(c.round_trips()),
+        }
     }
 
     /// True outside a transaction.

@@ -52,6 +52,8 @@ pub(crate) struct PgConn {
     client: tokio_postgres::Client,
     cache: RefCell<HashMap<String, tokio_postgres::Statement>>,
     in_tx: Cell<bool>,
+    /// Requests answered by the server (each a round trip).
+    trips: Cell<u64>,
     /// The key of the store's advisory write lock.
     lock_key: i64,
 }
@@ -67,8 +69,18 @@ impl PgConn {
             client,
             cache: RefCell::default(),
             in_tx: Cell::new(false),
+            trips: Cell::new(0),
             lock_key,
         }
+    }
+
+    /// Round trips to the server so far on this connection.
+    pub(crate) fn round_trips(&self) -> u64 {
+        self.trips.get()
+    }
+
+    fn trip(&self) {
+        self.trips.set(self.trips.get() + 1);
     }
 
     pub(crate) fn in_transaction(&self) -> bool {
@@ -88,6 +100,7 @@ impl PgConn {
                 });
             }
         }
+        self.trip();
         let stmt = wait(self.client.prepare(&translate(sql))).inspect_err(|e| {
             tracing::debug!(error = %e, sql = %translate(sql), "PostgreSQL refused a statement");
             if std::env::var_os("ABRIDGE_PG_TRACE").is_some() {
@@ -104,6 +117,7 @@ impl PgConn {
 
     pub(crate) fn execute_batch(&self, sql: &str) -> Result<()> {
         let head = sql.trim_start().to_ascii_uppercase();
+        self.trip();
         wait(self.client.batch_execute(&translate(sql)))?;
         if head.starts_with("BEGIN") || head.starts_with("START TRANSACTION") {
             self.in_tx.set(true);
@@ -120,6 +134,7 @@ impl PgConn {
     /// advisory lock until it ends (writers one at a time, as on SQLite).
     pub(crate) fn begin_write(&self) -> Result<()> {
         self.in_tx.set(true);
+        self.trip();
         let r = wait(self.client.batch_execute(&format!(
             "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({})",
             self.lock_key
@@ -134,6 +149,7 @@ impl PgConn {
     /// Begins a read transaction: one snapshot for all its reads.
     pub(crate) fn begin_read(&self) -> Result<()> {
         self.in_tx.set(true);
+        self.trip();
         let r = wait(
             self.client
                 .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"),
@@ -145,6 +161,7 @@ impl PgConn {
     }
 
     pub(crate) fn end(&self, commit: bool) -> Result<()> {
+        self.trip();
         let r = wait(
             self.client
                 .batch_execute(if commit { "COMMIT" } else { "ROLLBACK" }),
@@ -172,6 +189,7 @@ impl PgStatement<'_> {
         let values = bind(params)?;
         let refs: Vec<&(dyn PgToSql + Sync)> =
             values.iter().map(|v| v as &(dyn PgToSql + Sync)).collect();
+        self.conn.trip();
         let n = wait(self.conn.client.execute(&self.stmt, &refs))?;
         Ok(n as usize)
     }
@@ -180,6 +198,7 @@ impl PgStatement<'_> {
         let values = bind(params)?;
         let refs: Vec<&(dyn PgToSql + Sync)> =
             values.iter().map(|v| v as &(dyn PgToSql + Sync)).collect();
+        self.conn.trip();
         Ok(wait(self.conn.client.query(&self.stmt, &refs))?)
     }
 }

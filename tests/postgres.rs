@@ -1,0 +1,326 @@
+//! What only a PostgreSQL store has: its errors, concurrent first opens, the
+//! move from an SQLite file, round trips per step, racing claims from
+//! several processes, and a chaos run with connections cut by the server.
+//!
+//! Run against the server named by `ABRIDGE_TEST_POSTGRES` (a database URL,
+//! e.g. `postgres://postgres@127.0.0.1/abridge_ci`; `.ci/run` sets it), each
+//! test in schemas of its own. Without it, each test says so and returns:
+//! the rest of the suite runs on PostgreSQL too when it is set (see
+//! `common::db_for`).
+
+mod common;
+
+use abridge::store::{migrate_store, BackendKind, Store, StoreOptions};
+use abridge::{Error, Runner, RunnerConfig, Threshold};
+use common::*;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// The server's base URL, or None (the test is skipped, with a line).
+fn server() -> Option<String> {
+    match std::env::var("ABRIDGE_TEST_POSTGRES") {
+        Ok(u) if !u.is_empty() => Some(u),
+        _ => {
+            eprintln!("ABRIDGE_TEST_POSTGRES is not set: skipped");
+            None
+        }
+    }
+}
+
+/// A URL of `base` with a schema of this test's own (dropped first).
+fn fresh(base: &str, name: &str) -> String {
+    let schema = format!("pgtest_{name}_{}", std::process::id());
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{sep}schema={schema}");
+    let admin = Store::open_url(
+        &format!("{base}{sep}schema=pgtest_admin"),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    admin
+        .with_conn(|c| c.execute_batch(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")))
+        .unwrap();
+    url
+}
+
+#[test]
+fn an_unreachable_server_a_missing_database_and_a_newer_schema_are_typed_errors() {
+    let Some(base) = server() else { return };
+    // Nothing listens on port 1.
+    let err = Store::open("postgres://postgres@127.0.0.1:1/test?connect_timeout=2").unwrap_err();
+    assert!(matches!(err, Error::Unreachable { .. }), "{err}");
+    assert!(err.is_resumable());
+    let (host, _) = base.rsplit_once('/').unwrap();
+    let err = Store::open(format!("{host}/abridge_no_such_database")).unwrap_err();
+    assert!(matches!(err, Error::NoSuchDatabase { .. }), "{err}");
+    // A store stamped by a newer abridge is refused, nothing written.
+    let url = fresh(&base, "newer");
+    let store = Store::open(&url).unwrap();
+    assert_eq!(store.backend(), BackendKind::Postgres);
+    store
+        .with_conn(|c| c.execute("UPDATE abridge_schema SET version = version + 1", []))
+        .unwrap();
+    drop(store);
+    let err = Store::open(&url).unwrap_err();
+    assert!(matches!(err, Error::SchemaTooNew { .. }), "{err}");
+    let err = abridge::store::read_only_version(&url).unwrap_err();
+    assert!(matches!(err, Error::SchemaTooNew { .. }), "{err}");
+    // A schema holding tables that are not a store's is not taken over.
+    let foreign = fresh(&base, "foreign");
+    Store::open(&foreign)
+        .unwrap()
+        .with_conn(|c| c.execute_batch("DROP TABLE abridge_schema; CREATE TABLE mine (x BIGINT)"))
+        .unwrap();
+    let err = Store::open(&foreign).unwrap_err();
+    assert!(matches!(err, Error::ForeignDatabase { .. }), "{err}");
+    // A key is the server's business.
+    let err = Store::open_with(
+        &url,
+        StoreOptions::default().with_key(abridge::store::Key::passphrase("k").unwrap()),
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err}");
+}
+
+#[test]
+fn concurrent_first_opens_of_one_schema_make_one_store() {
+    let Some(base) = server() else { return };
+    let url = fresh(&base, "first_opens");
+    let handles: Vec<_> = (0..8)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || Store::open(&url).map(|_| ()))
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap().unwrap();
+    }
+    let store = Store::open(&url).unwrap();
+    let stamps: i64 = store
+        .with_conn(|c| c.query_row("SELECT count(*) FROM abridge_schema", [], |r| r.get(0)))
+        .unwrap();
+    assert_eq!(stamps, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sqlite_store_migrated_to_postgres_replays_every_step_byte_for_byte() {
+    let Some(base) = server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("from.db");
+    let opts = abridge::demo::DemoOptions {
+        db: file.clone(),
+        sessions: 2,
+        turns: 24,
+        compact_at: Threshold::Tokens(2_000),
+        ..Default::default()
+    };
+    abridge::demo::run_demo(&opts, |_| {}).await.unwrap();
+    let url = fresh(&base, "migrated");
+    let (f, u) = (file.clone(), url.clone());
+    let moved = tokio::task::spawn_blocking(move || migrate_store(&f, None, &u))
+        .await
+        .unwrap()
+        .unwrap();
+    let count = |name: &str| moved.rows.iter().find(|(t, _)| t == name).unwrap().1;
+    assert!(count("steps") > 0 && count("compactions") > 0 && count("pins") > 0);
+    assert_eq!(moved.steps_rebuilt, count("steps"));
+
+    // Every step's recorded hash and rebuilt bytes, read on both backends.
+    let hashes = |db: PathBuf| {
+        abridge::store::read_only(&db, |c| {
+            let mut st =
+                c.prepare("SELECT id FROM steps WHERE messages_sha256 IS NOT NULL ORDER BY id")?;
+            let ids = st
+                .query_map([], |r| Ok(abridge::StepId(r.get(0)?)))?
+                .collect::<Result<Vec<_>, _>>()?;
+            ids.into_iter()
+                .map(|id| {
+                    let r = abridge::replay::rebuild_step(c, id)?;
+                    assert!(r.matches(), "step {id:?} on {}", db.display());
+                    Ok((id, r.recorded, r.bytes))
+                })
+                .collect::<abridge::Result<Vec<_>>>()
+        })
+        .unwrap()
+    };
+    assert_eq!(hashes(file.clone()), hashes(PathBuf::from(&url)));
+    let store = Store::open(&url).unwrap();
+    let report = store.with_conn(|c| verify_demo(c)).unwrap();
+    assert!(report.ok, "{report:#?}");
+    // The sessions go on on the server: new rows take new ids.
+    let runner = demo_runner_with(
+        &store,
+        42,
+        Threshold::Tokens(2_000),
+        None,
+        &[],
+        "after-move",
+    );
+    let sid = store.session("demo-42-0").await.unwrap().id;
+    runner.run_turn(sid, "One more question.").await.unwrap();
+    assert_verified(&store);
+    // A store that already holds sessions takes no second copy.
+    let (f, u) = (file.clone(), url.clone());
+    let err = tokio::task::spawn_blocking(move || migrate_store(&f, None, &u))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err}");
+}
+
+/// Round trips per step, counted on the store's one connection: fixed, and
+/// the same at H = 10 and H = 60 (a rebuild of the history per step would
+/// grow with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trips_per_step_are_fixed_and_independent_of_history() {
+    let Some(base) = server() else { return };
+    let mut per_turn = Vec::new();
+    for h in [10u64, 60] {
+        let url = fresh(&base, &format!("trips_{h}"));
+        let store =
+            Store::open_with(&url, StoreOptions::default().with_max_connections(1)).unwrap();
+        store
+            .with_conn(abridge::store::demo::create_demo_tables)
+            .unwrap();
+        let mut cfg = test_config(Threshold::Tokens(1_000_000), None, "trips");
+        cfg.testing.heartbeat = false;
+        cfg.compaction.background = None;
+        let runner = Runner::builder(store.clone(), Arc::new(demo_model(7, &[])))
+            .tools(abridge::demo::demo_tools(None, std::time::Duration::ZERO))
+            .config(cfg)
+            .build()
+            .unwrap();
+        let s = runner.create_session("s", "m", "sys").await.unwrap();
+        for t in 0..h {
+            runner
+                .run_turn(s.id, &format!("Where is ORD-{t}?"))
+                .await
+                .unwrap();
+        }
+        let trips = || store.with_conn(|c| Ok(c.round_trips().unwrap())).unwrap();
+        let before = trips();
+        let out = runner
+            .run_turn(s.id, "Where is order ORD-42?")
+            .await
+            .unwrap();
+        let used = trips() - before - 1; // less the read of the counter itself
+        per_turn.push((used, out.steps));
+    }
+    assert_eq!(
+        per_turn[0], per_turn[1],
+        "round trips grew with H: {per_turn:?}"
+    );
+    let (trips, steps) = per_turn[0];
+    let per_step = trips / steps as u64;
+    println!("{trips} round trips for a turn of {steps} steps");
+    assert!(per_step <= 30, "{per_step} round trips per step");
+}
+
+#[test]
+fn racing_processes_on_one_boundary_make_one_row_and_one_summary() {
+    let Some(base) = server() else { return };
+    let url = fresh(&base, "racing");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = Store::open(&url).unwrap();
+    store
+        .with_conn(abridge::store::demo::create_demo_tables)
+        .unwrap();
+    let r = demo_runner(&store, 3, Threshold::Off, None);
+    rt.block_on(async {
+        let s = r.create_session("race", "m", "sys").await.unwrap();
+        for t in 0..6 {
+            r.run_turn(s.id, &format!("turn {t}: where is ORD-{t}?"))
+                .await
+                .unwrap();
+        }
+    });
+    drop(r);
+    drop(store);
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            abridge_cmd()
+                .args(["compact", "--db", &url, "--session", "race"])
+                .output()
+                .unwrap()
+        })
+        .collect();
+    for c in &children {
+        assert!(c.status.success(), "{}", String::from_utf8_lossy(&c.stderr));
+    }
+    let store = Store::open(&url).unwrap();
+    let (rows, calls): (i64, i64) = store
+        .with_conn(|c| {
+            c.query_row(
+                "SELECT count(*), coalesce(sum(summary_calls), 0) FROM compactions",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+        })
+        .unwrap();
+    assert_eq!(rows, 1);
+    assert_eq!(calls, 1);
+}
+
+/// Four worker processes on one PostgreSQL store, killed at random and at
+/// named points, frozen past their leases, with faults injected and their
+/// connections ended by the server mid-transaction: verify and the control
+/// comparison hold.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_on_postgres_with_connections_cut_holds_every_guarantee() {
+    let Some(base) = server() else { return };
+    let url = fresh(&base, "chaos");
+    let o = abridge::chaos::ChaosOptions {
+        db: PathBuf::from(&url),
+        workers: 4,
+        kills: 60,
+        seed: 11,
+        exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_abridge"))),
+        max_duration: std::time::Duration::from_secs(600),
+        ..Default::default()
+    };
+    let report = abridge::chaos::run_chaos(&o).await.unwrap();
+    assert!(report.violations.is_empty(), "{:#?}", report.violations);
+    assert!(report.kills >= 60, "{report:?}");
+    assert!(report.turns > 0 && report.compactions > 0, "{report:?}");
+    println!(
+        "{} kills, {} connections ended by the server, {} freezes",
+        report.kills, report.connections_terminated, report.freezes
+    );
+}
+
+#[test]
+fn a_lease_held_by_the_same_owner_name_on_another_machine_is_freed_only_by_expiry() {
+    // The rule a shared store uses (holder_is_gone_shared) is tested in
+    // owner.rs; here, that a PostgreSQL store's runner uses it: a running
+    // turn held by the same owner name from another instance is not taken
+    // over before its lease expires.
+    let Some(base) = server() else { return };
+    let url = fresh(&base, "lease");
+    let store = Store::open(&url).unwrap();
+    store
+        .with_conn(abridge::store::demo::create_demo_tables)
+        .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cfg = RunnerConfig::default().with_owner("host");
+    let r = Runner::builder(store.clone(), Arc::new(demo_model(1, &[])))
+        .config(cfg)
+        .compaction(abridge::CompactionConfig::default().with_compact_at(Threshold::Off))
+        .build()
+        .unwrap();
+    let sid = rt.block_on(r.create_session("s", "m", "sys")).unwrap().id;
+    // A turn left running, its lease held (for a minute) by "host" on
+    // another machine: another boot id in its instance.
+    store
+        .with_conn(move |c| {
+            c.execute(
+                "INSERT INTO turns (id, session_id, idx, input, status, lease_owner, lease_epoch, \
+                 lease_expires_at, created_at) VALUES (1000, ?1, 0, 'hi', 'running', \
+                 'host|ffff.1.1.1.1|7', 1, ?2, 0)",
+                (sid, abridge::store::now_ms() + 60_000),
+            )
+        })
+        .unwrap();
+    let err = rt.block_on(r.run_turn_at(sid, 0, "hi")).unwrap_err();
+    assert!(matches!(err, Error::LeaseHeld { .. }), "{err}");
+}
