@@ -284,10 +284,14 @@ pub fn open_workload_db(path: &Path) -> Result<Store> {
     let store = Store::open(path)?;
     store.with_conn(|c| {
         crate::store::demo::create_demo_tables(c)?;
-        c.execute_batch(&format!(
+        // Under the store's write lock: on PostgreSQL two workers creating
+        // the same table at once can collide in the catalog (23505 on
+        // pg_type), IF NOT EXISTS or not.
+        let tx = c.write_tx()?;
+        tx.execute_batch(&format!(
             "CREATE TABLE IF NOT EXISTS {CHAOS_MARK} (id INTEGER PRIMARY KEY)"
         ))?;
-        Ok(())
+        tx.commit()
     })?;
     Ok(store)
 }
