@@ -324,3 +324,34 @@ fn a_lease_held_by_the_same_owner_name_on_another_machine_is_freed_only_by_expir
     let err = rt.block_on(r.run_turn_at(sid, 0, "hi")).unwrap_err();
     assert!(matches!(err, Error::LeaseHeld { .. }), "{err}");
 }
+
+#[test]
+fn a_host_with_a_schema_of_its_own_and_no_right_to_create_one_opens_it() {
+    let Some(base) = server() else { return };
+    let url = fresh(&base, "granted");
+    let schema = url.rsplit_once("schema=").unwrap().1.to_string();
+    let role = format!("abridge_limited_{}", std::process::id());
+    // As the server's administrator: a role that may not create schemas,
+    // and a schema made for it.
+    let admin = Store::open(&url).unwrap();
+    admin
+        .with_conn(|c| {
+            c.execute_batch(&format!(
+                "DROP SCHEMA {schema} CASCADE; DROP ROLE IF EXISTS {role}; \
+                 CREATE ROLE {role} LOGIN; CREATE SCHEMA {schema} AUTHORIZATION {role}"
+            ))
+        })
+        .unwrap();
+    drop(admin);
+    let limited = url.replacen("postgres://postgres@", &format!("postgres://{role}@"), 1);
+    let store = Store::open(&limited).unwrap();
+    let n: i64 = store
+        .with_conn(|c| c.query_row("SELECT count(*) FROM sessions", [], |r| r.get(0)))
+        .unwrap();
+    assert_eq!(n, 0);
+    drop(store);
+    Store::open(&url)
+        .unwrap()
+        .with_conn(|c| c.execute_batch(&format!("DROP SCHEMA {schema} CASCADE; DROP ROLE {role}")))
+        .unwrap();
+}

@@ -609,10 +609,19 @@ impl Target {
     }
 
     fn migrate_in_tx(&self, conn: &PgConn) -> Result<i64> {
-        wait(
-            conn.client
-                .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {}", self.schema)),
-        )?;
+        // Created only when missing: a host given a schema of its own, and no
+        // right to create one in the database, opens it all the same.
+        let exists: bool = wait(conn.client.query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1::text)",
+            &[&self.schema],
+        ))?
+        .get(0);
+        if !exists {
+            wait(
+                conn.client
+                    .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {}", self.schema)),
+            )?;
+        }
         match read_version(conn, self)? {
             Some(v) if v > super::SCHEMA_VERSION => Err(Error::SchemaTooNew {
                 found: v,
