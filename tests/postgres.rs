@@ -355,3 +355,37 @@ fn a_host_with_a_schema_of_its_own_and_no_right_to_create_one_opens_it() {
         .with_conn(|c| c.execute_batch(&format!("DROP SCHEMA {schema} CASCADE; DROP ROLE {role}")))
         .unwrap();
 }
+
+#[test]
+fn verify_names_a_rule_missing_from_the_server() {
+    let Some(base) = server() else { return };
+    let url = fresh(&base, "rules");
+    let store = Store::open(&url).unwrap();
+    let g6 = |store: &Store| {
+        let report = store.with_conn(|c| abridge::verify::verify(c)).unwrap();
+        let check = report
+            .checks
+            .into_iter()
+            .find(|c| c.name == "G6 integrity_check")
+            .unwrap();
+        check.violations
+    };
+    assert!(g6(&store).is_empty());
+    store
+        .with_conn(|c| {
+            c.execute_batch(
+                "DROP TRIGGER compactions_completed_never_change ON compactions; \
+                 ALTER TABLE steps DISABLE TRIGGER steps_finished_never_change; \
+                 DROP INDEX compactions_one_per_boundary",
+            )
+        })
+        .unwrap();
+    let found = g6(&store);
+    for rule in [
+        "trigger compactions_completed_never_change is missing",
+        "trigger steps_finished_never_change is disabled",
+        "unique index compactions_one_per_boundary is missing",
+    ] {
+        assert!(found.iter().any(|v| v == rule), "{rule}: {found:?}");
+    }
+}

@@ -685,6 +685,7 @@ fn read_version(conn: &PgConn, target: &Target) -> Result<Option<i64>> {
 /// present and enabled, every unique index present and valid. `["ok"]`, or
 /// one line per rule missing.
 pub(crate) fn rules_in_place(conn: &super::Connection) -> Result<Vec<String>> {
+    use super::OptionalExtension;
     let mut problems = Vec::new();
     let names = |kw: &str| -> Vec<String> {
         SCHEMA_PG_SQL
@@ -702,11 +703,7 @@ pub(crate) fn rules_in_place(conn: &super::Connection) -> Result<Vec<String>> {
                 [&trigger],
                 |r| r.get(0),
             )
-            .map(Some)
-            .or_else(|e| match e {
-                Error::Sqlite(rusqlite::Error::QueryReturnedNoRows) => Ok(None),
-                e => Err(e),
-            })?;
+            .optional()?;
         match enabled.as_deref() {
             None => problems.push(format!("trigger {trigger} is missing")),
             Some("D") => problems.push(format!("trigger {trigger} is disabled")),
@@ -722,11 +719,7 @@ pub(crate) fn rules_in_place(conn: &super::Connection) -> Result<Vec<String>> {
                 [&index],
                 |r| r.get(0),
             )
-            .map(Some)
-            .or_else(|e| match e {
-                Error::Sqlite(rusqlite::Error::QueryReturnedNoRows) => Ok(None),
-                e => Err(e),
-            })?;
+            .optional()?;
         match valid {
             None => problems.push(format!("unique index {index} is missing")),
             Some(false) => problems.push(format!("unique index {index} is not valid")),
