@@ -101,11 +101,9 @@ impl PgConn {
             }
         }
         self.trip();
-        let stmt = wait(self.client.prepare(&translate(sql))).inspect_err(|e| {
-            tracing::debug!(error = %e, sql = %translate(sql), "PostgreSQL refused a statement");
-            if std::env::var_os("ABRIDGE_PG_TRACE").is_some() {
-                eprintln!("PG REFUSED: {e}\n  {}", translate(sql));
-            }
+        let text = translate(sql);
+        let stmt = wait(self.client.prepare(&text)).inspect_err(|e| {
+            tracing::debug!(error = %e, sql = %text, "PostgreSQL refused a statement");
         })?;
         if cached {
             self.cache
