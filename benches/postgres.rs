@@ -2,7 +2,9 @@
 //! contention, measured in one run (ratios, not times, are what compare).
 //!
 //! - floor: one bare insert transaction (`BEGIN`, one `INSERT` of a step's
-//!   bytes, `COMMIT`) over a store's own connection;
+//!   bytes, `COMMIT`) over a store's own connection, three round trips; and
+//!   the same pipelined as far as it goes (`BEGIN` sent with the `INSERT`),
+//!   two;
 //! - step: the demo workload's turns (compaction on, threshold 4,000 tokens,
 //!   no model or summariser latency) on a session already H turns long, at
 //!   H = 100 and H = 1,000: time per step, and round trips per step
@@ -78,6 +80,24 @@ fn floor(store: &Store, n: usize) -> f64 {
                     "INSERT INTO bench_floor (turn, payload) VALUES (?1, ?2)",
                     (i as i64, &payload),
                 )?;
+                c.execute_batch("COMMIT")?;
+            }
+            Ok(t.elapsed().as_secs_f64() / n as f64)
+        })
+        .unwrap()
+}
+
+/// Seconds per bare insert transaction with `BEGIN` sent with the insert
+/// (the simple query protocol, one round trip) and `COMMIT` after it.
+fn floor_pipelined(store: &Store, n: usize) -> f64 {
+    store
+        .with_conn(|c| {
+            let payload = "x".repeat(2_000);
+            let t = Instant::now();
+            for i in 0..n {
+                c.execute_batch(&format!(
+                    "BEGIN; INSERT INTO bench_floor (turn, payload) VALUES ({i}, '{payload}')"
+                ))?;
                 c.execute_batch("COMMIT")?;
             }
             Ok(t.elapsed().as_secs_f64() / n as f64)
@@ -213,11 +233,18 @@ fn main() {
     rt.block_on(async {
         let floor_store = fresh(&base, "bench_pg_floor", 1);
         let floor_s = floor(&floor_store, 500);
+        let piped_s = floor_pipelined(&floor_store, 500);
         let (s100, t100) = step(&base, 100, 40).await;
         let (s1000, t1000) = step(&base, 1_000, 40).await;
         let floor_again = floor(&floor_store, 500);
+        let piped_again = floor_pipelined(&floor_store, 500);
         let floor_s = (floor_s + floor_again) / 2.0;
+        let piped_s = (piped_s + piped_again) / 2.0;
         println!("floor (BEGIN, INSERT, COMMIT): 3 round trips");
+        println!(
+            "pipelined floor (BEGIN with the INSERT, COMMIT): 2 round trips, {:.2}x the floor",
+            piped_s / floor_s
+        );
         println!(
             "step at H = 100:   {:.2}x the floor, {t100:.1} round trips per step",
             s100 / floor_s
@@ -227,6 +254,11 @@ fn main() {
             s1000 / floor_s
         );
         println!("H = 1000 / H = 100: {:.2}", s1000 / s100);
+        println!(
+            "step against the pipelined floor: {:.2}x at H = 100, {:.2}x at H = 1000",
+            s100 / piped_s,
+            s1000 / piped_s
+        );
         let c = claims(&base).await;
         println!("compactions completed with 8 hosts racing on 64 boundaries: {c:.0}/s");
         let one = throughput(&base, 1).await;

@@ -430,8 +430,8 @@ impl Runner {
             .call(move |c| {
                 this.inner.store.check_file()?;
                 match store::begin_turn(c, session_id, idx, &input, &holder, ttl, &gone)? {
-                    (turn, Some(lease)) => this.start(c, turn, lease),
-                    (turn, None) => Ok(Begun::Finished(turn)),
+                    (turn, Some(lease), session) => this.start(c, turn, lease, Some(session)),
+                    (turn, None, _) => Ok(Begun::Finished(turn)),
                 }
             })
             .await?;
@@ -455,7 +455,7 @@ impl Runner {
             .call(move |c| {
                 this.inner.store.check_file()?;
                 match store::acquire_lease(c, turn_id, &holder, ttl, &gone) {
-                    Ok((turn, lease)) => this.start(c, turn, lease),
+                    Ok((turn, lease)) => this.start(c, turn, lease, None),
                     Err(Error::TurnFinished { .. }) => {
                         Ok(Begun::Finished(store::get_turn(c, turn_id)?))
                     }
@@ -466,15 +466,20 @@ impl Runner {
         self.begun(begun, claim).await
     }
 
-    /// After taking a turn's lease, in the same blocking call: the session and
-    /// the first step to run, prepared.
+    /// After taking a turn's lease, in the same blocking call: the session
+    /// (read now unless the caller read it with the turn) and the first step
+    /// to run, prepared.
     fn start(
         &self,
         c: &mut crate::store::Connection,
         turn: TurnRow,
         lease: Lease,
+        session: Option<SessionRow>,
     ) -> Result<Begun> {
-        let session = store::get_session(c, turn.session_id)?;
+        let session = match session {
+            Some(s) => s,
+            None => store::get_session(c, turn.session_id)?,
+        };
         let ctx = self.inner.contexts.take(session.id);
         let first = self.prepare(c, &session, &turn, &lease, ctx)?;
         Ok(Begun::Drive(Box::new((turn, lease, session, first))))
@@ -814,54 +819,48 @@ impl Runner {
         lease: &Lease,
         ctx: Option<Context>,
     ) -> Result<Prepared> {
-        let max_steps = self.inner.cfg.max_steps;
-        let step = store::claim_step(c, lease)?;
-        if step.status != StepStatus::Running {
-            return Ok(Prepared::Resume(step, ctx));
-        }
-        if step.idx >= max_steps as i64 {
-            return Ok(Prepared::Fail(
-                step,
-                Error::MaxSteps {
-                    turn_id: turn.id,
-                    max_steps,
-                },
-            ));
-        }
-        let (at, compactor) = ((turn.idx, step.idx), &self.inner.compactor);
-        // One read transaction: one snapshot, and the file locks taken once.
-        let found = store::in_read_tx(c, |c| {
-            // What the turn's previous step read: the turn keeps it, and
-            // the results it elided (context overflow) stay elided.
-            let (prior, elided) = match &ctx {
-                _ if step.idx == 0 => (None, 0),
-                Some(ctx) if ctx.at().0 == turn.idx => (Some(ctx.compaction_id()), ctx.elided()),
-                _ => {
-                    let (read, elided) = store::step_read(c, turn.id, step.idx - 1)?;
-                    (Some(read), elided)
+        let max_steps = self.inner.cfg.max_steps as i64;
+        // The common case: the step claimed by the transaction that completed
+        // the previous one (or began the turn) is read in the same read
+        // transaction as the rest, in one round trip with its first reads on
+        // PostgreSQL.
+        let mut ctx = ctx;
+        let mut running = None;
+        let compactor = &self.inner.compactor;
+        let fast = store::in_read_tx(c, |c| {
+            compactor.prefetch_decision(c, session.id, turn.idx)?;
+            match store::last_step(c, lease.turn_id)? {
+                Some(s) if s.status == StepStatus::Running && s.idx < max_steps => {
+                    let found = self.read_step(c, session, turn, &s, ctx.take());
+                    running = Some(s);
+                    found.map(Some)
                 }
-            };
-            let decision = match compactor.decide(c, session, turn.idx, step.idx, prior) {
-                Ok(d) => d,
-                Err(e) if e.is_resumable() => return Err(e),
-                Err(e) => return Ok(Err(e)),
-            };
-            Ok(Ok(match decision {
-                Decision::Read(row) => {
-                    let ctx = Context::advance(ctx, c, session, row.as_ref(), at, elided)?;
-                    Work::Ready(row, ctx, None)
-                }
-                Decision::Background {
-                    boundary,
-                    measure,
-                    read,
-                } => {
-                    let ctx = Context::advance(ctx, c, session, read.as_ref(), at, elided)?;
-                    Work::Background(read, ctx, boundary, measure)
-                }
-                other => Work::Compact(other, ctx, elided),
-            }))
+                _ => Ok(None),
+            }
         })?;
+        let (step, found) = match (running, fast) {
+            (Some(step), Some(found)) => (step, found),
+            _ => {
+                let step = store::claim_step(c, lease)?;
+                if step.status != StepStatus::Running {
+                    return Ok(Prepared::Resume(step, ctx));
+                }
+                if step.idx >= max_steps {
+                    return Ok(Prepared::Fail(
+                        step,
+                        Error::MaxSteps {
+                            turn_id: turn.id,
+                            max_steps: self.inner.cfg.max_steps,
+                        },
+                    ));
+                }
+                let found = store::in_read_tx(c, |c| {
+                    compactor.prefetch_decision(c, session.id, turn.idx)?;
+                    self.read_step(c, session, turn, &step, ctx)
+                })?;
+                (step, found)
+            }
+        };
         // A background compaction is claimed in this same blocking call (its
         // own short write transaction, after the read), and summarised by a
         // task the step spawns.
@@ -884,6 +883,52 @@ impl Runner {
             Ok(work) => Ok(Prepared::Run(step, Box::new(work))),
             Err(e) => Ok(Prepared::Fail(step, e)),
         }
+    }
+
+    /// The reads of a running step, in the caller's read transaction: its
+    /// compaction decided and, when there is nothing to compact, its
+    /// messages built. An error that fails the step (not the call) is the
+    /// inner one.
+    fn read_step(
+        &self,
+        c: &crate::store::Connection,
+        session: &SessionRow,
+        turn: &TurnRow,
+        step: &store::StepRow,
+        ctx: Option<Context>,
+    ) -> Result<Result<Work>> {
+        let (at, compactor) = ((turn.idx, step.idx), &self.inner.compactor);
+
+        // What the turn's previous step read: the turn keeps it, and
+        // the results it elided (context overflow) stay elided.
+        let (prior, elided) = match &ctx {
+            _ if step.idx == 0 => (None, 0),
+            Some(ctx) if ctx.at().0 == turn.idx => (Some(ctx.compaction_id()), ctx.elided()),
+            _ => {
+                let (read, elided) = store::step_read(c, turn.id, step.idx - 1)?;
+                (Some(read), elided)
+            }
+        };
+        let decision = match compactor.decide(c, session, turn.idx, step.idx, prior) {
+            Ok(d) => d,
+            Err(e) if e.is_resumable() => return Err(e),
+            Err(e) => return Ok(Err(e)),
+        };
+        Ok(Ok(match decision {
+            Decision::Read(row) => {
+                let ctx = Context::advance(ctx, c, session, row.as_ref(), at, elided)?;
+                Work::Ready(row, ctx, None)
+            }
+            Decision::Background {
+                boundary,
+                measure,
+                read,
+            } => {
+                let ctx = Context::advance(ctx, c, session, read.as_ref(), at, elided)?;
+                Work::Background(read, ctx, boundary, measure)
+            }
+            other => Work::Compact(other, ctx, elided),
+        }))
     }
 
     /// Runs a claimed step up to its model response: compaction if one is due,

@@ -168,9 +168,9 @@ async fn a_sqlite_store_migrated_to_postgres_replays_every_step_byte_for_byte() 
     assert!(matches!(err, Error::Config(_)), "{err}");
 }
 
-/// Round trips per step, counted on the store's one connection: fixed, and
-/// the same at H = 10 and H = 60 (a rebuild of the history per step would
-/// grow with it).
+/// Round trips per step, counted on the store's one connection: fixed, the
+/// same at H = 10 and H = 60 (a rebuild of the history per step would grow
+/// with it), and at most 12 per step (turn included).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_trips_per_step_are_fixed_and_independent_of_history() {
     let Some(base) = server() else { return };
@@ -211,9 +211,17 @@ async fn round_trips_per_step_are_fixed_and_independent_of_history() {
         "round trips grew with H: {per_turn:?}"
     );
     let (trips, steps) = per_turn[0];
-    let per_step = trips / steps as u64;
     println!("{trips} round trips for a turn of {steps} steps");
-    assert!(per_step <= 30, "{per_step} round trips per step");
+    // Pipelined (see `store::pg`): a step's reads take three round trips
+    // (BEGIN with the decision's reads and the step; the measure with the
+    // history's three reads; COMMIT), its write three (BEGIN and the lease;
+    // the response, the completion and the next step's claim; COMMIT),
+    // a transactional tool three more; the turn's begin and end the rest.
+    // Unpipelined, the same turn took 51.
+    assert!(
+        trips <= 12 * steps as u64,
+        "{trips} round trips for a turn of {steps} steps"
+    );
 }
 
 #[test]

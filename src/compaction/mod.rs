@@ -244,7 +244,10 @@ impl Compactor {
         let (this, s) = (self.clone(), session.clone());
         let decision = self
             .store
-            .read(move |c| this.decide(c, &s, turn_idx, step_idx, None))
+            .read(move |c| {
+                this.prefetch_decision(c, s.id, turn_idx)?;
+                this.decide(c, &s, turn_idx, step_idx, None)
+            })
             .await?;
         self.act(&Subject::of(session, Some(turn_idx)), turn_idx, decision)
             .await
@@ -259,6 +262,24 @@ impl Compactor {
     /// step): a turn keeps the compaction it began with, and a summary that
     /// completed in the background since is read from the next turn on, or
     /// at once when this step has reached the hard threshold.
+    /// Says which of [`Compactor::decide`]'s reads for turn `turn_idx`
+    /// follow (see [`crate::store::Connection::prefetch`]): the caller's
+    /// next read takes them along, on PostgreSQL in one round trip.
+    pub(crate) fn prefetch_decision(
+        &self,
+        c: &crate::store::Connection,
+        session_id: SessionId,
+        turn_idx: i64,
+    ) -> Result<()> {
+        store::prefetch_latest_completed(c, session_id, turn_idx)?;
+        if self.config.keep_recent_tokens == 0 {
+            if let Some(b) = planner::boundary(turn_idx, self.config.keep_last_turns) {
+                store::prefetch_compaction_at(c, session_id, b)?;
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn decide(
         &self,
         c: &crate::store::Connection,
@@ -268,6 +289,9 @@ impl Compactor {
         prior: Option<Option<CompactionId>>,
     ) -> Result<Decision> {
         let sid = session.id;
+        // The measure depends on nothing read here: it goes with the next
+        // read (on PostgreSQL, in the same round trip).
+        store::prefetch_latest_context_tokens(c, sid, turn_idx, step_idx)?;
         let latest = store::latest_completed(c, sid, turn_idx)?;
         let latest_id = latest.as_ref().map(|l| l.id);
         let base = match prior {

@@ -75,12 +75,25 @@ pub(crate) fn compaction_at(
     session_id: SessionId,
     boundary: i64,
 ) -> Result<Option<CompactionRow>> {
-    conn.prepare_cached(&format!(
+    conn.prepare_cached(&compaction_at_sql())?
+        .query_row(params![session_id, boundary], CompactionRow::from_row)
+        .optional()
+}
+
+fn compaction_at_sql() -> String {
+    format!(
         "SELECT {} FROM compactions WHERE session_id = ?1 AND up_to_turn_index = ?2",
         CompactionRow::COLUMNS
-    ))?
-    .query_row(params![session_id, boundary], CompactionRow::from_row)
-    .optional()
+    )
+}
+
+/// Says that [`compaction_at`] follows (see [`Connection::prefetch`]).
+pub(crate) fn prefetch_compaction_at(
+    conn: &Connection,
+    session_id: SessionId,
+    boundary: i64,
+) -> Result<()> {
+    conn.prefetch(&compaction_at_sql(), params![session_id, boundary])
 }
 
 /// The newest completed compaction whose boundary is before turn `turn_idx`:
@@ -90,13 +103,26 @@ pub(crate) fn latest_completed(
     session_id: SessionId,
     turn_idx: i64,
 ) -> Result<Option<CompactionRow>> {
-    conn.prepare_cached(&format!(
+    conn.prepare_cached(&latest_completed_sql())?
+        .query_row(params![session_id, turn_idx], CompactionRow::from_row)
+        .optional()
+}
+
+fn latest_completed_sql() -> String {
+    format!(
         "SELECT {} FROM compactions WHERE session_id = ?1 AND status = 'completed' \
-             AND up_to_turn_index < ?2 ORDER BY up_to_turn_index DESC LIMIT 1",
+         AND up_to_turn_index < ?2 ORDER BY up_to_turn_index DESC LIMIT 1",
         CompactionRow::COLUMNS
-    ))?
-    .query_row(params![session_id, turn_idx], CompactionRow::from_row)
-    .optional()
+    )
+}
+
+/// Says that [`latest_completed`] follows (see [`Connection::prefetch`]).
+pub(crate) fn prefetch_latest_completed(
+    conn: &Connection,
+    session_id: SessionId,
+    turn_idx: i64,
+) -> Result<()> {
+    conn.prefetch(&latest_completed_sql(), params![session_id, turn_idx])
 }
 
 pub(crate) fn list_compactions(

@@ -108,6 +108,64 @@ impl Connection {
         self.prepare_cached(sql)?.execute(params)
     }
 
+    /// Runs a write whose answer nobody needs now (not even its count). On
+    /// PostgreSQL, inside a transaction, it goes with the connection's next
+    /// request that waits for an answer, in the same round trip, and its
+    /// error is that request's; elsewhere it runs at once.
+    pub(crate) fn execute_later<P: Params>(&self, sql: &str, params: P) -> Result<()> {
+        self.write_later(sql, params, None::<fn() -> Error>)
+    }
+
+    /// As [`execute_later`](Connection::execute_later), for a write that
+    /// must change a row: the error `or()` when it changes none, returned
+    /// by the request it goes with (on PostgreSQL always checked before
+    /// `COMMIT` is sent).
+    pub(crate) fn execute_later_or<P: Params>(
+        &self,
+        sql: &str,
+        params: P,
+        or: impl FnOnce() -> Error,
+    ) -> Result<()> {
+        self.write_later(sql, params, Some(or))
+    }
+
+    fn write_later<P: Params>(
+        &self,
+        sql: &str,
+        params: P,
+        or: Option<impl FnOnce() -> Error>,
+    ) -> Result<()> {
+        match &self.backend {
+            Backend::Sqlite(c) => {
+                let n = c.prepare_cached(sql)?.execute(params)?;
+                match or {
+                    Some(or) if n == 0 => Err(or()),
+                    _ => Ok(()),
+                }
+            }
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(c) => c
+                .prepare(sql, true)?
+                .execute_later(&params.values(), or.map(|or| or())),
+        }
+    }
+
+    /// Says that a read follows (`sql` with `params`), which nothing read
+    /// before it decides: on PostgreSQL, in a read transaction, it is sent
+    /// with the next request and its rows wait for the query that asks for
+    /// them, so independent reads share a round trip. Elsewhere (SQLite,
+    /// or a write transaction) it does nothing.
+    pub(crate) fn prefetch<P: Params>(&self, sql: &str, params: P) -> Result<()> {
+        match &self.backend {
+            Backend::Sqlite(_) => {
+                let _ = (sql, params);
+                Ok(())
+            }
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(c) => c.prefetch(sql, &params.values()),
+        }
+    }
+
     /// Runs one `INSERT` into a table with an `id` key; the id of the row
     /// it made, or None when it made none (`ON CONFLICT DO NOTHING`). SQLite
     /// reads its last rowid; PostgreSQL appends `RETURNING id`.

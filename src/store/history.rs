@@ -55,6 +55,20 @@ pub(crate) fn load_history(
 /// the steps from `from.1` on, in turn `to.0` only those before `to.1`. The
 /// first turn's input is loaded too; a caller continuing a message array
 /// inside that turn skips it.
+/// The completed steps of a range (see [`load_range`]).
+const RANGE_STEPS_SQL: &str = "SELECT s.id, s.turn_id, s.idx, s.response FROM turns t \
+     JOIN steps s ON s.turn_id = t.id \
+     WHERE t.session_id = ?1 AND t.idx >= ?2 AND t.idx <= ?3 AND s.status = 'completed' \
+     AND (t.idx < ?3 OR s.idx < ?4) AND (t.idx > ?2 OR s.idx >= ?5) ORDER BY t.idx, s.idx";
+
+/// The tool results of those steps.
+const RANGE_RESULTS_SQL: &str =
+    "SELECT i.step_id, i.tool_call_id, i.status, i.result FROM turns t \
+     JOIN steps s ON s.turn_id = t.id JOIN tool_invocations i ON i.step_id = s.id \
+     WHERE t.session_id = ?1 AND t.idx >= ?2 AND t.idx <= ?3 AND s.status = 'completed' \
+     AND (t.idx < ?3 OR s.idx < ?4) AND (t.idx > ?2 OR s.idx >= ?5) \
+     AND i.status <> 'started' ORDER BY t.idx, s.idx, i.position";
+
 pub(crate) fn load_range(
     conn: &Connection,
     session_id: SessionId,
@@ -64,6 +78,12 @@ pub(crate) fn load_range(
     let (from_idx, from_step) = from;
     let (upto_idx, before_step_idx) = to;
     let mut turns: Vec<(TurnId, HistoryTurn)> = Vec::new();
+    // The same range bounds for the steps and their invocations.
+    let bounds = params![session_id, from_idx, upto_idx, before_step_idx, from_step];
+    // The three reads depend on nothing read before them: on PostgreSQL
+    // they share one round trip.
+    conn.prefetch(RANGE_STEPS_SQL, bounds)?;
+    conn.prefetch(RANGE_RESULTS_SQL, bounds)?;
     {
         let mut st = conn.prepare_cached(
             "SELECT id, idx, input FROM turns WHERE session_id = ?1 AND idx >= ?2 AND idx <= ?3 \
@@ -95,17 +115,10 @@ pub(crate) fn load_range(
         }
         turns.binary_search_by_key(&turn_id, |t| t.0).ok()
     };
-    // The same range bounds for the steps and their invocations.
-    let bounds = params![session_id, from_idx, upto_idx, before_step_idx, from_step];
     // (step id, turn position, step position in its turn), in query order.
     let mut step_ids: Vec<(StepId, usize, usize)> = Vec::new();
     {
-        let mut st = conn.prepare_cached(
-            "SELECT s.id, s.turn_id, s.idx, s.response FROM turns t \
-             JOIN steps s ON s.turn_id = t.id \
-             WHERE t.session_id = ?1 AND t.idx >= ?2 AND t.idx <= ?3 AND s.status = 'completed' \
-             AND (t.idx < ?3 OR s.idx < ?4) AND (t.idx > ?2 OR s.idx >= ?5) ORDER BY t.idx, s.idx",
-        )?;
+        let mut st = conn.prepare_cached(RANGE_STEPS_SQL)?;
         let mut rows = st.query(bounds)?;
         while let Some(r) = rows.next()? {
             let turn_id: TurnId = r.get(1)?;
@@ -120,13 +133,7 @@ pub(crate) fn load_range(
         }
     }
     if !step_ids.is_empty() {
-        let mut st = conn.prepare_cached(
-            "SELECT i.step_id, i.tool_call_id, i.status, i.result FROM turns t \
-             JOIN steps s ON s.turn_id = t.id JOIN tool_invocations i ON i.step_id = s.id \
-             WHERE t.session_id = ?1 AND t.idx >= ?2 AND t.idx <= ?3 AND s.status = 'completed' \
-             AND (t.idx < ?3 OR s.idx < ?4) AND (t.idx > ?2 OR s.idx >= ?5) \
-             AND i.status <> 'started' ORDER BY t.idx, s.idx, i.position",
-        )?;
+        let mut st = conn.prepare_cached(RANGE_RESULTS_SQL)?;
         let mut rows = st.query(bounds)?;
         // Steps come in the same order as `step_ids`; walk both together.
         let mut cursor = 0usize;

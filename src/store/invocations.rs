@@ -154,10 +154,10 @@ pub(crate) fn run_transactional(
     {
         return Ok(None);
     }
-    tx.prepare_cached("SAVEPOINT tool_body")?.execute([])?;
+    tx.execute_later("SAVEPOINT tool_body", [])?;
     let (ok, result) = match body(tx)? {
         Ok(result) => {
-            tx.prepare_cached("RELEASE tool_body")?.execute([])?;
+            tx.execute_later("RELEASE tool_body", [])?;
             (true, result)
         }
         Err(msg) => {

@@ -47,20 +47,126 @@ fn wait<F: Future>(f: F) -> F::Output {
     futures_executor::block_on(f)
 }
 
-/// One client, its prepared statements and whether a transaction is open.
+/// One client, its prepared statements, whether a transaction is open, and
+/// the requests that wait to go with the next one.
+///
+/// Pipelining: a request whose answer nothing needs yet (a transaction's
+/// `BEGIN` and advisory lock, a `SAVEPOINT` or `RELEASE`, a write sent with
+/// [`PgStatement::execute_later`]) is queued, and sent ahead of the next
+/// request that waits for an answer, in the same round trip. The first
+/// failure, in the order they were written, is what that request returns:
+/// a queued one's before its own (a statement after a failed one fails
+/// only because the transaction is aborted). A queued write that must have
+/// changed a row is checked before `COMMIT` is sent, never in the same
+/// round trip, so a transaction whose check fails is rolled back, not
+/// committed; `ROLLBACK` drops the queue unsent, and a transaction whose
+/// `BEGIN` never left the queue costs no round trip at all.
 pub(crate) struct PgConn {
     client: tokio_postgres::Client,
     cache: RefCell<HashMap<String, tokio_postgres::Statement>>,
     in_tx: Cell<bool>,
+    /// Writes made or queued so far: a prefetched read is served only if
+    /// none was since it was queued (it ran before them on the server).
+    writes: Cell<u64>,
+    /// Written, not sent yet: they go ahead of the next request.
+    queued: RefCell<Vec<Queued>>,
+    /// Rows of prefetched reads, kept for the query that asks for them.
+    prefetched: RefCell<Vec<Prefetched>>,
     /// Requests answered by the server (each a round trip).
     trips: Cell<u64>,
     /// The key of the store's advisory write lock.
     lock_key: i64,
 }
 
+/// A request that waits to be sent with the next one.
+enum Queued {
+    /// Statements with no parameters and no rows (`BEGIN ...`, `SAVEPOINT`,
+    /// `RELEASE`), run with the simple query protocol.
+    Batch(String),
+    /// A write of which at most this is wanted: with `or`, that it changed
+    /// a row (`or` is the error when it changed none).
+    Write {
+        stmt: tokio_postgres::Statement,
+        values: Vec<Bound>,
+        or: Option<Error>,
+    },
+    /// A read of a read-only transaction that the caller will make: its rows
+    /// are kept for it ([`PgConn::prefetch`]).
+    Read {
+        stmt: tokio_postgres::Statement,
+        values: Vec<Bound>,
+        sql: String,
+        writes: u64,
+    },
+}
+
+/// The rows of a prefetched read, with what identifies the query that may
+/// take them.
+struct Prefetched {
+    sql: String,
+    values: Vec<Bound>,
+    /// [`PgConn::writes`] when it was queued.
+    writes: u64,
+    rows: Vec<tokio_postgres::Row>,
+}
+
+/// What a queued request answered.
+enum Answer {
+    Done(u64),
+    Rows(Vec<tokio_postgres::Row>),
+}
+
+impl Queued {
+    fn is_checked(&self) -> bool {
+        matches!(self, Queued::Write { or: Some(_), .. })
+    }
+}
+
 pub(crate) struct PgStatement<'c> {
     conn: &'c PgConn,
     stmt: tokio_postgres::Statement,
+    /// The text it was prepared from (as written for SQLite).
+    sql: String,
+}
+
+type PgResult<T> = std::result::Result<T, tokio_postgres::Error>;
+type Pending<'a> = std::pin::Pin<Box<dyn Future<Output = PgResult<Answer>> + Send + 'a>>;
+
+/// Runs `ahead`, then `last`, as one pipeline: each is polled first in that
+/// order, which is when tokio-postgres writes its request, so the server
+/// gets them in order in one round trip; then waits for every answer.
+fn pipeline<T>(
+    mut ahead: Vec<Pending<'_>>,
+    last: impl Future<Output = T>,
+) -> (Vec<PgResult<Answer>>, T) {
+    use std::task::Poll;
+    let mut done: Vec<Option<PgResult<Answer>>> = ahead.iter().map(|_| None).collect();
+    let mut last = std::pin::pin!(last);
+    let mut out = None;
+    wait(std::future::poll_fn(|cx| {
+        for (f, d) in ahead.iter_mut().zip(done.iter_mut()) {
+            if d.is_none() {
+                if let Poll::Ready(r) = f.as_mut().poll(cx) {
+                    *d = Some(r);
+                }
+            }
+        }
+        if out.is_none() {
+            if let Poll::Ready(r) = last.as_mut().poll(cx) {
+                out = Some(r);
+            }
+        }
+        if out.is_some() && done.iter().all(Option::is_some) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }));
+    let done = done
+        .into_iter()
+        .map(|d| d.expect("every answer came"))
+        .collect();
+    (done, out.expect("the last answer came"))
 }
 
 impl PgConn {
@@ -69,6 +175,9 @@ impl PgConn {
             client,
             cache: RefCell::default(),
             in_tx: Cell::new(false),
+            writes: Cell::new(0),
+            queued: RefCell::default(),
+            prefetched: RefCell::default(),
             trips: Cell::new(0),
             lock_key,
         }
@@ -79,10 +188,6 @@ impl PgConn {
         self.trips.get()
     }
 
-    fn trip(&self) {
-        self.trips.set(self.trips.get() + 1);
-    }
-
     pub(crate) fn in_transaction(&self) -> bool {
         self.in_tx.get()
     }
@@ -91,18 +196,87 @@ impl PgConn {
         self.client.is_closed()
     }
 
+    /// Sends the queued requests and then `last` in one round trip, and
+    /// waits for every answer: the first failure, in order, is returned.
+    fn send<T>(&self, last: impl Future<Output = PgResult<T>>) -> Result<T> {
+        let queued = std::mem::take(&mut *self.queued.borrow_mut());
+        self.trips.set(self.trips.get() + 1);
+        if queued.is_empty() {
+            return Ok(wait(last)?);
+        }
+        let client = &self.client;
+        let ahead: Vec<Pending<'_>> = queued
+            .iter()
+            .map(|q| -> Pending<'_> {
+                match q {
+                    Queued::Batch(sql) => Box::pin(async move {
+                        client.batch_execute(sql).await?;
+                        Ok(Answer::Done(0))
+                    }),
+                    Queued::Write { stmt, values, .. } => Box::pin(async move {
+                        let refs: Vec<&(dyn PgToSql + Sync)> =
+                            values.iter().map(|v| v as &(dyn PgToSql + Sync)).collect();
+                        Ok(Answer::Done(client.execute(stmt, &refs).await?))
+                    }),
+                    Queued::Read { stmt, values, .. } => Box::pin(async move {
+                        let refs: Vec<&(dyn PgToSql + Sync)> =
+                            values.iter().map(|v| v as &(dyn PgToSql + Sync)).collect();
+                        Ok(Answer::Rows(client.query(stmt, &refs).await?))
+                    }),
+                }
+            })
+            .collect();
+        let (answers, last) = pipeline(ahead, last);
+        for (q, a) in queued.into_iter().zip(answers) {
+            match (q, a) {
+                (_, Err(e)) => return Err(e.into()),
+                (Queued::Write { or: Some(or), .. }, Ok(Answer::Done(0))) => return Err(or),
+                (
+                    Queued::Read {
+                        sql,
+                        values,
+                        writes,
+                        ..
+                    },
+                    Ok(Answer::Rows(rows)),
+                ) => {
+                    self.prefetched.borrow_mut().push(Prefetched {
+                        sql,
+                        values,
+                        writes,
+                        rows,
+                    });
+                }
+                _ => {}
+            }
+        }
+        Ok(last?)
+    }
+
+    /// Sends what is queued (nothing else), when anything is.
+    fn flush(&self) -> Result<()> {
+        if self.queued.borrow().is_empty() {
+            return Ok(());
+        }
+        self.send(std::future::ready(Ok(())))
+    }
+
+    fn queue(&self, q: Queued) {
+        self.queued.borrow_mut().push(q);
+    }
+
     pub(crate) fn prepare(&self, sql: &str, cached: bool) -> Result<PgStatement<'_>> {
         if cached {
             if let Some(stmt) = self.cache.borrow().get(sql) {
                 return Ok(PgStatement {
                     conn: self,
                     stmt: stmt.clone(),
+                    sql: sql.to_string(),
                 });
             }
         }
-        self.trip();
         let text = translate(sql);
-        let stmt = wait(self.client.prepare(&text)).inspect_err(|e| {
+        let stmt = self.send(self.client.prepare(&text)).inspect_err(|e| {
             tracing::debug!(error = %e, sql = %text, "PostgreSQL refused a statement");
         })?;
         if cached {
@@ -110,63 +284,118 @@ impl PgConn {
                 .borrow_mut()
                 .insert(sql.to_string(), stmt.clone());
         }
-        Ok(PgStatement { conn: self, stmt })
+        Ok(PgStatement {
+            conn: self,
+            stmt,
+            sql: sql.to_string(),
+        })
     }
 
     pub(crate) fn execute_batch(&self, sql: &str) -> Result<()> {
         let head = sql.trim_start().to_ascii_uppercase();
-        self.trip();
-        wait(self.client.batch_execute(&translate(sql)))?;
+        // Inside a transaction, a savepoint's start and release answer
+        // nothing anyone waits for: they go with the next request.
+        if self.in_tx.get()
+            && (head.starts_with("SAVEPOINT") || head.starts_with("RELEASE"))
+            && !sql.contains(';')
+        {
+            self.queue(Queued::Batch(sql.to_string()));
+            return Ok(());
+        }
+        self.wrote();
+        let r = self.send(self.client.batch_execute(&translate(sql)));
         if head.starts_with("BEGIN") || head.starts_with("START TRANSACTION") {
-            self.in_tx.set(true);
+            self.in_tx.set(r.is_ok());
         } else if head.starts_with("COMMIT")
             || head.starts_with("END")
             || (head.starts_with("ROLLBACK") && !head.starts_with("ROLLBACK TO"))
         {
             self.in_tx.set(false);
         }
-        Ok(())
+        r
     }
 
     /// Begins a write transaction: READ COMMITTED, holding the store's
     /// advisory lock until it ends (writers one at a time, as on SQLite).
+    /// Queued: it goes with the transaction's first statement, and a lock
+    /// not granted in time is that statement's error.
     pub(crate) fn begin_write(&self) -> Result<()> {
-        self.in_tx.set(true);
-        self.trip();
-        let r = wait(self.client.batch_execute(&format!(
+        self.begin(format!(
             "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({})",
             self.lock_key
-        )));
-        if r.is_err() {
-            let _ = wait(self.client.batch_execute("ROLLBACK"));
-            self.in_tx.set(false);
-        }
-        Ok(r?)
+        ))
     }
 
-    /// Begins a read transaction: one snapshot for all its reads.
+    /// Begins a read transaction: one snapshot for all its reads. Queued,
+    /// as a write transaction's.
     pub(crate) fn begin_read(&self) -> Result<()> {
-        self.in_tx.set(true);
-        self.trip();
-        let r = wait(
-            self.client
-                .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"),
-        );
-        if r.is_err() {
-            self.in_tx.set(false);
-        }
-        Ok(r?)
+        self.begin("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY".to_string())
     }
 
+    fn begin(&self, sql: String) -> Result<()> {
+        // Whatever is queued belongs to no transaction: it goes first.
+        self.flush()?;
+        self.queue(Queued::Batch(sql));
+        self.in_tx.set(true);
+        Ok(())
+    }
+
+    /// Ends the transaction. `ROLLBACK` drops the queued requests unsent
+    /// (and sends nothing when the server never saw the transaction);
+    /// `COMMIT` goes with the queued requests unless one must be checked
+    /// first.
     pub(crate) fn end(&self, commit: bool) -> Result<()> {
-        self.trip();
-        let r = wait(
-            self.client
-                .batch_execute(if commit { "COMMIT" } else { "ROLLBACK" }),
-        );
+        let queued = std::mem::take(&mut *self.queued.borrow_mut());
+        let unseen = matches!(queued.first(), Some(Queued::Batch(s)) if s.starts_with("BEGIN"));
+        let r = if unseen && (!commit || queued.len() == 1) {
+            // Nothing of it reached the server: nothing to end there.
+            Ok(())
+        } else if !commit {
+            self.send(self.client.batch_execute("ROLLBACK"))
+        } else {
+            let checked = queued.iter().any(Queued::is_checked);
+            *self.queued.borrow_mut() = queued;
+            let checked = if checked { self.flush() } else { Ok(()) };
+            match checked {
+                Ok(()) => self.send(self.client.batch_execute("COMMIT")),
+                Err(e) => {
+                    let _ = self.send(self.client.batch_execute("ROLLBACK"));
+                    Err(e)
+                }
+            }
+        };
         // A failed COMMIT ends the transaction too (the server rolled it back).
         self.in_tx.set(false);
-        Ok(r?)
+        self.queued.borrow_mut().clear();
+        self.prefetched.borrow_mut().clear();
+        r
+    }
+
+    /// A read the caller will make later in this transaction, queued now
+    /// so that it goes with the next request; its rows wait for the query
+    /// that asks for them (same text, same values), so reads that do not
+    /// depend on each other share one round trip. They are dropped, and
+    /// the query runs as usual, when any write was made or queued after the
+    /// read was (it ran before that write on the server), and when the
+    /// transaction ends. Outside a transaction it does nothing.
+    pub(crate) fn prefetch(&self, sql: &str, params: &[&dyn ToSql]) -> Result<()> {
+        if !self.in_tx.get() {
+            return Ok(());
+        }
+        let stmt = self.prepare(sql, true)?.stmt;
+        let values = bind(params)?;
+        self.queue(Queued::Read {
+            stmt,
+            values,
+            sql: sql.to_string(),
+            writes: self.writes.get(),
+        });
+        Ok(())
+    }
+
+    /// Counts a write (made or queued).
+    fn wrote(&self) {
+        self.writes.set(self.writes.get() + 1);
     }
 
     pub(crate) fn insert_returning_id(
@@ -184,25 +413,68 @@ impl PgConn {
 
 impl PgStatement<'_> {
     pub(crate) fn execute(&mut self, params: &[&dyn ToSql]) -> Result<usize> {
+        self.conn.wrote();
         let values = bind(params)?;
         let refs: Vec<&(dyn PgToSql + Sync)> =
             values.iter().map(|v| v as &(dyn PgToSql + Sync)).collect();
-        self.conn.trip();
-        let n = wait(self.conn.client.execute(&self.stmt, &refs))?;
+        let n = self
+            .conn
+            .send(self.conn.client.execute(&self.stmt, &refs))?;
         Ok(n as usize)
+    }
+
+    /// Runs the write with the connection's next request (see [`PgConn`]);
+    /// outside a transaction, at once. With `or`, that is the error when it
+    /// changed no row.
+    pub(crate) fn execute_later(&mut self, params: &[&dyn ToSql], or: Option<Error>) -> Result<()> {
+        if !self.conn.in_tx.get() {
+            let n = self.execute(params)?;
+            return match or {
+                Some(or) if n == 0 => Err(or),
+                _ => Ok(()),
+            };
+        }
+        self.conn.wrote();
+        let values = bind(params)?;
+        self.conn.queue(Queued::Write {
+            stmt: self.stmt.clone(),
+            values,
+            or,
+        });
+        Ok(())
     }
 
     pub(crate) fn query(&mut self, params: &[&dyn ToSql]) -> Result<Vec<tokio_postgres::Row>> {
         let values = bind(params)?;
+        let writes = self.conn.writes.get();
+        {
+            let mut kept = self.conn.prefetched.borrow_mut();
+            kept.retain(|p| p.writes == writes);
+            if let Some(i) = kept
+                .iter()
+                .position(|p| p.sql == self.sql && p.values == values)
+            {
+                return Ok(kept.swap_remove(i).rows);
+            }
+        }
+        if !is_read(&self.sql) {
+            self.conn.wrote();
+        }
         let refs: Vec<&(dyn PgToSql + Sync)> =
             values.iter().map(|v| v as &(dyn PgToSql + Sync)).collect();
-        self.conn.trip();
-        Ok(wait(self.conn.client.query(&self.stmt, &refs))?)
+        self.conn.send(self.conn.client.query(&self.stmt, &refs))
     }
 }
 
+/// Whether a statement only reads (a `SELECT`): any other may write.
+fn is_read(sql: &str) -> bool {
+    sql.trim_start()
+        .get(..6)
+        .is_some_and(|h| h.eq_ignore_ascii_case("SELECT"))
+}
+
 /// A value as SQLite would hold it, bound as the type the server expects.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 enum Bound {
     Null,
     Int(i64),
@@ -607,6 +879,8 @@ impl Target {
     }
 
     fn migrate_in_tx(&self, conn: &PgConn) -> Result<i64> {
+        // The queued BEGIN and lock go first: what follows uses the client.
+        conn.flush()?;
         // Created only when missing: a host given a schema of its own, and no
         // right to create one in the database, opens it all the same.
         let exists: bool = wait(conn.client.query_one(
@@ -655,6 +929,7 @@ impl Target {
 /// The version stamp in the target's schema; None when it holds no tables;
 /// [`Error::ForeignDatabase`] when it holds tables but no stamp.
 fn read_version(conn: &PgConn, target: &Target) -> Result<Option<i64>> {
+    conn.flush()?;
     let row = wait(conn.client.query_one(
         "SELECT to_regclass(format('%I.abridge_schema', $1::text)) IS NOT NULL, \
                 (SELECT count(*) FROM information_schema.tables WHERE table_schema = $1::text)",
@@ -780,5 +1055,218 @@ mod tests {
                 _ => panic!("{v} did not decode as an integer"),
             }
         }
+    }
+}
+
+/// The pipeline's promises, on the server `ABRIDGE_TEST_POSTGRES` names
+/// (skipped without it).
+#[cfg(test)]
+mod pipeline_tests {
+    use crate::error::Error;
+    use crate::store::{Connection, Store, StoreOptions};
+
+    fn store(name: &str) -> Option<Store> {
+        store_at(name).map(|(s, _)| s)
+    }
+
+    fn store_at(name: &str) -> Option<(Store, String)> {
+        let base = std::env::var("ABRIDGE_TEST_POSTGRES").ok()?;
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let schema = format!("pgunit_{name}_{}", std::process::id());
+        let admin = Store::open_url(
+            &format!("{base}{sep}schema=pgunit_admin"),
+            StoreOptions::default(),
+        )
+        .unwrap();
+        admin
+            .with_conn(|c| c.execute_batch(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")))
+            .unwrap();
+        let url = format!("{base}{sep}schema={schema}");
+        let store =
+            Store::open_with(&url, StoreOptions::default().with_max_connections(1)).unwrap();
+        store
+            .with_conn(|c| {
+                c.execute_batch("CREATE TABLE pipe (id BIGINT PRIMARY KEY, v TEXT NOT NULL)")?;
+                c.execute("INSERT INTO pipe (id, v) VALUES (1, 'one')", [])?;
+                Ok(())
+            })
+            .unwrap();
+        Some((store, url))
+    }
+
+    fn count(c: &Connection) -> i64 {
+        c.query_row("SELECT count(*) FROM pipe", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    fn trips(c: &Connection) -> u64 {
+        c.round_trips().unwrap()
+    }
+
+    /// A queued write that had to change a row and changed none fails the
+    /// commit, and nothing of its transaction is committed, though every
+    /// other write of it reached the server.
+    #[test]
+    fn a_failed_check_rolls_back_the_whole_transaction() {
+        let Some(store) = store("check") else { return };
+        store
+            .with_conn(|c| {
+                let mut tx = c.write_tx()?;
+                let written = (|tx: &mut crate::store::Transaction<'_>| {
+                    tx.execute_later("INSERT INTO pipe (id, v) VALUES (2, 'two')", [])?;
+                    tx.execute_later_or("UPDATE pipe SET v = 'x' WHERE id = 99", [], || {
+                        Error::Config("no row".into())
+                    })?;
+                    tx.execute_later("INSERT INTO pipe (id, v) VALUES (3, 'three')", [])
+                })(&mut tx);
+                // The check fails where the write reaches the server: with
+                // a later request (here the next statement's preparation)
+                // or at the latest before COMMIT.
+                let err = match written {
+                    Err(e) => {
+                        drop(tx);
+                        e
+                    }
+                    Ok(()) => tx.commit().unwrap_err(),
+                };
+                assert!(matches!(&err, Error::Config(m) if m == "no row"), "{err}");
+                assert!(c.is_autocommit());
+                assert_eq!(count(c), 1, "nothing of the transaction is committed");
+                // And with every statement prepared already, at COMMIT.
+                for sql in [
+                    "INSERT INTO pipe (id, v) VALUES (2, 'two')",
+                    "UPDATE pipe SET v = 'x' WHERE id = 99",
+                    "INSERT INTO pipe (id, v) VALUES (3, 'three')",
+                ] {
+                    c.prepare_cached(sql)?;
+                }
+                let tx = c.write_tx()?;
+                tx.execute_later("INSERT INTO pipe (id, v) VALUES (2, 'two')", [])?;
+                tx.execute_later_or("UPDATE pipe SET v = 'x' WHERE id = 99", [], || {
+                    Error::Config("no row".into())
+                })?;
+                tx.execute_later("INSERT INTO pipe (id, v) VALUES (3, 'three')", [])?;
+                let err = tx.commit().unwrap_err();
+                assert!(matches!(&err, Error::Config(m) if m == "no row"), "{err}");
+                assert_eq!(count(c), 1, "nothing of the transaction is committed");
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    /// A queued write the server refuses is the error of the request it
+    /// went with (not that request's "transaction is aborted").
+    #[test]
+    fn a_refused_queued_write_is_the_error_returned() {
+        let Some(store) = store("refused") else {
+            return;
+        };
+        store
+            .with_conn(|c| {
+                let tx = c.write_tx()?;
+                tx.execute_later("INSERT INTO pipe (id, v) VALUES (1, 'again')", [])?;
+                let err = tx
+                    .query_row("SELECT count(*) FROM pipe", [], |r| r.get::<_, i64>(0))
+                    .unwrap_err();
+                let Error::Postgres(e) = &err else {
+                    panic!("{err}")
+                };
+                assert_eq!(
+                    e.code(),
+                    Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION),
+                    "{err}"
+                );
+                drop(tx);
+                assert_eq!(count(c), 1);
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    /// Round trips: BEGIN goes with the first statement, unchecked writes
+    /// with COMMIT, and a transaction with no statement costs none.
+    #[test]
+    fn queued_requests_share_the_next_round_trip() {
+        let Some(store) = store("trips") else { return };
+        store
+            .with_conn(|c| {
+                let before = trips(c);
+                c.write_tx()?.commit()?;
+                c.write_tx()?; // dropped: rolled back
+                assert_eq!(trips(c), before, "an empty transaction costs nothing");
+
+                let unchecked = |c: &mut Connection| -> crate::Result<()> {
+                    let tx = c.write_tx()?;
+                    let n: i64 = tx.query_row("SELECT max(id) FROM pipe", [], |r| r.get(0))?;
+                    tx.execute_later("INSERT INTO pipe (id, v) VALUES (?1, 'n')", [n + 1])?;
+                    tx.execute_later("SAVEPOINT sp", [])?;
+                    tx.execute_later("INSERT INTO pipe (id, v) VALUES (?1, 'm')", [n + 2])?;
+                    tx.execute_later("RELEASE sp", [])?;
+                    tx.commit()
+                };
+                let checked = |c: &mut Connection| -> crate::Result<()> {
+                    let tx = c.write_tx()?;
+                    tx.execute_later_or("UPDATE pipe SET v = 'y' WHERE id = 1", [], || {
+                        Error::Config("no row".into())
+                    })?;
+                    tx.commit()
+                };
+                // Once to prepare the statements (a round trip each).
+                unchecked(c)?;
+                checked(c)?;
+                let before = trips(c);
+                unchecked(c)?;
+                // BEGIN + SELECT; four writes + COMMIT.
+                assert_eq!(trips(c) - before, 2);
+                assert_eq!(count(c), 5);
+                let before = trips(c);
+                checked(c)?;
+                // BEGIN + the checked write; COMMIT after the check.
+                assert_eq!(trips(c) - before, 2);
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    /// A lock not granted in time is the error of the transaction's first
+    /// statement, and the connection is usable after it.
+    #[test]
+    fn a_write_lock_not_granted_fails_the_first_statement() {
+        let Some((store, url)) = store_at("lock") else {
+            return;
+        };
+        let other =
+            Store::open_with(&url, StoreOptions::default().with_max_connections(1)).unwrap();
+        store
+            .with_conn(|c| {
+                c.execute_batch("SET lock_timeout = '100ms'")?;
+                let held = std::sync::mpsc::channel::<()>();
+                let (hold_tx, hold_rx) = (held.0, held.1);
+                let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+                let holder = std::thread::spawn(move || {
+                    other
+                        .with_conn(|o| {
+                            let tx = o.write_tx()?;
+                            tx.query_row("SELECT 1", [], |r| r.get::<_, i64>(0))?;
+                            ready_tx.send(()).unwrap();
+                            hold_rx.recv().unwrap();
+                            tx.commit()
+                        })
+                        .unwrap();
+                });
+                ready_rx.recv().unwrap();
+                let tx = c.write_tx()?;
+                let err = tx
+                    .query_row("SELECT 1", [], |r| r.get::<_, i64>(0))
+                    .unwrap_err();
+                assert!(err.is_resumable(), "{err}");
+                drop(tx);
+                hold_tx.send(()).unwrap();
+                holder.join().unwrap();
+                assert!(c.is_autocommit());
+                assert_eq!(count(c), 1);
+                Ok(())
+            })
+            .unwrap();
     }
 }

@@ -104,15 +104,13 @@ pub(crate) struct Responded {
 /// inside the caller's fenced transaction: `running` → `responded`. A step that
 /// is no longer running means the lease was lost.
 pub(crate) fn write_response(tx: &Transaction<'_>, lease: &Lease, r: &Responded) -> Result<()> {
-    let n = tx
-        .prepare_cached(
-            "UPDATE steps SET status = 'responded', compaction_id = ?1, messages_sha256 = ?2, \
+    tx.execute_later_or(
+        "UPDATE steps SET status = 'responded', compaction_id = ?1, messages_sha256 = ?2, \
              response = ?3, input_tokens = ?4, output_tokens = ?5, context_tokens = ?6, \
              estimated = ?7, responded_at = ?8, render_format = ?10, summary_wait_ms = ?11, \
              cache_read_tokens = ?12, cache_write_tokens = ?13, elided_steps = ?14 \
              WHERE id = ?9 AND status = 'running'",
-        )?
-        .execute(params![
+        params![
             r.compaction_id,
             r.messages_sha256,
             r.response_json,
@@ -127,14 +125,12 @@ pub(crate) fn write_response(tx: &Transaction<'_>, lease: &Lease, r: &Responded)
             r.cache_read_tokens,
             r.cache_write_tokens,
             r.elided_steps
-        ])?;
-    if n == 0 {
-        return Err(Error::LeaseLost {
+        ],
+        || Error::LeaseLost {
             turn_id: lease.turn_id,
             epoch: lease.epoch,
-        });
-    }
-    Ok(())
+        },
+    )
 }
 
 /// Marks a responded step completed inside the caller's fenced transaction;
@@ -149,11 +145,11 @@ pub(crate) fn complete_step(
     final_output: Option<&str>,
 ) -> Result<Option<TurnRow>> {
     let now = now_ms();
-    tx.prepare_cached(
+    tx.execute_later(
         "UPDATE steps SET status = 'completed', completed_at = ?1 \
          WHERE id = ?2 AND status = 'responded'",
-    )?
-    .execute(params![now, step_id])?;
+        params![now, step_id],
+    )?;
     match final_output {
         Some(out) => Ok(Some(complete_turn(tx, lease, out, now)?)),
         None => {

@@ -47,6 +47,9 @@ pub(crate) fn running_turns(conn: &mut Connection) -> Result<Vec<TurnRow>> {
 /// crash) and its lease is acquired as [`acquire_lease`] would. A different input
 /// or a gap in the indices is [`Error::TurnConflict`]; another running turn is
 /// [`Error::TurnRunning`].
+const NEXT_TURN_SQL: &str = "SELECT coalesce(max(idx) + 1, 0) FROM turns WHERE session_id = ?1";
+const RUNNING_TURN_SQL: &str = "SELECT idx FROM turns WHERE session_id = ?1 AND status = 'running'";
+
 pub(crate) fn begin_turn(
     conn: &mut Connection,
     session_id: SessionId,
@@ -55,11 +58,14 @@ pub(crate) fn begin_turn(
     owner: &str,
     ttl_ms: i64,
     owner_is_dead: &dyn Fn(&str) -> bool,
-) -> Result<(TurnRow, Option<Lease>)> {
+) -> Result<(TurnRow, Option<Lease>, SessionRow)> {
     let tx = write_tx(conn)?;
-    get_session(&tx, session_id)?;
+    // Read together (one round trip on PostgreSQL): none depends on another.
+    tx.prefetch(NEXT_TURN_SQL, [session_id])?;
+    tx.prefetch(RUNNING_TURN_SQL, [session_id])?;
+    let session = get_session(&tx, session_id)?;
     let next: i64 = tx
-        .prepare_cached("SELECT coalesce(max(idx) + 1, 0) FROM turns WHERE session_id = ?1")?
+        .prepare_cached(NEXT_TURN_SQL)?
         .query_row([session_id], |r| r.get(0))?;
     let idx = idx.unwrap_or(next);
     if idx < next {
@@ -81,12 +87,12 @@ pub(crate) fn begin_turn(
         }
         if existing.status != TurnStatus::Running {
             tx.commit()?;
-            return Ok((existing, None));
+            return Ok((existing, None, session));
         }
         let lease = take_lease(&tx, &existing, owner, ttl_ms, owner_is_dead)?;
         let row = get_turn(&tx, existing.id)?;
         tx.commit()?;
-        return Ok((row, Some(lease)));
+        return Ok((row, Some(lease), session));
     }
     if idx > next {
         return Err(Error::TurnConflict {
@@ -96,7 +102,7 @@ pub(crate) fn begin_turn(
         });
     }
     if let Some(running) = tx
-        .prepare_cached("SELECT idx FROM turns WHERE session_id = ?1 AND status = 'running'")?
+        .prepare_cached(RUNNING_TURN_SQL)?
         .query_row([session_id], |r| r.get::<_, i64>(0))
         .optional()?
     {
@@ -127,7 +133,7 @@ pub(crate) fn begin_turn(
         ttl_ms,
         taken_from: None,
     };
-    Ok((row, Some(lease)))
+    Ok((row, Some(lease), session))
 }
 
 /// Completes the leased turn with `output` and releases its lease, inside the
@@ -138,11 +144,11 @@ pub(super) fn complete_turn(
     output: &str,
     now: i64,
 ) -> Result<TurnRow> {
-    tx.prepare_cached(
+    tx.execute_later(
         "UPDATE turns SET status = 'completed', output = ?1, finished_at = ?2, \
          lease_expires_at = NULL WHERE id = ?3",
-    )?
-    .execute(params![output, now, lease.turn_id])?;
+        params![output, now, lease.turn_id],
+    )?;
     get_turn(tx, lease.turn_id)
 }
 
@@ -180,22 +186,48 @@ pub(crate) fn fail_turn(
 
 /// The context measure of the newest executed step of the session (before turn
 /// `before_turn_idx`'s step `before_step_idx`, both inclusive bounds excluded).
+///
+/// Looked for first in this turn and the one before, where it nearly always
+/// is, with the turn range in the index condition: a planner whose
+/// statistics are older than the session (PostgreSQL's, before autovacuum
+/// has analysed a table that grew fast) otherwise sorts every step of it.
+const LATEST_MEASURE_SQL: &str =
+    "SELECT s.context_tokens, s.compaction_id FROM turns t JOIN steps s ON s.turn_id = t.id \
+     WHERE t.session_id = ?1 AND t.idx >= ?4 AND t.idx <= ?2 AND s.context_tokens IS NOT NULL \
+     AND (t.idx < ?2 OR s.idx < ?3) ORDER BY t.idx DESC, s.idx DESC LIMIT 1";
+
+/// Says that [`latest_context_tokens`] follows (its first query; see
+/// [`Connection::prefetch`]).
+pub(crate) fn prefetch_latest_context_tokens(
+    conn: &Connection,
+    session_id: SessionId,
+    turn_idx: i64,
+    step_idx: i64,
+) -> Result<()> {
+    conn.prefetch(
+        LATEST_MEASURE_SQL,
+        params![session_id, turn_idx, step_idx, turn_idx - 1],
+    )
+}
+
 pub(crate) fn latest_context_tokens(
     conn: &Connection,
     session_id: SessionId,
     turn_idx: i64,
     step_idx: i64,
 ) -> Result<Option<(i64, Option<CompactionId>)>> {
-    conn.prepare_cached(
-        "SELECT s.context_tokens, s.compaction_id FROM turns t JOIN steps s ON s.turn_id = t.id \
-             WHERE t.session_id = ?1 AND s.context_tokens IS NOT NULL \
-             AND (t.idx < ?2 OR (t.idx = ?2 AND s.idx < ?3)) \
-             ORDER BY t.idx DESC, s.idx DESC LIMIT 1",
-    )?
-    .query_row(params![session_id, turn_idx, step_idx], |r| {
-        Ok((r.get(0)?, r.get(1)?))
-    })
-    .optional()
+    let newest = |from: i64| -> Result<Option<(i64, Option<CompactionId>)>> {
+        conn.prepare_cached(LATEST_MEASURE_SQL)?
+            .query_row(params![session_id, turn_idx, step_idx, from], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()
+    };
+    match newest(turn_idx - 1)? {
+        Some(found) => Ok(Some(found)),
+        None if turn_idx >= 2 => newest(i64::MIN),
+        None => Ok(None),
+    }
 }
 
 /// Takes the lease of a running turn: free, expired, held by a dead owner, or
@@ -226,12 +258,11 @@ pub(crate) fn acquire_lease(
 /// Claims step `idx` of a turn as `running` inside the caller's transaction; a
 /// row already there is left as it is.
 pub(super) fn insert_step(tx: &Transaction<'_>, turn_id: TurnId, idx: i64, now: i64) -> Result<()> {
-    tx.prepare_cached(
+    tx.execute_later(
         "INSERT INTO steps (turn_id, idx, status, created_at) VALUES (?1, ?2, 'running', ?3) \
          ON CONFLICT (turn_id, idx) DO NOTHING",
-    )?
-    .execute(params![turn_id, idx, now])?;
-    Ok(())
+        params![turn_id, idx, now],
+    )
 }
 
 /// The boundary that keeps, beside the turns after `boundary`, the most
@@ -267,4 +298,41 @@ pub(crate) fn recent_window_boundary(
         b = b.min(idx - 1);
     }
     Ok(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The newest measure is found past turns with no measured step (a turn
+    /// that failed before its model answered), not only in the turn before.
+    #[test]
+    fn latest_measure_is_found_past_turns_without_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(dir.path().join("m.db")).unwrap();
+        store
+            .with_conn(|c| {
+                c.execute_batch(
+                    "INSERT INTO sessions (id, external_id, model, system_prompt, created_at) \
+                     VALUES (1, 's', 'm', 'p', 0);
+                     INSERT INTO turns (id, session_id, idx, input, status, created_at) VALUES
+                       (10, 1, 0, 'a', 'completed', 0), (11, 1, 1, 'b', 'failed', 0),
+                       (12, 1, 2, 'c', 'failed', 0), (13, 1, 3, 'd', 'running', 0);
+                     INSERT INTO steps (turn_id, idx, status, context_tokens, created_at) VALUES
+                       (10, 0, 'completed', 500, 0), (10, 1, 'completed', 700, 0),
+                       (11, 0, 'failed', NULL, 0), (13, 0, 'completed', 900, 0),
+                       (13, 1, 'running', NULL, 0);",
+                )?;
+                let sid = SessionId(1);
+                // Two turns back, past two turns without a measure.
+                assert_eq!(latest_context_tokens(c, sid, 3, 0)?, Some((700, None)));
+                // In the turn itself, before the step.
+                assert_eq!(latest_context_tokens(c, sid, 3, 1)?, Some((900, None)));
+                assert_eq!(latest_context_tokens(c, sid, 1, 0)?, Some((700, None)));
+                assert_eq!(latest_context_tokens(c, sid, 0, 1)?, Some((500, None)));
+                assert_eq!(latest_context_tokens(c, sid, 0, 0)?, None);
+                Ok(())
+            })
+            .unwrap();
+    }
 }
