@@ -212,8 +212,8 @@ async fn round_trips_per_step_are_fixed_and_independent_of_history() {
     );
     let (trips, steps) = per_turn[0];
     println!("{trips} round trips for a turn of {steps} steps");
-    // Pipelined (see `store::pg`): a step's reads take three round trips
-    // (BEGIN with the decision's reads and the step; the measure with the
+    // Pipelined (see `store::pg`): a step's reads take four round trips
+    // (BEGIN with the decision's reads and the step; the measure; the
     // history's three reads; COMMIT), its write three (BEGIN and the lease;
     // the response, the completion and the next step's claim; COMMIT),
     // a transactional tool three more; the turn's begin and end the rest.

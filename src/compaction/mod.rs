@@ -289,9 +289,6 @@ impl Compactor {
         prior: Option<Option<CompactionId>>,
     ) -> Result<Decision> {
         let sid = session.id;
-        // The measure depends on nothing read here: it goes with the next
-        // read (on PostgreSQL, in the same round trip).
-        store::prefetch_latest_context_tokens(c, sid, turn_idx, step_idx)?;
         let latest = store::latest_completed(c, sid, turn_idx)?;
         let latest_id = latest.as_ref().map(|l| l.id);
         let base = match prior {

@@ -20,7 +20,7 @@ use rusqlite::types::{FromSql, ToSql, ToSqlOutput, Value, ValueRef};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use tokio_postgres::types::{FromSql as PgFromSql, IsNull, ToSql as PgToSql, Type};
 
 type BoxError = Box<dyn std::error::Error + Sync + Send>;
@@ -63,7 +63,9 @@ fn wait<F: Future>(f: F) -> F::Output {
 /// `BEGIN` never left the queue costs no round trip at all.
 pub(crate) struct PgConn {
     client: tokio_postgres::Client,
-    cache: RefCell<HashMap<String, tokio_postgres::Statement>>,
+    /// Prepared statements by their text (as written for SQLite), which is
+    /// kept shared for the statements handed out and the prefetched reads.
+    cache: RefCell<HashMap<Arc<str>, tokio_postgres::Statement>>,
     in_tx: Cell<bool>,
     /// Writes made or queued so far: a prefetched read is served only if
     /// none was since it was queued (it ran before them on the server).
@@ -90,12 +92,12 @@ enum Queued {
         values: Vec<Bound>,
         or: Option<Error>,
     },
-    /// A read of a read-only transaction that the caller will make: its rows
-    /// are kept for it ([`PgConn::prefetch`]).
+    /// A read the caller will make: its rows are kept for it
+    /// ([`PgConn::prefetch`]).
     Read {
         stmt: tokio_postgres::Statement,
         values: Vec<Bound>,
-        sql: String,
+        sql: Arc<str>,
         writes: u64,
     },
 }
@@ -103,7 +105,7 @@ enum Queued {
 /// The rows of a prefetched read, with what identifies the query that may
 /// take them.
 struct Prefetched {
-    sql: String,
+    sql: Arc<str>,
     values: Vec<Bound>,
     /// [`PgConn::writes`] when it was queued.
     writes: u64,
@@ -126,7 +128,7 @@ pub(crate) struct PgStatement<'c> {
     conn: &'c PgConn,
     stmt: tokio_postgres::Statement,
     /// The text it was prepared from (as written for SQLite).
-    sql: String,
+    sql: Arc<str>,
 }
 
 type PgResult<T> = std::result::Result<T, tokio_postgres::Error>;
@@ -267,11 +269,11 @@ impl PgConn {
 
     pub(crate) fn prepare(&self, sql: &str, cached: bool) -> Result<PgStatement<'_>> {
         if cached {
-            if let Some(stmt) = self.cache.borrow().get(sql) {
+            if let Some((key, stmt)) = self.cache.borrow().get_key_value(sql) {
                 return Ok(PgStatement {
                     conn: self,
                     stmt: stmt.clone(),
-                    sql: sql.to_string(),
+                    sql: key.clone(),
                 });
             }
         }
@@ -279,15 +281,14 @@ impl PgConn {
         let stmt = self.send(self.client.prepare(&text)).inspect_err(|e| {
             tracing::debug!(error = %e, sql = %text, "PostgreSQL refused a statement");
         })?;
+        let sql: Arc<str> = sql.into();
         if cached {
-            self.cache
-                .borrow_mut()
-                .insert(sql.to_string(), stmt.clone());
+            self.cache.borrow_mut().insert(sql.clone(), stmt.clone());
         }
         Ok(PgStatement {
             conn: self,
             stmt,
-            sql: sql.to_string(),
+            sql,
         })
     }
 
@@ -382,12 +383,12 @@ impl PgConn {
         if !self.in_tx.get() {
             return Ok(());
         }
-        let stmt = self.prepare(sql, true)?.stmt;
+        let PgStatement { stmt, sql, .. } = self.prepare(sql, true)?;
         let values = bind(params)?;
         self.queue(Queued::Read {
             stmt,
             values,
-            sql: sql.to_string(),
+            sql,
             writes: self.writes.get(),
         });
         Ok(())

@@ -196,20 +196,6 @@ const LATEST_MEASURE_SQL: &str =
      WHERE t.session_id = ?1 AND t.idx >= ?4 AND t.idx <= ?2 AND s.context_tokens IS NOT NULL \
      AND (t.idx < ?2 OR s.idx < ?3) ORDER BY t.idx DESC, s.idx DESC LIMIT 1";
 
-/// Says that [`latest_context_tokens`] follows (its first query; see
-/// [`Connection::prefetch`]).
-pub(crate) fn prefetch_latest_context_tokens(
-    conn: &Connection,
-    session_id: SessionId,
-    turn_idx: i64,
-    step_idx: i64,
-) -> Result<()> {
-    conn.prefetch(
-        LATEST_MEASURE_SQL,
-        params![session_id, turn_idx, step_idx, turn_idx - 1],
-    )
-}
-
 pub(crate) fn latest_context_tokens(
     conn: &Connection,
     session_id: SessionId,
