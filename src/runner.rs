@@ -817,14 +817,13 @@ impl Runner {
         session: &SessionRow,
         turn: &TurnRow,
         lease: &Lease,
-        ctx: Option<Context>,
+        mut ctx: Option<Context>,
     ) -> Result<Prepared> {
         let max_steps = self.inner.cfg.max_steps as i64;
         // The common case: the step claimed by the transaction that completed
         // the previous one (or began the turn) is read in the same read
         // transaction as the rest, in one round trip with its first reads on
         // PostgreSQL.
-        let mut ctx = ctx;
         let mut running = None;
         let compactor = &self.inner.compactor;
         let fast = store::in_read_tx(c, |c| {

@@ -6,6 +6,7 @@ use super::{now_ms, write_tx};
 use crate::error::{Error, Result};
 use crate::ids::{CompactionId, SessionId};
 use rusqlite::params;
+use std::sync::OnceLock;
 
 /// What a claim on a boundary found. Not a bool: each case asks the caller for
 /// something different.
@@ -75,16 +76,20 @@ pub(crate) fn compaction_at(
     session_id: SessionId,
     boundary: i64,
 ) -> Result<Option<CompactionRow>> {
-    conn.prepare_cached(&compaction_at_sql())?
+    conn.prepare_cached(compaction_at_sql())?
         .query_row(params![session_id, boundary], CompactionRow::from_row)
         .optional()
 }
 
-fn compaction_at_sql() -> String {
-    format!(
-        "SELECT {} FROM compactions WHERE session_id = ?1 AND up_to_turn_index = ?2",
-        CompactionRow::COLUMNS
-    )
+/// Made once: a step reads it (and says it will) on every call.
+fn compaction_at_sql() -> &'static str {
+    static SQL: OnceLock<String> = OnceLock::new();
+    SQL.get_or_init(|| {
+        format!(
+            "SELECT {} FROM compactions WHERE session_id = ?1 AND up_to_turn_index = ?2",
+            CompactionRow::COLUMNS
+        )
+    })
 }
 
 /// Says that [`compaction_at`] follows (see [`Connection::prefetch`]).
@@ -93,7 +98,7 @@ pub(crate) fn prefetch_compaction_at(
     session_id: SessionId,
     boundary: i64,
 ) -> Result<()> {
-    conn.prefetch(&compaction_at_sql(), params![session_id, boundary])
+    conn.prefetch(compaction_at_sql(), params![session_id, boundary])
 }
 
 /// The newest completed compaction whose boundary is before turn `turn_idx`:
@@ -103,17 +108,21 @@ pub(crate) fn latest_completed(
     session_id: SessionId,
     turn_idx: i64,
 ) -> Result<Option<CompactionRow>> {
-    conn.prepare_cached(&latest_completed_sql())?
+    conn.prepare_cached(latest_completed_sql())?
         .query_row(params![session_id, turn_idx], CompactionRow::from_row)
         .optional()
 }
 
-fn latest_completed_sql() -> String {
-    format!(
-        "SELECT {} FROM compactions WHERE session_id = ?1 AND status = 'completed' \
-         AND up_to_turn_index < ?2 ORDER BY up_to_turn_index DESC LIMIT 1",
-        CompactionRow::COLUMNS
-    )
+/// Made once, as [`compaction_at_sql`].
+fn latest_completed_sql() -> &'static str {
+    static SQL: OnceLock<String> = OnceLock::new();
+    SQL.get_or_init(|| {
+        format!(
+            "SELECT {} FROM compactions WHERE session_id = ?1 AND status = 'completed' \
+             AND up_to_turn_index < ?2 ORDER BY up_to_turn_index DESC LIMIT 1",
+            CompactionRow::COLUMNS
+        )
+    })
 }
 
 /// Says that [`latest_completed`] follows (see [`Connection::prefetch`]).
@@ -122,7 +131,7 @@ pub(crate) fn prefetch_latest_completed(
     session_id: SessionId,
     turn_idx: i64,
 ) -> Result<()> {
-    conn.prefetch(&latest_completed_sql(), params![session_id, turn_idx])
+    conn.prefetch(latest_completed_sql(), params![session_id, turn_idx])
 }
 
 pub(crate) fn list_compactions(
