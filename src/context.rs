@@ -136,6 +136,31 @@ impl Context {
         }
     }
 
+    /// The step of turn `turn_idx` that most likely comes next (the one after
+    /// this context's, or the turn's first), with the reads that would
+    /// extend this context to it queued (see [`Connection::prefetch`]): a
+    /// runner's read transaction sends them with its first request. A wrong
+    /// guess costs the server those reads, and the step reads as usual.
+    pub(crate) fn prefetch_next(
+        this: Option<&Context>,
+        conn: &Connection,
+        session_id: SessionId,
+        turn_idx: i64,
+    ) -> Result<i64> {
+        let Some(ctx) = this.filter(|c| c.session_id == session_id) else {
+            return Ok(0);
+        };
+        let next = if ctx.at.0 == turn_idx {
+            ctx.at.1 + 1
+        } else {
+            0
+        };
+        if ctx.at < (turn_idx, next) {
+            store::prefetch_range(conn, session_id, ctx.at, (turn_idx, next))?;
+        }
+        Ok(next)
+    }
+
     fn extend(&mut self, conn: &Connection, to: (i64, i64)) -> Result<()> {
         if to == self.at {
             return Ok(());

@@ -429,10 +429,11 @@ impl Runner {
             .store
             .call(move |c| {
                 this.inner.store.check_file()?;
-                match store::begin_turn(c, session_id, idx, &input, &holder, ttl, &gone)? {
-                    (turn, Some(lease), session) => this.start(c, turn, lease, Some(session)),
-                    (turn, None, _) => Ok(Begun::Finished(turn)),
-                }
+                let then = |c: &mut crate::store::Connection, turn, lease, session| match lease {
+                    Some(lease) => this.start(c, turn, lease, Some(session)),
+                    None => Ok(Begun::Finished(turn)),
+                };
+                store::begin_turn(c, session_id, idx, &input, &holder, ttl, &gone, then)
             })
             .await?;
         self.begun(begun, claim).await
@@ -827,7 +828,8 @@ impl Runner {
         let mut running = None;
         let compactor = &self.inner.compactor;
         let fast = store::in_read_tx(c, |c| {
-            compactor.prefetch_decision(c, session.id, turn.idx)?;
+            let next = Context::prefetch_next(ctx.as_ref(), c, session.id, turn.idx)?;
+            compactor.prefetch_decision(c, session, turn.idx, next)?;
             match store::last_step(c, lease.turn_id)? {
                 Some(s) if s.status == StepStatus::Running && s.idx < max_steps => {
                     let found = self.read_step(c, session, turn, &s, ctx.take());
@@ -854,7 +856,7 @@ impl Runner {
                     ));
                 }
                 let found = store::in_read_tx(c, |c| {
-                    compactor.prefetch_decision(c, session.id, turn.idx)?;
+                    compactor.prefetch_decision(c, session, turn.idx, step.idx)?;
                     self.read_step(c, session, turn, &step, ctx)
                 })?;
                 (step, found)
@@ -1199,6 +1201,20 @@ impl Runner {
         finished: Option<(InvocationId, (bool, String))>,
         happened: &mut Vec<EventKind>,
     ) -> Result<Advanced> {
+        self.advance_fenced(c, plan, from, persist, finished, happened)
+            .map_err(|e| store::explain_lost(c, e))
+    }
+
+    /// [`Runner::advance_blocking`]'s fenced transaction.
+    fn advance_fenced(
+        &self,
+        c: &mut crate::store::Connection,
+        plan: &StepPlan,
+        from: usize,
+        persist: Option<Responded>,
+        finished: Option<(InvocationId, (bool, String))>,
+        happened: &mut Vec<EventKind>,
+    ) -> Result<Advanced> {
         let hook = &self.inner.cfg.testing.fault_hook;
         let lease = &plan.lease;
         let n = plan.calls.len();
@@ -1240,7 +1256,7 @@ impl Runner {
                 tool,
                 row,
                 inserted,
-            } = self.tool_in_tx(&tx, plan, pos, tell, happened)?
+            } = self.tool_in_tx(&tx, plan, pos, persist.is_some(), tell, happened)?
             {
                 // Everything so far is durable before the outside effect.
                 tx.commit()?;
@@ -1254,26 +1270,36 @@ impl Runner {
         }
         crate::error::check_fault(hook, FaultPoint::BeforeStepComplete)?;
         let final_output = (n == 0).then_some(plan.final_text.as_str());
-        let finished = store::complete_step(&tx, lease, plan.step_id, plan.step_idx, final_output)?;
-        if finished.is_some() {
-            self.pin_turn(&tx, &plan.session, plan.turn.idx)?;
-        }
-        tx.commit()?;
-        if tell {
-            happened.push(EventKind::StepCompleted {
-                step_id: plan.step_id,
-                step: plan.step_idx,
-            });
-        }
+        let finished = store::complete_step(
+            &tx,
+            lease,
+            &plan.turn,
+            plan.step_id,
+            plan.step_idx,
+            final_output,
+        )?;
         let ctx = plan.ctx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let step_completed = || EventKind::StepCompleted {
+            step_id: plan.step_id,
+            step: plan.step_idx,
+        };
         if let Some(turn) = finished {
+            self.pin_turn(&tx, &plan.session, plan.turn.idx)?;
+            tx.commit()?;
+            if tell {
+                happened.push(step_completed());
+            }
             if let Some(ctx) = ctx {
                 self.inner.contexts.put(ctx); // for the session's next turn
             }
             return Ok(Advanced::Finished(turn, plan.final_text.clone()));
         }
-        let next = self.prepare(c, &plan.session, &plan.turn, lease, ctx)?;
-        Ok(Advanced::Next(Box::new(next)))
+        // The next step's reads go with this COMMIT (on PostgreSQL).
+        let next = tx.commit_then(|c| self.prepare(c, &plan.session, &plan.turn, lease, ctx))?;
+        if tell {
+            happened.push(step_completed());
+        }
+        Ok(Advanced::Next(Box::new(next?)))
     }
 
     /// Tool call `pos` of the step, inside the step's transaction: a refusal
@@ -1286,6 +1312,7 @@ impl Runner {
         tx: &crate::store::Transaction<'_>,
         plan: &StepPlan,
         pos: usize,
+        fresh: bool,
         tell: bool,
         happened: &mut Vec<EventKind>,
     ) -> Result<ToolStep> {
@@ -1298,7 +1325,7 @@ impl Runner {
                 let inv = new_invocation(plan.step_id, pos, &call, Effect::None);
                 let body = Box::new(move |_: &crate::store::Transaction<'_>| Ok(Err(refusal)));
                 (
-                    store::run_transactional(tx, lease, &inv, body)?,
+                    store::run_transactional(tx, lease, &inv, body, tell, fresh)?,
                     Effect::None,
                 )
             }
@@ -1315,7 +1342,7 @@ impl Runner {
                     crate::error::check_fault(hook, FaultPoint::InsideTransactionalTool)?;
                     Ok(out)
                 };
-                let ran = store::run_transactional(tx, lease, &inv, Box::new(body))?;
+                let ran = store::run_transactional(tx, lease, &inv, Box::new(body), tell, fresh)?;
                 (ran, Effect::Transactional)
             }
             Ok((ToolImpl::Async(tool), effect)) => {
@@ -1331,7 +1358,7 @@ impl Runner {
                 return Ok(ToolStep::Ran);
             }
         };
-        if let (true, Some((invocation_id, ok))) = (tell, ran) {
+        if let Some((Some(invocation_id), ok)) = ran {
             happened.push(EventKind::ToolStarted {
                 step_id: plan.step_id,
                 tool: call.name.clone(),

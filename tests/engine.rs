@@ -575,3 +575,35 @@ async fn the_estimate_counts_the_exact_bytes_sent_with_any_token_counter() {
         assert_eq!(measured, want, "custom counter: {custom}");
     }
 }
+
+/// The turn a runner returns is the row as stored: the rows it writes at a
+/// turn's begin and end are not read back, so this checks them field by field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_turn_is_returned_as_stored() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let (runner, ..) = three_mode_runner(&store);
+    let sid = runner
+        .create_session("rows", "m", "system")
+        .await
+        .unwrap()
+        .id;
+    let mut returned = Vec::new();
+    for i in 0..3 {
+        returned.push(
+            runner
+                .run_turn_at(sid, i, &format!("turn {i}"))
+                .await
+                .unwrap()
+                .turn,
+        );
+    }
+    // Run again at an index that finished: the stored row, as it is.
+    returned.push(runner.run_turn_at(sid, 1, "turn 1").await.unwrap().turn);
+    let stored = store.turns(sid).await.unwrap();
+    assert_eq!(returned[..3], stored[..]);
+    assert_eq!(returned[3], stored[1]);
+    assert!(stored
+        .iter()
+        .all(|t| t.status == abridge::store::TurnStatus::Completed));
+}

@@ -245,7 +245,7 @@ impl Compactor {
         let decision = self
             .store
             .read(move |c| {
-                this.prefetch_decision(c, s.id, turn_idx)?;
+                this.prefetch_decision(c, &s, turn_idx, step_idx)?;
                 this.decide(c, &s, turn_idx, step_idx, None)
             })
             .await?;
@@ -262,20 +262,28 @@ impl Compactor {
     /// step): a turn keeps the compaction it began with, and a summary that
     /// completed in the background since is read from the next turn on, or
     /// at once when this step has reached the hard threshold.
-    /// Says which of [`Compactor::decide`]'s reads for turn `turn_idx`
-    /// follow (see [`crate::store::Connection::prefetch`]): the caller's
-    /// next read takes them along, on PostgreSQL in one round trip.
+    /// Says which of [`Compactor::decide`]'s reads for step `step_idx` of
+    /// turn `turn_idx` follow (see [`crate::store::Connection::prefetch`]):
+    /// the caller's next read takes them along, on PostgreSQL in one round
+    /// trip. A read that `decide` turns out not to need costs the server
+    /// one indexed lookup, and no round trip.
     pub(crate) fn prefetch_decision(
         &self,
         c: &crate::store::Connection,
-        session_id: SessionId,
+        session: &SessionRow,
         turn_idx: i64,
+        step_idx: i64,
     ) -> Result<()> {
-        store::prefetch_latest_completed(c, session_id, turn_idx)?;
+        store::prefetch_latest_completed(c, session.id, turn_idx)?;
+        let Some(b) = planner::boundary(turn_idx, self.config.keep_last_turns) else {
+            return Ok(());
+        };
         if self.config.keep_recent_tokens == 0 {
-            if let Some(b) = planner::boundary(turn_idx, self.config.keep_last_turns) {
-                store::prefetch_compaction_at(c, session_id, b)?;
-            }
+            store::prefetch_compaction_at(c, session.id, b)?;
+        }
+        let window = self.config.context_window(&session.model);
+        if self.config.compact_at.tokens(window).is_some() {
+            store::prefetch_latest_context_tokens(c, session.id, turn_idx, step_idx)?;
         }
         Ok(())
     }

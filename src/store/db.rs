@@ -124,7 +124,7 @@ impl Connection {
         &self,
         sql: &str,
         params: P,
-        or: impl FnOnce() -> Error,
+        or: impl Fn() -> Error + Send + 'static,
     ) -> Result<()> {
         self.write_later(sql, params, Some(or))
     }
@@ -133,7 +133,7 @@ impl Connection {
         &self,
         sql: &str,
         params: P,
-        or: Option<impl FnOnce() -> Error>,
+        or: Option<impl Fn() -> Error + Send + 'static>,
     ) -> Result<()> {
         match &self.backend {
             Backend::Sqlite(c) => {
@@ -144,9 +144,10 @@ impl Connection {
                 }
             }
             #[cfg(feature = "postgres")]
-            Backend::Postgres(c) => c
-                .prepare(sql, true)?
-                .execute_later(&params.values(), or.map(|or| or())),
+            Backend::Postgres(c) => c.prepare(sql, true)?.execute_later(
+                &params.values(),
+                or.map(|or| Box::new(or) as super::pg::Refusal),
+            ),
         }
     }
 
@@ -351,6 +352,41 @@ impl Transaction<'_> {
             self.open = false;
         }
         r
+    }
+
+    /// Commits, with the `COMMIT` sent ahead of `next`'s first request on
+    /// PostgreSQL (one round trip fewer), and runs `next` on the connection.
+    /// Once the commit is known to have succeeded, returns `next`'s result;
+    /// when it failed, an error (the one `next` got for it, when it got one).
+    /// `next` must do nothing that needs the commit durable first: it runs
+    /// reads and transactions of its own, which the server orders after it.
+    pub(crate) fn commit_then<R>(
+        mut self,
+        next: impl FnOnce(&mut Connection) -> Result<R>,
+    ) -> Result<Result<R>> {
+        match &self.conn.backend {
+            Backend::Sqlite(_) => {
+                self.conn.end(true)?;
+                self.open = false;
+                Ok(next(self.conn))
+            }
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(c) => {
+                c.end_later()?;
+                self.open = false;
+                let out = next(self.conn);
+                let settled = match &self.conn.backend {
+                    Backend::Postgres(c) => c.settle(),
+                    #[allow(unreachable_patterns)]
+                    _ => Ok(()),
+                };
+                match (out, settled) {
+                    (out, Ok(())) => Ok(out),
+                    (Err(e), Err(_)) => Err(e),
+                    (Ok(_), Err(e)) => Err(e),
+                }
+            }
+        }
     }
 
     /// Rolls back.

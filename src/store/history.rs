@@ -69,6 +69,25 @@ const RANGE_RESULTS_SQL: &str =
      AND (t.idx < ?3 OR s.idx < ?4) AND (t.idx > ?2 OR s.idx >= ?5) \
      AND i.status <> 'started' ORDER BY t.idx, s.idx, i.position";
 
+/// The turns of a range.
+const RANGE_TURNS_SQL: &str = "SELECT id, idx, input FROM turns \
+     WHERE session_id = ?1 AND idx >= ?2 AND idx <= ?3 ORDER BY idx";
+
+/// Queues [`load_range`]'s three reads (see [`Connection::prefetch`]): a
+/// caller that knows the range before its read transaction's first request
+/// sends them with it.
+pub(crate) fn prefetch_range(
+    conn: &Connection,
+    session_id: SessionId,
+    from: (i64, i64),
+    to: (i64, i64),
+) -> Result<()> {
+    let bounds = params![session_id, from.0, to.0, to.1, from.1];
+    conn.prefetch(RANGE_STEPS_SQL, bounds)?;
+    conn.prefetch(RANGE_RESULTS_SQL, bounds)?;
+    conn.prefetch(RANGE_TURNS_SQL, params![session_id, from.0, to.0])
+}
+
 pub(crate) fn load_range(
     conn: &Connection,
     session_id: SessionId,
@@ -85,10 +104,7 @@ pub(crate) fn load_range(
     conn.prefetch(RANGE_STEPS_SQL, bounds)?;
     conn.prefetch(RANGE_RESULTS_SQL, bounds)?;
     {
-        let mut st = conn.prepare_cached(
-            "SELECT id, idx, input FROM turns WHERE session_id = ?1 AND idx >= ?2 AND idx <= ?3 \
-             ORDER BY idx",
-        )?;
+        let mut st = conn.prepare_cached(RANGE_TURNS_SQL)?;
         let mut rows = st.query(params![session_id, from_idx, upto_idx])?;
         while let Some(r) = rows.next()? {
             turns.push((

@@ -54,28 +54,45 @@ fn insert_invocation(
     result: Option<&str>,
     tail: &str,
 ) -> Result<Option<i64>> {
+    write_invocation(tx, inv, status, result, tail, true)
+}
+
+/// Inserts an invocation row (`tail`: what follows its values); with
+/// `want_id`, returns the id of the row it made, else queues the insert
+/// ([`Transaction::execute_later`]) and returns None.
+fn write_invocation(
+    tx: &Transaction<'_>,
+    inv: &NewInvocation<'_>,
+    status: &str,
+    result: Option<&str>,
+    tail: &str,
+    want_id: bool,
+) -> Result<Option<i64>> {
     let now = now_ms();
     let finished_at = result.map(|_| now);
-    tx.insert_returning_id(
-        &format!(
-            "INSERT INTO tool_invocations (step_id, position, tool_call_id, tool_name, arguments, \
-             effect, idempotency_key, status, result, created_at, completed_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11){tail}"
-        ),
-        params![
-            inv.step_id,
-            inv.position,
-            inv.tool_call_id,
-            inv.tool_name,
-            inv.arguments,
-            inv.effect.as_str(),
-            inv.idempotency_key,
-            status,
-            result,
-            now,
-            finished_at
-        ],
-    )
+    let sql = format!(
+        "INSERT INTO tool_invocations (step_id, position, tool_call_id, tool_name, arguments, \
+         effect, idempotency_key, status, result, created_at, completed_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11){tail}"
+    );
+    let values = params![
+        inv.step_id,
+        inv.position,
+        inv.tool_call_id,
+        inv.tool_name,
+        inv.arguments,
+        inv.effect.as_str(),
+        inv.idempotency_key,
+        status,
+        result,
+        now,
+        finished_at
+    ];
+    if want_id {
+        return tx.insert_returning_id(&sql, values);
+    }
+    tx.execute_later(&sql, values)?;
+    Ok(None)
 }
 
 /// Records that a tool call is about to run (or returns its row if it exists),
@@ -140,13 +157,22 @@ pub(crate) type TxBody<'f> =
 /// caller's transaction (a crash: nothing recorded). A `started` row (written
 /// by an older build, which claimed the row before running the tool) is
 /// finished in place.
+///
+/// `fresh`: this transaction writes the step's response, so no invocation
+/// of the step can exist (they are written with the response or after it):
+/// the lookup is skipped, one round trip fewer on PostgreSQL.
 pub(crate) fn run_transactional(
     tx: &Transaction<'_>,
     lease: &Lease,
     inv: &NewInvocation<'_>,
     body: Box<TxBody<'_>>,
-) -> Result<Option<(InvocationId, bool)>> {
-    let existing = get_invocation_by_call(tx, inv.step_id, inv.tool_call_id)?;
+    want_id: bool,
+    fresh: bool,
+) -> Result<Option<(Option<InvocationId>, bool)>> {
+    let existing = match fresh {
+        true => None,
+        false => get_invocation_by_call(tx, inv.step_id, inv.tool_call_id)?,
+    };
     if existing
         .as_ref()
         .is_some_and(|row| row.status != InvocationStatus::Started)
@@ -169,9 +195,16 @@ pub(crate) fn run_transactional(
     let id = match existing {
         Some(row) => {
             finish_invocation(tx, lease, row.id, ok, &result)?;
-            row.id
+            Some(row.id)
         }
-        None => insert_finished_invocation(tx, inv, ok, &result)?,
+        None if want_id => Some(insert_finished_invocation(tx, inv, ok, &result)?),
+        None => {
+            // No one asks for its id: on PostgreSQL it goes with the next
+            // request (an insert that fails fails the transaction).
+            let status = if ok { "completed" } else { "failed" };
+            write_invocation(tx, inv, status, Some(&result), "", false)?;
+            None
+        }
     };
     Ok(Some((id, ok)))
 }

@@ -24,6 +24,14 @@ pub struct Lease {
     pub taken_from: Option<String>,
 }
 
+impl Lease {
+    /// The error of a write this lease no longer allows.
+    pub(crate) fn lost(&self) -> impl Fn() -> Error + Send + 'static {
+        let (turn_id, epoch) = (self.turn_id, self.epoch);
+        move || Error::LeaseLost { turn_id, epoch }
+    }
+}
+
 /// Checks the lease inside the caller's write transaction, and renews it when
 /// less than half its time is left.
 ///
@@ -38,7 +46,34 @@ pub(crate) fn fence(tx: &Transaction<'_>, lease: &Lease) -> Result<()> {
 }
 
 /// Checks the lease; renews it when less than `renew_below` ms are left.
+///
+/// On PostgreSQL the check and the renewal are queued (see
+/// [`Connection::execute_later_or`]): they go with the transaction's next
+/// request, and a lease no longer held refuses that request and the whole
+/// transaction ([`Error::LeaseLost`]; [`explain_lost`] tells a deleted turn
+/// from a taken-over one afterwards). SQLite answers at once, so it reads.
 pub(super) fn check_lease(tx: &Transaction<'_>, lease: &Lease, renew_below: i64) -> Result<()> {
+    if tx.kind() == super::BackendKind::Postgres {
+        tx.execute_later_or(
+            "SELECT 1 FROM turns \
+             WHERE id = ?1 AND lease_owner = ?2 AND lease_epoch = ?3 AND status = 'running'",
+            params![lease.turn_id, lease.owner, lease.epoch],
+            lease.lost(),
+        )?;
+        let now = now_ms();
+        return tx.execute_later(
+            "UPDATE turns SET lease_expires_at = ?1 \
+             WHERE id = ?2 AND lease_owner = ?3 AND lease_epoch = ?4 AND status = 'running' \
+             AND (lease_expires_at IS NULL OR lease_expires_at < ?5)",
+            params![
+                now + lease.ttl_ms,
+                lease.turn_id,
+                lease.owner,
+                lease.epoch,
+                now.saturating_add(renew_below)
+            ],
+        );
+    }
     let expires: Option<Option<i64>> = tx
         .prepare_cached(
             "SELECT lease_expires_at FROM turns \
@@ -104,14 +139,32 @@ pub(super) fn take_lease(
 
 /// Renews the lease to its full time (heartbeat). Returns false when it was lost.
 pub(crate) fn renew_lease(conn: &mut Connection, lease: &Lease) -> Result<bool> {
-    let tx = write_tx(conn)?;
-    let ok = match check_lease(&tx, lease, i64::MAX) {
-        Ok(()) => true,
-        Err(Error::LeaseLost { .. }) => false,
-        Err(e) => return Err(e),
+    let renewed = (|| {
+        let tx = write_tx(conn)?;
+        check_lease(&tx, lease, i64::MAX)?;
+        tx.commit()
+    })();
+    match renewed.map_err(|e| explain_lost(conn, e)) {
+        Ok(()) => Ok(true),
+        Err(Error::LeaseLost { .. }) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// A lease lost on a turn that is gone is [`Error::TurnDeleted`]: its
+/// session was deleted meanwhile. Called once the refused transaction has
+/// ended; any other error is returned as it is.
+pub(crate) fn explain_lost(conn: &Connection, e: Error) -> Error {
+    let Error::LeaseLost { turn_id, .. } = e else {
+        return e;
     };
-    tx.commit()?;
-    Ok(ok)
+    let exists = conn
+        .prepare_cached("SELECT 1 FROM turns WHERE id = ?1")
+        .and_then(|mut st| st.exists([turn_id]));
+    match exists {
+        Ok(false) => Error::TurnDeleted { turn_id },
+        _ => e,
+    }
 }
 
 /// Opens a fenced IMMEDIATE transaction: every write of a leased turn runs in

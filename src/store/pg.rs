@@ -67,6 +67,12 @@ pub(crate) struct PgConn {
     /// kept shared for the statements handed out and the prefetched reads.
     cache: RefCell<HashMap<Arc<str>, tokio_postgres::Statement>>,
     in_tx: Cell<bool>,
+    /// A checked write of the open transaction changed no row: its error.
+    refused: RefCell<Option<Refusal>>,
+    /// Where the `COMMIT` of [`PgConn::end_later`] stands.
+    deferred: Cell<Deferred>,
+    /// The open transaction is a read transaction ([`PgConn::begin_read`]).
+    read_only: Cell<bool>,
     /// Writes made or queued so far: a prefetched read is served only if
     /// none was since it was queued (it ran before them on the server).
     writes: Cell<u64>,
@@ -85,12 +91,14 @@ enum Queued {
     /// Statements with no parameters and no rows (`BEGIN ...`, `SAVEPOINT`,
     /// `RELEASE`), run with the simple query protocol.
     Batch(String),
+    /// The `COMMIT` of a transaction ended by [`PgConn::end_later`].
+    Commit,
     /// A write of which at most this is wanted: with `or`, that it changed
     /// a row (`or` is the error when it changed none).
     Write {
         stmt: tokio_postgres::Statement,
         values: Vec<Bound>,
-        or: Option<Error>,
+        or: Option<Refusal>,
     },
     /// A read the caller will make: its rows are kept for it
     /// ([`PgConn::prefetch`]).
@@ -100,6 +108,24 @@ enum Queued {
         sql: Arc<str>,
         writes: u64,
     },
+}
+
+/// The error of a checked write that changed no row. Kept by the connection
+/// once it fired: the transaction is refused from then on (every later
+/// request, and `COMMIT`, which becomes `ROLLBACK`), whatever its caller
+/// made of the first error.
+pub(crate) type Refusal = Box<dyn Fn() -> Error + Send>;
+
+/// A `COMMIT` sent with the next request ([`PgConn::end_later`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Deferred {
+    /// None is waiting to be known.
+    None,
+    /// Queued, not sent yet.
+    Queued,
+    /// Answered: whether it failed (its error went to the request it was
+    /// sent with).
+    Answered { failed: bool },
 }
 
 /// The rows of a prefetched read, with what identifies the query that may
@@ -177,6 +203,9 @@ impl PgConn {
             client,
             cache: RefCell::default(),
             in_tx: Cell::new(false),
+            read_only: Cell::new(false),
+            deferred: Cell::new(Deferred::None),
+            refused: RefCell::default(),
             writes: Cell::new(0),
             queued: RefCell::default(),
             prefetched: RefCell::default(),
@@ -201,6 +230,9 @@ impl PgConn {
     /// Sends the queued requests and then `last` in one round trip, and
     /// waits for every answer: the first failure, in order, is returned.
     fn send<T>(&self, last: impl Future<Output = PgResult<T>>) -> Result<T> {
+        if let Some(refused) = &*self.refused.borrow() {
+            return Err(refused());
+        }
         let queued = std::mem::take(&mut *self.queued.borrow_mut());
         self.trips.set(self.trips.get() + 1);
         if queued.is_empty() {
@@ -213,6 +245,10 @@ impl PgConn {
                 match q {
                     Queued::Batch(sql) => Box::pin(async move {
                         client.batch_execute(sql).await?;
+                        Ok(Answer::Done(0))
+                    }),
+                    Queued::Commit => Box::pin(async move {
+                        client.batch_execute("COMMIT").await?;
                         Ok(Answer::Done(0))
                     }),
                     Queued::Write { stmt, values, .. } => Box::pin(async move {
@@ -229,10 +265,19 @@ impl PgConn {
             })
             .collect();
         let (answers, last) = pipeline(ahead, last);
+        for (q, a) in queued.iter().zip(&answers) {
+            if matches!(q, Queued::Commit) {
+                self.deferred.set(Deferred::Answered { failed: a.is_err() });
+            }
+        }
         for (q, a) in queued.into_iter().zip(answers) {
             match (q, a) {
                 (_, Err(e)) => return Err(e.into()),
-                (Queued::Write { or: Some(or), .. }, Ok(Answer::Done(0))) => return Err(or),
+                (Queued::Write { or: Some(or), .. }, Ok(Answer::Done(0))) => {
+                    let e = or();
+                    *self.refused.borrow_mut() = Some(or);
+                    return Err(e);
+                }
                 (
                     Queued::Read {
                         sql,
@@ -321,6 +366,7 @@ impl PgConn {
     /// Queued: it goes with the transaction's first statement, and a lock
     /// not granted in time is that statement's error.
     pub(crate) fn begin_write(&self) -> Result<()> {
+        self.read_only.set(false);
         self.begin(format!(
             "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({})",
             self.lock_key
@@ -334,11 +380,27 @@ impl PgConn {
     }
 
     fn begin(&self, sql: String) -> Result<()> {
-        // Whatever is queued belongs to no transaction: it goes first.
-        self.flush()?;
+        // Outside a transaction the queue holds at most the previous one's
+        // end (`end_later`): it goes first, in the same round trip.
+        self.read_only.set(sql.ends_with("READ ONLY"));
         self.queue(Queued::Batch(sql));
         self.in_tx.set(true);
         Ok(())
+    }
+
+    /// Sends `sql` (no parameters, no rows) without waiting for its
+    /// answer: the request is written to the connection now, so it reaches
+    /// the server before any later one, and its answer is dropped when it
+    /// comes. For what cannot fail in a way anyone must hear of: the end of
+    /// a read transaction (if the connection broke, the next request says
+    /// so; the server ends a broken connection's transaction itself).
+    fn send_unanswered(&self, sql: &str) {
+        let mut request = std::pin::pin!(self.client.batch_execute(sql));
+        // The first poll writes the request (tokio-postgres sends it to the
+        // connection's task then); the answer is not waited for.
+        let _ = request
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
     }
 
     /// Ends the transaction. `ROLLBACK` drops the queued requests unsent
@@ -346,20 +408,42 @@ impl PgConn {
     /// `COMMIT` goes with the queued requests unless one must be checked
     /// first.
     pub(crate) fn end(&self, commit: bool) -> Result<()> {
-        let queued = std::mem::take(&mut *self.queued.borrow_mut());
+        let mut queued = std::mem::take(&mut *self.queued.borrow_mut());
+        // The previous transaction's end, still queued, stays queued: this
+        // one's requests are what follows it.
+        let ours = queued
+            .iter()
+            .rposition(|q| matches!(q, Queued::Commit))
+            .map_or(0, |i| i + 1);
+        let current = queued.split_off(ours);
+        *self.queued.borrow_mut() = queued;
+        let queued = current;
+        // A refused transaction is rolled back, and its COMMIT is the refusal.
+        let refused = self.refused.borrow_mut().take();
         let unseen = matches!(queued.first(), Some(Queued::Batch(s)) if s.starts_with("BEGIN"));
-        let r = if unseen && (!commit || queued.len() == 1) {
-            // Nothing of it reached the server: nothing to end there.
+        let r = if unseen && (!commit || queued.len() == 1 || self.read_only.get()) {
+            // Nothing of it reached the server (or only reads no one asked
+            // for): nothing to end there.
             Ok(())
-        } else if !commit {
-            self.send(self.client.batch_execute("ROLLBACK"))
+        } else if self.read_only.get() {
+            // A read transaction has nothing to keep, and no one waits for
+            // its end: queued reads no one asked for are dropped.
+            self.send_unanswered(if commit { "COMMIT" } else { "ROLLBACK" });
+            Ok(())
+        } else if !commit || refused.is_some() {
+            let r = self.send(self.client.batch_execute("ROLLBACK"));
+            match refused {
+                Some(or) if commit => Err(or()),
+                _ => r,
+            }
         } else {
             let checked = queued.iter().any(Queued::is_checked);
-            *self.queued.borrow_mut() = queued;
+            self.queued.borrow_mut().extend(queued);
             let checked = if checked { self.flush() } else { Ok(()) };
             match checked {
                 Ok(()) => self.send(self.client.batch_execute("COMMIT")),
                 Err(e) => {
+                    self.refused.borrow_mut().take();
                     let _ = self.send(self.client.batch_execute("ROLLBACK"));
                     Err(e)
                 }
@@ -367,9 +451,52 @@ impl PgConn {
         };
         // A failed COMMIT ends the transaction too (the server rolled it back).
         self.in_tx.set(false);
-        self.queued.borrow_mut().clear();
+        self.read_only.set(false);
+        self.refused.borrow_mut().take();
         self.prefetched.borrow_mut().clear();
         r
+    }
+
+    /// Ends a write transaction with a `COMMIT` that goes with the next
+    /// request (one round trip fewer when a read follows at once), after
+    /// the checked writes are known to have passed. [`PgConn::settle`]
+    /// says how it went; the request it went with returns its error.
+    /// A refused transaction, or a failed check, is rolled back here.
+    pub(crate) fn end_later(&self) -> Result<()> {
+        let checked = self.queued.borrow().iter().any(Queued::is_checked);
+        let refused = self.refused.borrow().is_some();
+        let unseen = matches!(self.queued.borrow().first(), Some(Queued::Batch(s)) if s.starts_with("BEGIN"));
+        if refused || self.read_only.get() || (unseen && self.queued.borrow().len() == 1) {
+            return self.end(true);
+        }
+        if checked {
+            if let Err(e) = self.flush() {
+                self.refused.borrow_mut().take();
+                let _ = self.end(false);
+                return Err(e);
+            }
+        }
+        self.wrote();
+        self.queue(Queued::Commit);
+        self.deferred.set(Deferred::Queued);
+        self.in_tx.set(false);
+        self.prefetched.borrow_mut().clear();
+        Ok(())
+    }
+
+    /// Whether the `COMMIT` of [`PgConn::end_later`] succeeded: sent now if
+    /// no request took it yet. A failure is an error (the request it went
+    /// with returned the server's).
+    pub(crate) fn settle(&self) -> Result<()> {
+        if self.deferred.get() == Deferred::Queued {
+            self.flush()?;
+        }
+        match self.deferred.replace(Deferred::None) {
+            Deferred::Answered { failed: true } => Err(Error::Task(
+                "the transaction's COMMIT failed (the request sent with it returned why)".into(),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// A read the caller will make later in this transaction, queued now
@@ -385,11 +512,25 @@ impl PgConn {
         }
         let PgStatement { stmt, sql, .. } = self.prepare(sql, true)?;
         let values = bind(params)?;
+        let writes = self.writes.get();
+        let same = |s: &Arc<str>, v: &Vec<Bound>, w: u64| *s == sql && *v == values && w == writes;
+        let known = self
+            .prefetched
+            .borrow()
+            .iter()
+            .any(|p| same(&p.sql, &p.values, p.writes))
+            || self.queued.borrow().iter().any(|q| {
+                matches!(q, Queued::Read { sql, values, writes, .. } if same(sql, values, *writes))
+            });
+        if known {
+            // Asked for already (a caller that guessed what comes next).
+            return Ok(());
+        }
         self.queue(Queued::Read {
             stmt,
             values,
             sql,
-            writes: self.writes.get(),
+            writes,
         });
         Ok(())
     }
@@ -427,11 +568,15 @@ impl PgStatement<'_> {
     /// Runs the write with the connection's next request (see [`PgConn`]);
     /// outside a transaction, at once. With `or`, that is the error when it
     /// changed no row.
-    pub(crate) fn execute_later(&mut self, params: &[&dyn ToSql], or: Option<Error>) -> Result<()> {
+    pub(crate) fn execute_later(
+        &mut self,
+        params: &[&dyn ToSql],
+        or: Option<Refusal>,
+    ) -> Result<()> {
         if !self.conn.in_tx.get() {
             let n = self.execute(params)?;
             return match or {
-                Some(or) if n == 0 => Err(or),
+                Some(or) if n == 0 => Err(or()),
                 _ => Ok(()),
             };
         }
@@ -1266,6 +1411,169 @@ mod pipeline_tests {
                 holder.join().unwrap();
                 assert!(c.is_autocommit());
                 assert_eq!(count(c), 1);
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    /// A refused transaction stays refused: a caller that ignores the first
+    /// error gets it again from every later request, and its COMMIT rolls
+    /// back and returns it.
+    #[test]
+    fn a_refused_transaction_refuses_every_later_request_and_its_commit() {
+        let Some(store) = store("sticky") else { return };
+        store
+            .with_conn(|c| {
+                c.prepare_cached("UPDATE pipe SET v = 'x' WHERE id = 99")?;
+                let tx = c.write_tx()?;
+                tx.execute_later_or("UPDATE pipe SET v = 'x' WHERE id = 99", [], || {
+                    Error::Config("no row".into())
+                })?;
+                let first = tx.query_row("SELECT count(*) FROM pipe", [], |r| r.get::<_, i64>(0));
+                assert!(matches!(first, Err(Error::Config(_))), "{first:?}");
+                // Ignored: the next write is refused as well, and so is COMMIT.
+                let again = tx.execute("INSERT INTO pipe (id, v) VALUES (5, 'five')", []);
+                assert!(matches!(again, Err(Error::Config(_))), "{again:?}");
+                let commit = tx.commit();
+                assert!(matches!(commit, Err(Error::Config(_))), "{commit:?}");
+                assert!(c.is_autocommit());
+                assert_eq!(count(c), 1, "nothing of the transaction is committed");
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    /// `commit_then`: the COMMIT goes with the next request (one round trip
+    /// for both), and is sent on its own when `next` makes none.
+    #[test]
+    fn a_deferred_commit_goes_with_the_next_request() {
+        let Some((store, url)) = store_at("deferred") else {
+            return;
+        };
+        let other = Store::open(&url).unwrap();
+        let seen = || other.with_conn(|c| Ok(count(c))).unwrap();
+        store
+            .with_conn(|c| {
+                c.prepare_cached("INSERT INTO pipe (id, v) VALUES (?1, 'n')")?;
+                c.prepare_cached("SELECT count(*) FROM pipe")?;
+                let before = trips(c);
+                let tx = c.write_tx()?;
+                tx.execute_later("INSERT INTO pipe (id, v) VALUES (?1, 'n')", [2])?;
+                let n = tx.commit_then(|c| {
+                    c.in_read_tx(|c| {
+                        c.query_row("SELECT count(*) FROM pipe", [], |r| r.get::<_, i64>(0))
+                    })
+                })??;
+                assert_eq!(n, 2, "the read sees the commit it went after");
+                assert_eq!(
+                    trips(c) - before,
+                    1,
+                    "write, COMMIT and read in one round trip"
+                );
+                assert_eq!(seen(), 2, "committed");
+
+                let before = trips(c);
+                let tx = c.write_tx()?;
+                tx.execute_later("INSERT INTO pipe (id, v) VALUES (?1, 'n')", [3])?;
+                tx.commit_then(|_| Ok(()))??;
+                assert_eq!(trips(c) - before, 1, "sent on its own");
+                assert!(c.is_autocommit());
+                assert_eq!(seen(), 3, "committed");
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    /// A deferred COMMIT the server refuses (here a deferred constraint) is
+    /// the error of the request it went with and of `commit_then`: nothing
+    /// of the transaction is committed.
+    #[test]
+    fn a_deferred_commit_that_fails_is_the_error_returned() {
+        let Some(store) = store("deferred_fail") else {
+            return;
+        };
+        store
+            .with_conn(|c| {
+                c.execute_batch(
+                    "CREATE TABLE child (id BIGINT PRIMARY KEY, parent BIGINT \
+                     REFERENCES pipe (id) DEFERRABLE INITIALLY DEFERRED)",
+                )?;
+                let tx = c.write_tx()?;
+                tx.execute_later("INSERT INTO child (id, parent) VALUES (1, 99)", [])?;
+                let mut got = None;
+                let out = tx.commit_then(|c| {
+                    let r = c.in_read_tx(|c| {
+                        c.query_row("SELECT count(*) FROM pipe", [], |r| r.get::<_, i64>(0))
+                    });
+                    got = Some(r.is_err());
+                    r
+                });
+                assert_eq!(got, Some(true), "the read it went with returned the error");
+                let Err(Error::Postgres(e)) = out else {
+                    panic!("{out:?}")
+                };
+                assert_eq!(
+                    e.code(),
+                    Some(&tokio_postgres::error::SqlState::FOREIGN_KEY_VIOLATION),
+                    "{e}"
+                );
+                assert!(c.is_autocommit());
+                let children: i64 = c.query_row("SELECT count(*) FROM child", [], |r| r.get(0))?;
+                assert_eq!(children, 0, "nothing committed");
+
+                // Swallowed by `next`: `commit_then` still fails.
+                let tx = c.write_tx()?;
+                tx.execute_later("INSERT INTO child (id, parent) VALUES (1, 99)", [])?;
+                let out = tx.commit_then(|c| {
+                    let _ = c.in_read_tx(|c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)));
+                    Ok(())
+                });
+                assert!(out.is_err(), "{out:?}");
+                let children: i64 = c.query_row("SELECT count(*) FROM child", [], |r| r.get(0))?;
+                assert_eq!(children, 0, "nothing committed");
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    /// A read transaction's end is not waited for: a read transaction of one
+    /// query is one round trip, and the next one sees no open transaction.
+    #[test]
+    fn a_read_transaction_costs_one_round_trip() {
+        let Some((store, url)) = store_at("read_tx") else {
+            return;
+        };
+        let other = Store::open(&url).unwrap();
+        store
+            .with_conn(|c| {
+                let pid: i32 = c.query_row("SELECT pg_backend_pid()", [], |r| r.get(0))?;
+                c.prepare_cached("SELECT count(*) FROM pipe")?;
+                let before = trips(c);
+                for _ in 0..3 {
+                    let n = c.in_read_tx(|c| {
+                        c.query_row("SELECT count(*) FROM pipe", [], |r| r.get::<_, i64>(0))
+                    })?;
+                    assert_eq!(n, 1);
+                }
+                assert_eq!(trips(c) - before, 3);
+                // The server ends it without this connection waiting: seen
+                // from another one, it is left idle, not idle in a transaction.
+                let state = || -> String {
+                    other
+                        .with_conn(|o| {
+                            o.query_row(
+                                "SELECT state FROM pg_stat_activity WHERE pid = ?1",
+                                [pid],
+                                |r| r.get(0),
+                            )
+                        })
+                        .unwrap()
+                };
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+                while state() != "idle" && std::time::Instant::now() < deadline {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                assert_eq!(state(), "idle", "no transaction left open");
                 Ok(())
             })
             .unwrap();

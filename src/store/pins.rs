@@ -40,64 +40,145 @@ pub(crate) fn record_facts(
     source: FactSource,
     facts: &[Fact],
 ) -> Result<usize> {
-    let now = now_ms();
-    let mut written = 0;
-    for f in facts {
-        if f.value.trim().is_empty() {
+    let facts: Vec<(FactSource, &Fact)> = facts.iter().map(|f| (source, f)).collect();
+    record_all(conn, session_id, turn_index, &facts)
+}
+
+/// A fact without a slot is held when a pin of the session has its value.
+const HELD_SQL: &str = "SELECT 1 FROM pins WHERE session_id = ?1 AND value = ?2 LIMIT 1";
+/// The newest pin of a slot.
+const NEWEST_OF_SLOT_SQL: &str = "SELECT id, value FROM pins WHERE session_id = ?1 AND slot = ?2 \
+     ORDER BY id DESC LIMIT 1";
+
+/// [`record_facts`] for facts of several sources, in order. What the
+/// store holds is read for all of them first (queued together: one round
+/// trip on PostgreSQL), and what this batch records is followed in memory,
+/// so a fact reads as if each before it were already written. An insert
+/// waits for its id only when a row must name it (a pin it supersedes, in
+/// the store or in this batch).
+fn record_all(
+    conn: &Connection,
+    session_id: SessionId,
+    turn_index: i64,
+    facts: &[(FactSource, &Fact)],
+) -> Result<usize> {
+    let facts: Vec<&(FactSource, &Fact)> = facts
+        .iter()
+        .filter(|(_, f)| !f.value.trim().is_empty())
+        .collect();
+    for (_, f) in &facts {
+        match &f.slot {
+            None => conn.prefetch(HELD_SQL, params![session_id, f.value])?,
+            Some(slot) => conn.prefetch(NEWEST_OF_SLOT_SQL, params![session_id, slot])?,
+        }
+    }
+    // What the store held before this batch, per fact.
+    #[derive(Clone)]
+    enum Found {
+        Held(bool),
+        Newest(Option<(i64, String)>),
+    }
+    let mut found: Vec<Found> = Vec::with_capacity(facts.len());
+    for (i, (_, f)) in facts.iter().enumerate() {
+        // The same lookup as an earlier fact's: its answer (a prefetched
+        // read is served once).
+        let same = facts[..i]
+            .iter()
+            .position(|(_, g)| match (&f.slot, &g.slot) {
+                (None, None) => f.value == g.value,
+                (Some(a), Some(b)) => a == b,
+                _ => false,
+            });
+        if let Some(j) = same {
+            found.push(found[j].clone());
             continue;
         }
-        let supersedes = match &f.slot {
-            None => {
-                let held = conn
-                    .prepare_cached(
-                        "SELECT 1 FROM pins WHERE session_id = ?1 AND value = ?2 LIMIT 1",
-                    )?
-                    .exists(params![session_id, f.value])?;
-                if held {
+        found.push(match &f.slot {
+            None => Found::Held(
+                conn.prepare_cached(HELD_SQL)?
+                    .exists(params![session_id, f.value])?,
+            ),
+            Some(slot) => Found::Newest(
+                conn.prepare_cached(NEWEST_OF_SLOT_SQL)?
+                    .query_row(params![session_id, slot], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()?,
+            ),
+        });
+    }
+    // What this batch wrote: the values, and each slot's newest (its id when
+    // known).
+    let mut values: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    let mut slots: std::collections::HashMap<&str, (Option<i64>, &str)> =
+        std::collections::HashMap::new();
+    let now = now_ms();
+    let mut written = 0;
+    for (i, ((source, f), found)) in facts.iter().zip(found).enumerate() {
+        let supersedes = match (&f.slot, found) {
+            (None, Found::Held(held)) => {
+                if held || values.contains(f.value.as_str()) {
                     continue;
                 }
                 None
             }
-            Some(slot) => {
-                let newest: Option<(i64, String)> = conn
-                    .prepare_cached(
-                        "SELECT id, value FROM pins WHERE session_id = ?1 AND slot = ?2 \
-                         ORDER BY id DESC LIMIT 1",
-                    )?
-                    .query_row(params![session_id, slot], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .optional()?;
+            (Some(slot), Found::Newest(stored)) => {
+                let newest = match slots.get(slot.as_str()) {
+                    Some((id, v)) => Some((*id, *v)),
+                    None => stored.as_ref().map(|(id, v)| (Some(*id), v.as_str())),
+                };
                 match newest {
                     Some((_, v)) if v == f.value => continue,
-                    other => other.map(|(id, _)| id),
+                    Some((id, _)) => Some(id.expect("a superseded pin's id is known")),
+                    None => None,
                 }
             }
+            _ => unreachable!("a lookup per fact, of its kind"),
         };
-        let id = conn.insert_returning_id(
-            "INSERT INTO pins (session_id, turn_index, kind, slot, value, sentence, \
+        // Named later: by the pin it supersedes, or by a newer one of its slot.
+        let named_later = f.slot.as_ref().is_some_and(|slot| {
+            facts[i + 1..]
+                .iter()
+                .any(|(_, g)| g.slot.as_ref() == Some(slot))
+        });
+        let sql = "INSERT INTO pins (session_id, turn_index, kind, slot, value, sentence, \
              source, supersedes, windowed, created_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT DO NOTHING",
-            params![
-                session_id,
-                turn_index,
-                f.kind.as_str(),
-                f.slot,
-                f.value,
-                f.sentence,
-                source.as_str(),
-                supersedes,
-                crate::pins::window_group(f.kind, f.slot.is_some(), source),
-                now
-            ],
-        )?;
-        let n = usize::from(id.is_some());
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT DO NOTHING";
+        let values_of = params![
+            session_id,
+            turn_index,
+            f.kind.as_str(),
+            f.slot,
+            f.value,
+            f.sentence,
+            source.as_str(),
+            supersedes,
+            crate::pins::window_group(f.kind, f.slot.is_some(), *source),
+            now
+        ];
+        let id = if supersedes.is_some() || named_later {
+            match conn.insert_returning_id(sql, values_of)? {
+                Some(id) => Some(id),
+                // Not written: the store already holds it.
+                None => continue,
+            }
+        } else {
+            // Nothing names it: on PostgreSQL it goes with the next request.
+            // The lookups above rule out the one conflict (an unslotted
+            // value held), and the write lock keeps them true.
+            conn.execute_later(sql, values_of)?;
+            None
+        };
         if let (Some(id), Some(old)) = (id, supersedes) {
-            conn.prepare_cached(
+            conn.execute_later(
                 "UPDATE pins SET superseded_by = ?1, superseded_at = ?2 \
                  WHERE id = ?3 AND superseded_by IS NULL",
-            )?
-            .execute(params![id, turn_index, old])?;
+                params![id, turn_index, old],
+            )?;
         }
-        written += n;
+        values.insert(&f.value);
+        if let Some(slot) = &f.slot {
+            slots.insert(slot, (id, &f.value));
+        }
+        written += 1;
     }
     Ok(written)
 }
@@ -112,34 +193,33 @@ pub(crate) fn pin_turn(
     turn_index: i64,
     extractor: &dyn PinExtractor,
 ) -> Result<usize> {
-    let mut written = 0;
-    let mut seen = 0usize;
-    let mut record = |source: FactSource, text: &str| -> Result<()> {
+    let mut facts: Vec<(FactSource, Fact)> = Vec::new();
+    let mut record = |source: FactSource, text: &str| {
+        let seen = facts.len();
         if seen >= MAX_PINS_PER_TURN {
-            return Ok(());
+            return;
         }
-        let mut facts = extractor.extract(text, source);
-        facts.truncate(MAX_PINS_PER_TURN - seen);
-        seen += facts.len();
-        written += record_facts(conn, session_id, turn_index, source, &facts)?;
-        Ok(())
+        let mut found = extractor.extract(text, source);
+        found.truncate(MAX_PINS_PER_TURN - seen);
+        facts.extend(found.into_iter().map(|f| (source, f)));
     };
     for turn in load_history(conn, session_id, turn_index - 1, turn_index, i64::MAX)? {
-        record(FactSource::User, &turn.input)?;
+        record(FactSource::User, &turn.input);
         for step in &turn.steps {
             if let Ok(resp) = serde_json::from_str::<ModelResponse>(&step.response) {
                 for block in &resp.blocks {
                     if let ResponseBlock::Text { text } = block {
-                        record(FactSource::Assistant, text)?;
+                        record(FactSource::Assistant, text);
                     }
                 }
             }
             for (_, result, _) in &step.results {
-                record(FactSource::Tool, result)?;
+                record(FactSource::Tool, result);
             }
         }
     }
-    Ok(written)
+    let facts: Vec<(FactSource, &Fact)> = facts.iter().map(|(s, f)| (*s, f)).collect();
+    record_all(conn, session_id, turn_index, &facts)
 }
 
 /// Pins a host's fact before the session's next turn.

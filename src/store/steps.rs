@@ -67,18 +67,21 @@ pub(crate) fn claim_step(conn: &mut Connection, lease: &Lease) -> Result<StepRow
             return Ok(s);
         }
     }
-    let tx = write_tx(conn)?;
-    fence(&tx, lease)?;
-    let row = match last_step(&tx, lease.turn_id)? {
-        Some(s) if s.status != StepStatus::Completed => s,
-        other => {
-            let idx = other.map_or(0, |s| s.idx + 1);
-            insert_step(&tx, lease.turn_id, idx, now_ms())?;
-            last_step(&tx, lease.turn_id)?.expect("row exists after insert")
-        }
-    };
-    tx.commit()?;
-    Ok(row)
+    let claimed = (|| {
+        let tx = write_tx(conn)?;
+        fence(&tx, lease)?;
+        let row = match last_step(&tx, lease.turn_id)? {
+            Some(s) if s.status != StepStatus::Completed => s,
+            other => {
+                let idx = other.map_or(0, |s| s.idx + 1);
+                insert_step(&tx, lease.turn_id, idx, now_ms())?;
+                last_step(&tx, lease.turn_id)?.expect("row exists after insert")
+            }
+        };
+        tx.commit()?;
+        Ok(row)
+    })();
+    claimed.map_err(|e| explain_lost(conn, e))
 }
 
 /// What a step persists with its response, in one transaction.
@@ -126,10 +129,7 @@ pub(crate) fn write_response(tx: &Transaction<'_>, lease: &Lease, r: &Responded)
             r.cache_write_tokens,
             r.elided_steps
         ],
-        || Error::LeaseLost {
-            turn_id: lease.turn_id,
-            epoch: lease.epoch,
-        },
+        lease.lost(),
     )
 }
 
@@ -140,6 +140,7 @@ pub(crate) fn write_response(tx: &Transaction<'_>, lease: &Lease, r: &Responded)
 pub(crate) fn complete_step(
     tx: &Transaction<'_>,
     lease: &Lease,
+    turn: &TurnRow,
     step_id: StepId,
     step_idx: i64,
     final_output: Option<&str>,
@@ -151,7 +152,7 @@ pub(crate) fn complete_step(
         params![now, step_id],
     )?;
     match final_output {
-        Some(out) => Ok(Some(complete_turn(tx, lease, out, now)?)),
+        Some(out) => Ok(Some(complete_turn(tx, lease, turn, out, now)?)),
         None => {
             insert_step(tx, lease.turn_id, step_idx + 1, now)?;
             Ok(None)

@@ -39,18 +39,21 @@ pub(crate) fn running_turns(conn: &mut Connection) -> Result<Vec<TurnRow>> {
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
+const NEXT_TURN_SQL: &str = "SELECT coalesce(max(idx) + 1, 0) FROM turns WHERE session_id = ?1";
+const RUNNING_TURN_SQL: &str = "SELECT idx FROM turns WHERE session_id = ?1 AND status = 'running'";
+
 /// Starts turn `idx` of a session (the next index when `idx` is None) and takes
-/// its lease, in one IMMEDIATE transaction.
+/// its lease, in one IMMEDIATE transaction, then runs `then` on the connection
+/// with the turn, its lease (None: the turn had finished) and its session; on
+/// PostgreSQL a new turn's `COMMIT` goes with `then`'s first request.
 ///
 /// Claim semantics: idempotent on (session, idx, input): a turn that exists with
 /// the same input is returned as it is (the host re-running its script after a
 /// crash) and its lease is acquired as [`acquire_lease`] would. A different input
 /// or a gap in the indices is [`Error::TurnConflict`]; another running turn is
 /// [`Error::TurnRunning`].
-const NEXT_TURN_SQL: &str = "SELECT coalesce(max(idx) + 1, 0) FROM turns WHERE session_id = ?1";
-const RUNNING_TURN_SQL: &str = "SELECT idx FROM turns WHERE session_id = ?1 AND status = 'running'";
-
-pub(crate) fn begin_turn(
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn begin_turn<R>(
     conn: &mut Connection,
     session_id: SessionId,
     idx: Option<i64>,
@@ -58,7 +61,8 @@ pub(crate) fn begin_turn(
     owner: &str,
     ttl_ms: i64,
     owner_is_dead: &dyn Fn(&str) -> bool,
-) -> Result<(TurnRow, Option<Lease>, SessionRow)> {
+    then: impl FnOnce(&mut Connection, TurnRow, Option<Lease>, SessionRow) -> Result<R>,
+) -> Result<R> {
     let tx = write_tx(conn)?;
     // Read together (one round trip on PostgreSQL): none depends on another.
     tx.prefetch(NEXT_TURN_SQL, [session_id])?;
@@ -87,12 +91,12 @@ pub(crate) fn begin_turn(
         }
         if existing.status != TurnStatus::Running {
             tx.commit()?;
-            return Ok((existing, None, session));
+            return then(conn, existing, None, session);
         }
         let lease = take_lease(&tx, &existing, owner, ttl_ms, owner_is_dead)?;
         let row = get_turn(&tx, existing.id)?;
         tx.commit()?;
-        return Ok((row, Some(lease), session));
+        return then(conn, row, Some(lease), session);
     }
     if idx > next {
         return Err(Error::TurnConflict {
@@ -124,8 +128,21 @@ pub(crate) fn begin_turn(
     let id = TurnId(id.ok_or(rusqlite::Error::QueryReturnedNoRows)?);
     // Step 0 is claimed with its turn: the first step needs no write of its own.
     insert_step(&tx, id, 0, now)?;
-    let row = get_turn(&tx, id)?;
-    tx.commit()?;
+    // The row as inserted, without reading it back.
+    let row = TurnRow {
+        id,
+        session_id,
+        idx,
+        input: input.to_string(),
+        status: TurnStatus::Running,
+        output: None,
+        error: None,
+        lease_owner: Some(owner.to_string()),
+        lease_epoch: 1,
+        lease_expires_at: Some(now + ttl_ms),
+        created_at: now,
+        finished_at: None,
+    };
     let lease = Lease {
         turn_id: id,
         owner: owner.into(),
@@ -133,7 +150,8 @@ pub(crate) fn begin_turn(
         ttl_ms,
         taken_from: None,
     };
-    Ok((row, Some(lease), session))
+    // What `then` reads goes with this COMMIT (on PostgreSQL).
+    tx.commit_then(|c| then(c, row, Some(lease), session))?
 }
 
 /// Completes the leased turn with `output` and releases its lease, inside the
@@ -141,6 +159,7 @@ pub(crate) fn begin_turn(
 pub(super) fn complete_turn(
     tx: &Transaction<'_>,
     lease: &Lease,
+    turn: &TurnRow,
     output: &str,
     now: i64,
 ) -> Result<TurnRow> {
@@ -149,7 +168,17 @@ pub(super) fn complete_turn(
          lease_expires_at = NULL WHERE id = ?3",
         params![output, now, lease.turn_id],
     )?;
-    get_turn(tx, lease.turn_id)
+    // The row as it now reads (the fence held: no one else changed it),
+    // without reading it back.
+    Ok(TurnRow {
+        status: TurnStatus::Completed,
+        output: Some(output.to_string()),
+        lease_owner: Some(lease.owner.clone()),
+        lease_epoch: lease.epoch,
+        lease_expires_at: None,
+        finished_at: Some(now),
+        ..turn.clone()
+    })
 }
 
 /// Fails the turn (and the step, if given) with `error`, fenced; the facts of
@@ -161,27 +190,29 @@ pub(crate) fn fail_turn(
     error: &str,
     pins: Option<&dyn crate::pins::PinExtractor>,
 ) -> Result<()> {
-    let tx = write_tx(conn)?;
-    fence(&tx, lease)?;
-    let now = now_ms();
-    if let Some(step_id) = step_id {
-        tx.execute(
-            "UPDATE steps SET status = 'failed', error = ?1, completed_at = ?2 \
+    let failed = (|| {
+        let tx = write_tx(conn)?;
+        fence(&tx, lease)?;
+        let now = now_ms();
+        if let Some(step_id) = step_id {
+            tx.execute(
+                "UPDATE steps SET status = 'failed', error = ?1, completed_at = ?2 \
              WHERE id = ?3 AND status IN ('running', 'responded')",
-            params![error, now, step_id],
-        )?;
-    }
-    tx.execute(
+                params![error, now, step_id],
+            )?;
+        }
+        tx.execute(
         "UPDATE turns SET status = 'failed', error = ?1, finished_at = ?2, lease_expires_at = NULL \
          WHERE id = ?3",
         params![error, now, lease.turn_id],
     )?;
-    if let Some(extractor) = pins {
-        let turn = get_turn(&tx, lease.turn_id)?;
-        super::pins::pin_turn(&tx, turn.session_id, turn.idx, extractor)?;
-    }
-    tx.commit()?;
-    Ok(())
+        if let Some(extractor) = pins {
+            let turn = get_turn(&tx, lease.turn_id)?;
+            super::pins::pin_turn(&tx, turn.session_id, turn.idx, extractor)?;
+        }
+        tx.commit()
+    })();
+    failed.map_err(|e| explain_lost(conn, e))
 }
 
 /// The context measure of the newest executed step of the session (before turn
@@ -195,6 +226,20 @@ const LATEST_MEASURE_SQL: &str =
     "SELECT s.context_tokens, s.compaction_id FROM turns t JOIN steps s ON s.turn_id = t.id \
      WHERE t.session_id = ?1 AND t.idx >= ?4 AND t.idx <= ?2 AND s.context_tokens IS NOT NULL \
      AND (t.idx < ?2 OR s.idx < ?3) ORDER BY t.idx DESC, s.idx DESC LIMIT 1";
+
+/// Queues [`latest_context_tokens`]'s first read (see
+/// [`Connection::prefetch`]).
+pub(crate) fn prefetch_latest_context_tokens(
+    conn: &Connection,
+    session_id: SessionId,
+    turn_idx: i64,
+    step_idx: i64,
+) -> Result<()> {
+    conn.prefetch(
+        LATEST_MEASURE_SQL,
+        params![session_id, turn_idx, step_idx, turn_idx - 1],
+    )
+}
 
 pub(crate) fn latest_context_tokens(
     conn: &Connection,
