@@ -105,6 +105,12 @@ fn peak_rss_mb() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
+/// Starts the peak RSS over (Linux: `/proc/self/clear_refs`); false when it
+/// cannot.
+fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
 /// The database's size once its WAL is checkpointed into it (a WAL file keeps
 /// its largest size until truncated, which would count pages twice).
 fn db_bytes(path: &std::path::Path) -> u64 {
@@ -197,12 +203,20 @@ fn main() {
     // per-step figure is the turn's time spread over its steps, sampled per turn.
     let mut per_step = Vec::new();
     let mut build = Vec::new();
+    let mut context_bytes = 0;
+    // The peak while the runner works (its turns), apart from this harness's
+    // own build of the messages below.
+    let mut turn_peak_mb: Option<f64> = Some(0.0);
     let mut next = h;
     while per_step.len() < steps {
+        if !reset_peak_rss() {
+            turn_peak_mb = None;
+        }
         let t0 = Instant::now();
         let out = rt
             .block_on(runner.run_turn(session.id, &format!("Turn {next}: where is ORD-10042?")))
             .unwrap();
+        turn_peak_mb = turn_peak_mb.map(|p| p.max(peak_rss_mb()));
         let d = t0.elapsed().as_secs_f64() / out.steps as f64;
         for _ in 0..out.steps {
             per_step.push(d * 1e3);
@@ -212,6 +226,7 @@ fn main() {
             .with_conn(|c| abridge::replay::build_at(c, session.id, next + 1, 0))
             .unwrap();
         let bytes = abridge::message::to_bytes(&msgs);
+        context_bytes = bytes.len();
         std::hint::black_box(abridge::message::sha256_hex(&bytes));
         build.push(b0.elapsed().as_secs_f64() * 1e3);
         if compaction {
@@ -270,6 +285,8 @@ fn main() {
         "db_bytes": bytes_at_h,
         "bytes_per_turn": bytes_at_h as f64 / h.max(1) as f64,
         "peak_rss_mb": peak_rss_mb(),
+        "context_bytes": context_bytes,
+        "turn_peak_rss_mb": turn_peak_mb,
         "bare_insert_ms": floor_p50,
         "relative_to_bare": step_p50 / floor_p50,
         "seed_seconds": seed_seconds,

@@ -3,7 +3,7 @@
 use crate::error::{Error, Result};
 use crate::ids::{SessionId, StepId};
 use crate::message::{sha256_hex, to_bytes, Message};
-use crate::render::{build_messages, RenderFormat, SummaryView};
+use crate::render::{build_messages, render_turn, RenderFormat, SummaryView};
 use crate::store::Connection;
 use crate::store::{self, CompactionRow, CompactionStatus, SessionRow};
 
@@ -58,19 +58,56 @@ pub(crate) fn build_for(
     elided_steps: i64,
     format: RenderFormat,
 ) -> Result<Vec<Message>> {
-    let after = compaction.map_or(-1, |c| c.up_to_turn_index);
-    let mut history = store::load_history(conn, session.id, after, turn_idx, step_idx)?;
-    if elided_steps > 0 {
-        if let Some(turn) = history.last_mut().filter(|t| t.idx == turn_idx) {
-            crate::render::elide_results(turn, elided_steps);
-        }
-    }
+    let at = (turn_idx, step_idx);
+    build_in_slices(
+        conn,
+        session,
+        at,
+        compaction,
+        elided_steps,
+        format,
+        BUILD_CHUNK_TURNS,
+    )
+}
+
+/// [`build_for`], reading `chunk` turns at a time.
+fn build_in_slices(
+    conn: &Connection,
+    session: &SessionRow,
+    (turn_idx, step_idx): (i64, i64),
+    compaction: Option<&CompactionRow>,
+    elided_steps: i64,
+    format: RenderFormat,
+    chunk: i64,
+) -> Result<Vec<Message>> {
     let view = compaction.map(|c| SummaryView {
         up_to_turn_index: c.up_to_turn_index,
         summary: c.summary.as_deref().unwrap_or(""),
     });
-    build_messages(&session.system_prompt, view, &history, format)
+    let mut out = build_messages(&session.system_prompt, view, &[], format)?;
+    // The rows are read and rendered a slice of turns at a time: what a
+    // long uncompacted history holds in memory is its messages, not its
+    // rows as well.
+    let mut from = compaction.map_or(0, |c| c.up_to_turn_index + 1);
+    while from <= turn_idx {
+        let to = from.saturating_add(chunk - 1).min(turn_idx);
+        let before = if to == turn_idx { step_idx } else { i64::MAX };
+        let mut turns = store::load_range(conn, session.id, (from, 0), (to, before))?;
+        if elided_steps > 0 {
+            if let Some(turn) = turns.last_mut().filter(|t| t.idx == turn_idx) {
+                crate::render::elide_results(turn, elided_steps);
+            }
+        }
+        for turn in &turns {
+            render_turn(turn, &mut out, format)?;
+        }
+        from = to + 1;
+    }
+    Ok(out)
 }
+
+/// Turns read at a time by [`build_for`].
+const BUILD_CHUNK_TURNS: i64 = 256;
 
 /// Rebuilds an executed step's messages, their bytes and hash, next to the hash
 /// it recorded. Errors with [`Error::StepNotExecuted`] for a step that never got
@@ -137,4 +174,74 @@ pub fn build_at(
         0,
         RenderFormat::CURRENT,
     )
+}
+
+#[cfg(test)]
+mod slice_tests {
+    use super::*;
+    use crate::store::bench::{seed_history, SeedShape};
+    use crate::store::Store;
+
+    /// Reading the rows a slice of turns at a time builds the same messages
+    /// as reading them at once: every slice size, with and without a
+    /// summary, mid-turn, with results elided.
+    #[test]
+    fn a_history_read_in_slices_builds_the_same_messages() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("s.db")).unwrap();
+        for compact_every in [None, Some(4)] {
+            let session = store
+                .with_conn(|c| {
+                    let s =
+                        store::create_session(c, &format!("s{compact_every:?}"), "m", "sys", "{}")?;
+                    seed_history(
+                        c,
+                        s.id,
+                        &SeedShape {
+                            turns: 23,
+                            tool_result_bytes: vec![10, 300],
+                            compact_every,
+                            tool_steps: 2,
+                        },
+                    )?;
+                    Ok(s)
+                })
+                .unwrap();
+            store
+                .with_conn(|c| {
+                    let latest = store::latest_completed(c, session.id, 22)?;
+                    for (at, elided) in [((22, 0), 0), ((22, 2), 1), ((22, 3), 0), ((5, 1), 0)] {
+                        let read = latest.as_ref().filter(|l| l.up_to_turn_index < at.0);
+                        let whole = build_in_slices(
+                            c,
+                            &session,
+                            at,
+                            read,
+                            elided,
+                            RenderFormat::CURRENT,
+                            i64::MAX,
+                        )?;
+                        assert!(whole.len() > 3);
+                        for chunk in [1, 2, 5, 256] {
+                            let sliced = build_in_slices(
+                                c,
+                                &session,
+                                at,
+                                read,
+                                elided,
+                                RenderFormat::CURRENT,
+                                chunk,
+                            )?;
+                            assert_eq!(
+                                to_bytes(&sliced),
+                                to_bytes(&whole),
+                                "{compact_every:?} {at:?} {chunk}"
+                            );
+                        }
+                    }
+                    Ok(())
+                })
+                .unwrap();
+        }
+    }
 }

@@ -222,7 +222,10 @@ async fn round_trips_per_step_are_fixed_and_independent_of_history() {
     // connection costs one more: here the lookup of a pin's slot, which no
     // turn before this one needed. Unpipelined, the same turn took 51.
     assert_eq!(steps, 2);
-    assert!(trips <= 9, "{trips} round trips for a turn of {steps} steps");
+    assert!(
+        trips <= 9,
+        "{trips} round trips for a turn of {steps} steps"
+    );
 }
 
 #[test]
