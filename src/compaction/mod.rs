@@ -1091,19 +1091,26 @@ impl Compactor {
         let window = self.config.pins_window;
         self.store
             .call(move |c| {
-                let redaction = store::session_redaction(c, sid)?;
-                let prev = match prev_id {
-                    Some(id) => Some(store::get_compaction(c, id)?),
-                    None => None,
-                };
-                let after = prev.as_ref().map_or(-1, |p| p.up_to_turn_index);
-                let turns = store::load_history(c, sid, after, b, i64::MAX)?;
-                let pins = store::live_pins(c, sid, b, window)?;
-                Ok(Span {
-                    redaction,
-                    prev,
-                    turns,
-                    pins,
+                // One snapshot; on PostgreSQL two round trips: the redaction
+                // mark and the live pins go with the previous summary's read,
+                // then the span's history.
+                c.in_read_tx(|c| {
+                    store::prefetch_session_redaction(c, sid)?;
+                    store::prefetch_live_pins(c, sid, b, window)?;
+                    let prev = match prev_id {
+                        Some(id) => Some(store::get_compaction(c, id)?),
+                        None => None,
+                    };
+                    let redaction = store::session_redaction(c, sid)?;
+                    let pins = store::live_pins(c, sid, b, window)?;
+                    let after = prev.as_ref().map_or(-1, |p| p.up_to_turn_index);
+                    let turns = store::load_history(c, sid, after, b, i64::MAX)?;
+                    Ok(Span {
+                        redaction,
+                        prev,
+                        turns,
+                        pins,
+                    })
                 })
             })
             .await

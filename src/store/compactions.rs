@@ -191,34 +191,52 @@ pub(crate) fn claim_compaction(
 ) -> Result<ClaimOutcome> {
     let tx = write_tx(conn)?;
     let now = now_ms();
-    let inserted =
-        tx.prepare_cached(
-            concat!("INSERT INTO compactions (id, session_id, up_to_turn_index, up_to_turn_id, previous_id, \
-             status, trigger, focus, attempts, lease_owner, lease_expires_at, trigger_tokens, \
-             created_at, background) \
-             SELECT ", super::next_id!("compactions"), ", ?1, ?2, t.id, \
+    // The new row comes back with the insert (one request); a row already
+    // there is read.
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let sql = SQL.get_or_init(|| {
+        format!(
+            "INSERT INTO compactions (id, session_id, up_to_turn_index, up_to_turn_id, \
+             previous_id, status, trigger, focus, attempts, lease_owner, lease_expires_at, \
+             trigger_tokens, created_at, background) \
+             SELECT {}, ?1, ?2, t.id, \
                (SELECT id FROM compactions WHERE session_id = ?1 AND status = 'completed' \
                 AND up_to_turn_index < ?2 ORDER BY up_to_turn_index DESC LIMIT 1), \
                'pending', ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9 \
              FROM turns t WHERE t.session_id = ?1 AND t.idx = ?2 \
-             ON CONFLICT (session_id, up_to_turn_index) DO NOTHING"),
-        )?
-        .execute(params![
-            c.session_id,
-            c.boundary,
-            c.trigger,
-            c.focus,
-            c.owner,
-            now + c.ttl_ms,
-            c.trigger_tokens,
-            now,
-            c.background
-        ])? == 1;
-    let row = compaction_at(&tx, c.session_id, c.boundary)?.ok_or_else(|| Error::TurnConflict {
-        session_id: c.session_id,
-        idx: c.boundary,
-        reason: "no such turn to compact up to".into(),
-    })?;
+             ON CONFLICT (session_id, up_to_turn_index) DO NOTHING RETURNING {}",
+            super::next_id!("compactions"),
+            CompactionRow::COLUMNS
+        )
+    });
+    let new = tx
+        .prepare_cached(sql)?
+        .query_row(
+            params![
+                c.session_id,
+                c.boundary,
+                c.trigger,
+                c.focus,
+                c.owner,
+                now + c.ttl_ms,
+                c.trigger_tokens,
+                now,
+                c.background
+            ],
+            CompactionRow::from_row,
+        )
+        .optional()?;
+    let inserted = new.is_some();
+    let row = match new {
+        Some(row) => row,
+        None => {
+            compaction_at(&tx, c.session_id, c.boundary)?.ok_or_else(|| Error::TurnConflict {
+                session_id: c.session_id,
+                idx: c.boundary,
+                reason: "no such turn to compact up to".into(),
+            })?
+        }
+    };
     let outcome = if inserted {
         ClaimOutcome::Claimed(row)
     } else {
@@ -331,26 +349,38 @@ pub(crate) fn complete_compaction(
          error = NULL, pins_live = ?12, pins_added = ?13, pins_window = ?14 \
          WHERE id = ?10 AND status = 'pending' AND ?15 = \
            (SELECT coalesce(max(r.id), 0) FROM redactions r WHERE r.session_id = compactions.session_id)";
-    let n = tx.prepare_cached(sql)?.execute(params![
-        summary,
-        stats.model,
-        stats.prompt_sha256,
-        stats.tokens_before,
-        stats.tokens_after,
-        stats.input_tokens,
-        stats.output_tokens,
-        stats.summary_calls,
-        now_ms(),
-        id,
-        crate::message::sha256_hex(summary.as_bytes()),
-        stats.pins_live,
-        stats.pins_added,
-        stats.pins_window,
-        redaction
-    ])?;
-    let row = get_compaction(&tx, id)?;
+    // The completed row comes back with the update (one request), or is
+    // read when another completion won.
+    let sql = format!("{sql} RETURNING {}", CompactionRow::COLUMNS);
+    let won = tx
+        .prepare_cached(&sql)?
+        .query_row(
+            params![
+                summary,
+                stats.model,
+                stats.prompt_sha256,
+                stats.tokens_before,
+                stats.tokens_after,
+                stats.input_tokens,
+                stats.output_tokens,
+                stats.summary_calls,
+                now_ms(),
+                id,
+                crate::message::sha256_hex(summary.as_bytes()),
+                stats.pins_live,
+                stats.pins_added,
+                stats.pins_window,
+                redaction
+            ],
+            CompactionRow::from_row,
+        )
+        .optional()?;
+    let (row, completed) = match won {
+        Some(row) => (row, true),
+        None => (get_compaction(&tx, id)?, false),
+    };
     tx.commit()?;
-    Ok((row, n == 1))
+    Ok((row, completed))
 }
 
 /// Marks a pending row failed with `error`, if `owner` still holds it.

@@ -244,28 +244,47 @@ pub(crate) fn pin_host_fact(conn: &Connection, session_id: SessionId, fact: &Fac
 /// ([`Fact::in_passing`](crate::pins::Fact::in_passing)). Read through the
 /// `pins_live` index: never every value a slot ever had, nor every id a tool
 /// ever returned.
+/// [`live_pins`]'s query, made once.
+fn live_pins_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        format!(
+            "SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 AND p.windowed = 0 \
+             AND p.superseded_at IS NULL AND p.turn_index <= ?2 \
+             UNION ALL \
+             SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 AND p.windowed = 0 \
+             AND p.superseded_at > ?2 AND p.turn_index <= ?2 \
+             UNION ALL \
+             SELECT * FROM (SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 \
+             AND p.windowed = 1 AND p.superseded_at IS NULL AND p.turn_index <= ?2 \
+             ORDER BY p.turn_index DESC, p.id DESC LIMIT ?3) AS w1 \
+             UNION ALL \
+             SELECT * FROM (SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 \
+             AND p.windowed = 2 AND p.superseded_at IS NULL AND p.turn_index <= ?2 \
+             ORDER BY p.turn_index DESC, p.id DESC LIMIT ?3) AS w2 \
+             ORDER BY 1"
+        )
+    })
+}
+
+/// Queues [`live_pins`]'s read (see [`Connection::prefetch`]).
+pub(crate) fn prefetch_live_pins(
+    conn: &Connection,
+    session_id: SessionId,
+    boundary: i64,
+    window: usize,
+) -> Result<()> {
+    let window = i64::try_from(window).unwrap_or(i64::MAX);
+    conn.prefetch(live_pins_sql(), params![session_id, boundary, window])
+}
+
 pub(crate) fn live_pins(
     conn: &Connection,
     session_id: SessionId,
     boundary: i64,
     window: usize,
 ) -> Result<Vec<Pin>> {
-    let mut st = conn.prepare_cached(&format!(
-        "SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 AND p.windowed = 0 \
-         AND p.superseded_at IS NULL AND p.turn_index <= ?2 \
-         UNION ALL \
-         SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 AND p.windowed = 0 \
-         AND p.superseded_at > ?2 AND p.turn_index <= ?2 \
-         UNION ALL \
-         SELECT * FROM (SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 \
-         AND p.windowed = 1 AND p.superseded_at IS NULL AND p.turn_index <= ?2 \
-         ORDER BY p.turn_index DESC, p.id DESC LIMIT ?3) AS w1 \
-         UNION ALL \
-         SELECT * FROM (SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 \
-         AND p.windowed = 2 AND p.superseded_at IS NULL AND p.turn_index <= ?2 \
-         ORDER BY p.turn_index DESC, p.id DESC LIMIT ?3) AS w2 \
-         ORDER BY 1"
-    ))?;
+    let mut st = conn.prepare_cached(live_pins_sql())?;
     let window = i64::try_from(window).unwrap_or(i64::MAX);
     let rows = st.query_map(params![session_id, boundary, window], pin_from_row)?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)

@@ -395,8 +395,16 @@ pub(crate) fn row_redacted(conn: &Connection, tbl: &str, row_id: i64) -> Result<
 /// The newest redaction of a session (its id), 0 when none: what a kept
 /// context and a summary in flight were read under.
 pub(crate) fn session_redaction(conn: &Connection, session_id: SessionId) -> Result<i64> {
-    conn.prepare_cached("SELECT coalesce(max(id), 0) FROM redactions WHERE session_id = ?1")?
+    conn.prepare_cached(SESSION_REDACTION_SQL)?
         .query_row([session_id], |r| r.get(0))
+}
+
+const SESSION_REDACTION_SQL: &str =
+    "SELECT coalesce(max(id), 0) FROM redactions WHERE session_id = ?1";
+
+/// Queues [`session_redaction`]'s read (see [`Connection::prefetch`]).
+pub(crate) fn prefetch_session_redaction(conn: &Connection, session_id: SessionId) -> Result<()> {
+    conn.prefetch(SESSION_REDACTION_SQL, [session_id])
 }
 
 /// True when turn `turn_id`'s input read `input` before a redaction changed it.
