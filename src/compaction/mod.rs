@@ -863,10 +863,17 @@ impl Compactor {
         // drops it frees the row for its siblings at once (see crate::owner).
         let claim = ClaimGuard::new(&self.owner);
         let mut waiting_said = false;
+        // A step that measured its context over the threshold (the only
+        // caller with a measure) has just read no row at this boundary: it
+        // claims at once (a row made since is found by the claim itself).
+        let mut look = measure.is_none();
         loop {
             // A look first; only a missing or abandoned row is claimed, in a
             // write transaction.
-            let peeked = self.peek(session_id, boundary, claim.holder()).await?;
+            let peeked = match std::mem::replace(&mut look, true) {
+                true => self.peek(session_id, boundary, claim.holder()).await?,
+                false => None,
+            };
             let outcome = match peeked {
                 Some(outcome) => outcome,
                 None => {
