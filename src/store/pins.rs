@@ -72,11 +72,12 @@ fn record_all(
             Some(slot) => conn.prefetch(NEWEST_OF_SLOT_SQL, params![session_id, slot])?,
         }
     }
-    // What the store held before this batch, per fact.
+    // What the store held before this batch, per fact: for one without a
+    // slot whether its value is held, for one with a slot the slot's newest.
     #[derive(Clone)]
-    enum Found {
+    enum Found<'f> {
         Held(bool),
-        Newest(Option<(i64, String)>),
+        Newest(&'f str, Option<(i64, String)>),
     }
     let mut found: Vec<Found> = Vec::with_capacity(facts.len());
     for (i, (_, f)) in facts.iter().enumerate() {
@@ -99,6 +100,7 @@ fn record_all(
                     .exists(params![session_id, f.value])?,
             ),
             Some(slot) => Found::Newest(
+                slot,
                 conn.prepare_cached(NEWEST_OF_SLOT_SQL)?
                     .query_row(params![session_id, slot], |r| Ok((r.get(0)?, r.get(1)?)))
                     .optional()?,
@@ -113,25 +115,31 @@ fn record_all(
     let now = now_ms();
     let mut written = 0;
     for (i, ((source, f), found)) in facts.iter().zip(found).enumerate() {
-        let supersedes = match (&f.slot, found) {
-            (None, Found::Held(held)) => {
+        let supersedes = match found {
+            Found::Held(held) => {
                 if held || values.contains(f.value.as_str()) {
                     continue;
                 }
                 None
             }
-            (Some(slot), Found::Newest(stored)) => {
-                let newest = match slots.get(slot.as_str()) {
+            Found::Newest(slot, stored) => {
+                let newest = match slots.get(slot) {
                     Some((id, v)) => Some((*id, *v)),
                     None => stored.as_ref().map(|(id, v)| (Some(*id), v.as_str())),
                 };
                 match newest {
                     Some((_, v)) if v == f.value => continue,
-                    Some((id, _)) => Some(id.expect("a superseded pin's id is known")),
+                    Some((Some(id), _)) => Some(id),
+                    // Written by this batch without its id (not expected: a
+                    // pin a later fact of its slot may supersede waits for
+                    // it): read it.
+                    Some((None, _)) => conn
+                        .prepare_cached(NEWEST_OF_SLOT_SQL)?
+                        .query_row(params![session_id, slot], |r| r.get::<_, i64>(0))
+                        .optional()?,
                     None => None,
                 }
             }
-            _ => unreachable!("a lookup per fact, of its kind"),
         };
         // Named later: by the pin it supersedes, or by a newer one of its slot.
         let named_later = f.slot.as_ref().is_some_and(|slot| {
