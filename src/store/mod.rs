@@ -249,7 +249,12 @@ impl r2d2::ManageConnection for Manager {
         match (self, &mut conn.backend) {
             (Manager::Sqlite(m), db::Backend::Sqlite(c)) => m.has_broken(c),
             #[cfg(feature = "postgres")]
-            (Manager::Postgres(_), db::Backend::Postgres(c)) => c.is_closed(),
+            // A `COMMIT` still queued (`Transaction::commit_then` left by a
+            // panic) is sent now, not when the connection is next used: its
+            // transaction holds the store's write lock until then.
+            (Manager::Postgres(_), db::Backend::Postgres(c)) => {
+                c.settle().is_err() || c.is_closed()
+            }
             #[allow(unreachable_patterns)]
             _ => false,
         }

@@ -1578,4 +1578,32 @@ mod pipeline_tests {
             })
             .unwrap();
     }
+
+    /// A `COMMIT` left queued by a `next` that panicked is sent when the
+    /// connection goes back to the pool: the transaction is committed and
+    /// the write lock it held is free for another store.
+    #[test]
+    fn a_deferred_commit_left_by_a_panic_is_sent_when_the_connection_returns() {
+        let Some((store, url)) = store_at("deferred_panic") else {
+            return;
+        };
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            store.with_conn(|c| {
+                let tx = c.write_tx()?;
+                tx.execute_later("INSERT INTO pipe (id, v) VALUES (7, 'seven')", [])?;
+                tx.commit_then(|_| -> crate::Result<()> { panic!("next panicked") })?
+            })
+        }));
+        assert!(panicked.is_err());
+        let other = Store::open(&url).unwrap();
+        other
+            .with_conn(|c| {
+                let tx = c.write_tx()?;
+                tx.execute("INSERT INTO pipe (id, v) VALUES (8, 'eight')", [])?;
+                tx.commit()?;
+                assert_eq!(count(c), 3, "the panicked transaction's row is committed");
+                Ok(())
+            })
+            .unwrap();
+    }
 }
