@@ -414,3 +414,50 @@ fn delete_and_prune_from_the_command_line() {
         .unwrap();
     assert!(String::from_utf8_lossy(&bad.stderr).contains("not an age"));
 }
+
+/// Deletes its session while the step is at the model, then answers.
+struct DeletingModel {
+    store: Store,
+}
+
+#[async_trait::async_trait]
+impl abridge::ModelClient for DeletingModel {
+    async fn complete(
+        &self,
+        _req: &abridge::message::ModelRequest,
+    ) -> Result<abridge::message::ModelResponse, abridge::ModelError> {
+        self.store.delete_session("doomed").await.unwrap();
+        Ok(abridge::message::ModelResponse {
+            blocks: vec![abridge::message::ResponseBlock::Text {
+                text: "Too late.".into(),
+            }],
+            ..Default::default()
+        })
+    }
+}
+
+/// A runner whose session is deleted under it learns so at its next write:
+/// the turn is gone (`TurnDeleted`), not taken over by another holder
+/// (`LeaseLost`, which a host would wait out and retry). On PostgreSQL the
+/// lease check is queued, and the two are told apart after the refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_on_a_deleted_turn_is_turn_deleted_not_a_lost_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::open(&dir.path().join("doomed.db"));
+    let runner = abridge::Runner::builder(
+        store.clone(),
+        std::sync::Arc::new(DeletingModel {
+            store: store.clone(),
+        }),
+    )
+    .config(common::test_config(Threshold::Off, None, "doomed"))
+    .build()
+    .unwrap();
+    let s = runner.create_session("doomed", "m", "sys").await.unwrap();
+    let out = runner.run_turn(s.id, "hello").await;
+    assert!(
+        matches!(out, Err(Error::TurnDeleted { .. })),
+        "{:?}",
+        out.map(|o| o.output)
+    );
+}

@@ -343,17 +343,25 @@ pub(crate) fn complete_compaction(
     redaction: i64,
 ) -> Result<(CompactionRow, bool)> {
     let tx = write_tx(conn)?;
-    let sql = "UPDATE compactions SET status = 'completed', summary = ?1, summary_sha256 = ?11, \
-         model = ?2, prompt_sha256 = ?3, tokens_before = ?4, tokens_after = ?5, input_tokens = ?6, \
-         output_tokens = ?7, summary_calls = ?8, completed_at = ?9, lease_expires_at = NULL, \
-         error = NULL, pins_live = ?12, pins_added = ?13, pins_window = ?14 \
-         WHERE id = ?10 AND status = 'pending' AND ?15 = \
-           (SELECT coalesce(max(r.id), 0) FROM redactions r WHERE r.session_id = compactions.session_id)";
     // The completed row comes back with the update (one request), or is
     // read when another completion won.
-    let sql = format!("{sql} RETURNING {}", CompactionRow::COLUMNS);
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let sql = SQL.get_or_init(|| {
+        format!(
+            "UPDATE compactions SET status = 'completed', summary = ?1, summary_sha256 = ?11, \
+             model = ?2, prompt_sha256 = ?3, tokens_before = ?4, tokens_after = ?5, \
+             input_tokens = ?6, output_tokens = ?7, summary_calls = ?8, completed_at = ?9, \
+             lease_expires_at = NULL, error = NULL, pins_live = ?12, pins_added = ?13, \
+             pins_window = ?14 \
+             WHERE id = ?10 AND status = 'pending' AND ?15 = \
+               (SELECT coalesce(max(r.id), 0) FROM redactions r \
+                WHERE r.session_id = compactions.session_id) \
+             RETURNING {}",
+            CompactionRow::COLUMNS
+        )
+    });
     let won = tx
-        .prepare_cached(&sql)?
+        .prepare_cached(sql)?
         .query_row(
             params![
                 summary,
