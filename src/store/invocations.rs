@@ -25,12 +25,13 @@ pub(super) fn insert_or_get_invocation(
     tx: &Transaction<'_>,
     inv: &NewInvocation<'_>,
 ) -> Result<(InvocationRow, bool)> {
-    let inserted = insert_invocation(
+    let inserted = write_invocation(
         tx,
         inv,
         "started",
         None,
         " ON CONFLICT (step_id, tool_call_id) DO NOTHING",
+        true,
     )?
     .is_some();
     let row = tx
@@ -43,18 +44,6 @@ pub(super) fn insert_or_get_invocation(
             InvocationRow::from_row,
         )?;
     Ok((row, inserted))
-}
-
-/// Inserts an invocation row in `status` (with its result when finished);
-/// `tail` ends the statement. Returns the new row's id (None: not inserted).
-fn insert_invocation(
-    tx: &Transaction<'_>,
-    inv: &NewInvocation<'_>,
-    status: &str,
-    result: Option<&str>,
-    tail: &str,
-) -> Result<Option<i64>> {
-    write_invocation(tx, inv, status, result, tail, true)
 }
 
 /// Inserts an invocation row (`tail`: what follows its values); with
@@ -197,13 +186,12 @@ pub(crate) fn run_transactional(
             finish_invocation(tx, lease, row.id, ok, &result)?;
             Some(row.id)
         }
-        None if want_id => Some(insert_finished_invocation(tx, inv, ok, &result)?),
+        // Written once, finished. Without `want_id` no one asks for its
+        // id: on PostgreSQL it goes with the next request (an insert that
+        // fails fails the transaction).
         None => {
-            // No one asks for its id: on PostgreSQL it goes with the next
-            // request (an insert that fails fails the transaction).
             let status = if ok { "completed" } else { "failed" };
-            write_invocation(tx, inv, status, Some(&result), "", false)?;
-            None
+            write_invocation(tx, inv, status, Some(&result), "", want_id)?.map(InvocationId)
         }
     };
     Ok(Some((id, ok)))
@@ -221,22 +209,6 @@ fn get_invocation_by_call(
     ))?
     .query_row(params![step_id, tool_call_id], InvocationRow::from_row)
     .optional()
-}
-
-/// Inserts an invocation already finished (a transactional tool, run in this
-/// transaction): one row written once.
-fn insert_finished_invocation(
-    tx: &Transaction<'_>,
-    inv: &NewInvocation<'_>,
-    ok: bool,
-    result: &str,
-) -> Result<InvocationId> {
-    let status = if ok { "completed" } else { "failed" };
-    let id = insert_invocation(tx, inv, status, Some(result), "")?;
-    // Without ON CONFLICT, an insert either makes its row or fails.
-    Ok(InvocationId(
-        id.ok_or(rusqlite::Error::QueryReturnedNoRows)?,
-    ))
 }
 
 pub(crate) fn list_invocations(conn: &Connection, step_id: StepId) -> Result<Vec<InvocationRow>> {
