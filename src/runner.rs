@@ -1177,8 +1177,9 @@ impl Runner {
             .store
             .call(move |c| {
                 let mut happened = Vec::new();
-                let advanced =
-                    this.advance_blocking(c, &p, from, persist, finished, &mut happened)?;
+                let advanced = this
+                    .advance_blocking(c, &p, from, persist, finished, &mut happened)
+                    .map_err(|e| store::explain_lost(c, e))?;
                 Ok((advanced, happened))
             })
             .await?;
@@ -1192,21 +1193,9 @@ impl Runner {
         Ok(advanced)
     }
 
+    /// The step's fenced transaction (a lease lost on a deleted turn is
+    /// told apart by the caller, once it has ended: `store::explain_lost`).
     fn advance_blocking(
-        &self,
-        c: &mut crate::store::Connection,
-        plan: &StepPlan,
-        from: usize,
-        persist: Option<Responded>,
-        finished: Option<(InvocationId, (bool, String))>,
-        happened: &mut Vec<EventKind>,
-    ) -> Result<Advanced> {
-        self.advance_fenced(c, plan, from, persist, finished, happened)
-            .map_err(|e| store::explain_lost(c, e))
-    }
-
-    /// [`Runner::advance_blocking`]'s fenced transaction.
-    fn advance_fenced(
         &self,
         c: &mut crate::store::Connection,
         plan: &StepPlan,
