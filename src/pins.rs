@@ -263,6 +263,12 @@ static EMAIL: LazyLock<Regex> =
 static ENV: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$").expect("static regex"));
 
+/// An environment-variable-like name (`ENV`), with the test most words fail
+/// first.
+fn env_like(w: &str) -> bool {
+    w.as_bytes().first().is_some_and(u8::is_ascii_uppercase) && w.contains('_') && ENV.is_match(w)
+}
+
 /// Words that open sentences or are too common to be a proper name.
 const NOT_NAMES: &[&str] = &[
     "I",
@@ -660,11 +666,14 @@ impl RuleExtractor {
             } else {
                 // key=value (a log line, a setting): each side on its own.
                 for part in w.split('=').map(trim_token).filter(|p| !p.is_empty()) {
-                    let kind = if EMAIL.is_match(part) {
+                    // The cheap tests first: a regex call per word is most of
+                    // an extraction's time, and most words have no '@' and
+                    // no capital followed by '_'.
+                    let kind = if part.contains('@') && EMAIL.is_match(part) {
                         FactKind::Email
                     } else if is_path(part) {
                         FactKind::Path
-                    } else if ENV.is_match(part) && part.len() >= 4 {
+                    } else if part.len() >= 4 && env_like(part) {
                         FactKind::EnvVar
                     } else if is_mixed_id(part) || (user && is_bare_number(part)) {
                         FactKind::Id
@@ -689,7 +698,7 @@ impl RuleExtractor {
                     .all(|c| c.is_alphabetic() || c == '-' || c == '\'')
                 && w.chars().count() >= 2
                 && !NOT_NAMES.contains(&w)
-                && !ENV.is_match(w);
+                && !env_like(w);
             let opens = i == 0
                 || words[i - 1].ends_with(['.', '!', '?', ':'])
                 || words[i - 1].starts_with('-');
