@@ -2,7 +2,9 @@
 //!
 //! Groups: `step` (a full two-step turn of the runner: ensure, build, hash,
 //! persist the response, one transactional tool, complete; then the final step)
-//! at history H = 100, 1,000, 10,000 with compaction on and off; `floor` (one
+//! at history H = 100, 1,000, 10,000 with compaction on and off, and at
+//! H = 1,000 in place, without pins, and in the default configuration (in
+//! place, background compaction on); `floor` (one
 //! bare rusqlite IMMEDIATE transaction inserting the bytes a step persists);
 //! `ensure_noop`; `claim_race` (16 tasks on one boundary); `build` (the message
 //! builder with its history read). Under `synchronous=NORMAL` and `FULL`.
@@ -69,6 +71,7 @@ fn fixture(
     sync: Synchronous,
     blocking: Blocking,
     pins: bool,
+    background: bool,
 ) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open_with(
@@ -89,9 +92,14 @@ fn fixture(
         } else {
             Threshold::Off
         })
-        // Inline: the step that compacts pays for it, as in every earlier run
-        // of this table (benches/latency.rs measures background compaction).
-        .with_background(None);
+        // Inline unless asked: the step that compacts pays for it, as in every
+        // earlier run of this table. With `background`, the default (a task of
+        // the runner summarises from the soft threshold on, on the runtime's
+        // other worker; benches/latency.rs measures what a step waits).
+        ;
+    if !background {
+        cfg.compaction.background = None;
+    }
     // The measured turn is removed after each iteration when compaction is
     // off (H stays fixed), so a context kept between turns would never
     // continue: each turn's first step rebuilds the whole history, which is
@@ -147,29 +155,33 @@ fn bench_step(c: &mut Criterion, rt: &tokio::runtime::Runtime, sync: Synchronous
     // (H, compaction, where store calls run): every H both ways with the
     // default blocking pool, and compaction on at H = 1,000 in place as well.
     // And at H = 1,000 with no facts pinned (what extracting them costs).
-    let mut variants: Vec<(i64, bool, Blocking, bool)> = hs
+    // And the default configuration as a whole (in place, background
+    // compaction on).
+    let mut variants: Vec<(i64, bool, Blocking, bool, bool)> = hs
         .iter()
         .flat_map(|&h| {
             [
-                (h, true, Blocking::Pool, true),
-                (h, false, Blocking::Pool, true),
+                (h, true, Blocking::Pool, true, false),
+                (h, false, Blocking::Pool, true, false),
             ]
         })
         .collect();
     if hs.contains(&1_000) {
-        variants.push((1_000, true, Blocking::InPlace, true));
-        variants.push((1_000, true, Blocking::Pool, false));
+        variants.push((1_000, true, Blocking::InPlace, true, false));
+        variants.push((1_000, true, Blocking::Pool, false, false));
+        variants.push((1_000, true, Blocking::InPlace, true, true));
     }
-    for (h, compaction, blocking, pins) in variants {
-        let f = fixture(rt, h, compaction, sync, blocking, pins);
+    for (h, compaction, blocking, pins, background) in variants {
+        let f = fixture(rt, h, compaction, sync, blocking, pins, background);
         let in_place = if blocking == Blocking::InPlace {
             "/inplace"
         } else {
             ""
         };
         let no_pins = if pins { "" } else { "/nopins" };
+        let bg = if background { "/background" } else { "" };
         let key = format!(
-            "step/{}/{}/H={h}{in_place}{no_pins}",
+            "step/{}/{}/H={h}{in_place}{no_pins}{bg}",
             sync_name(sync),
             if compaction { "on" } else { "off" }
         );
@@ -177,6 +189,7 @@ fn bench_step(c: &mut Criterion, rt: &tokio::runtime::Runtime, sync: Synchronous
         g.bench_function(
             BenchmarkId::new(
                 match (compaction, blocking, pins) {
+                    _ if background => "compaction_on_default",
                     (true, _, false) => "compaction_on_no_pins",
                     (true, Blocking::InPlace, _) => "compaction_on_in_place",
                     (true, _, _) => "compaction_on",
@@ -257,7 +270,15 @@ fn bench_floor(c: &mut Criterion, sync: Synchronous) {
 }
 
 fn bench_ensure_noop(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
-    let f = fixture(rt, 1_000, true, Synchronous::Normal, Blocking::Pool, true);
+    let f = fixture(
+        rt,
+        1_000,
+        true,
+        Synchronous::Normal,
+        Blocking::Pool,
+        true,
+        false,
+    );
     // Below the threshold: a fresh runner with a threshold nothing reaches.
     let cfg = RunnerConfig::default().with_owner("noop").with_compaction(
         CompactionConfig::default().with_compact_at(Threshold::Tokens(1_000_000_000)),
@@ -286,7 +307,15 @@ fn bench_ensure_noop(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
 }
 
 fn bench_claim_race(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
-    let f = fixture(rt, 200, false, Synchronous::Normal, Blocking::Pool, true);
+    let f = fixture(
+        rt,
+        200,
+        false,
+        Synchronous::Normal,
+        Blocking::Pool,
+        true,
+        false,
+    );
     let calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
     struct Counting(Arc<std::sync::atomic::AtomicU64>);
     #[async_trait::async_trait]
@@ -366,7 +395,15 @@ fn bench_build(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
     g.sample_size(10).measurement_time(Duration::from_secs(2));
     for h in [100i64, 1_000, 10_000] {
         for compaction in [true, false] {
-            let f = fixture(rt, h, compaction, Synchronous::Normal, Blocking::Pool, true);
+            let f = fixture(
+                rt,
+                h,
+                compaction,
+                Synchronous::Normal,
+                Blocking::Pool,
+                true,
+                false,
+            );
             let key = format!("build/{}/H={h}", if compaction { "on" } else { "off" });
             g.bench_function(
                 BenchmarkId::new(
@@ -445,6 +482,10 @@ fn main() {
     println!(
         "step/floor (NORMAL), compaction on, H=1000, Blocking::InPlace: {}",
         ratio("step/normal/on/H=1000/inplace", "floor/normal")
+    );
+    println!(
+        "step/floor (NORMAL), the default configuration (in place, background compaction), H=1000: {}",
+        ratio("step/normal/on/H=1000/inplace/background", "floor/normal")
     );
     println!(
         "step/floor (FULL), compaction on, H=1000:    {}",
