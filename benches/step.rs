@@ -12,16 +12,20 @@
 //! At the end a table of ratios measured in this one run is printed (the
 //! machine is shared and noisy: compare ratios, not absolute times).
 
-use abridge::demo::{DemoTxTool, ScriptedModel};
-use abridge::store::bench::{seed_history, truncate_from, SeedShape};
+#[path = "fixture/step.rs"]
+mod step_fixture;
+
+use abridge::demo::ScriptedModel;
+use abridge::store::bench::truncate_from;
 use abridge::{
-    Blocking, CompactionConfig, ExtractiveSummariser, Runner, RunnerConfig, Store, StoreOptions,
-    Synchronous, Threshold, ToolSpec, Tools,
+    Blocking, CompactionConfig, ExtractiveSummariser, Runner, RunnerConfig, StoreOptions,
+    Synchronous, Threshold,
 };
 use criterion::{BenchmarkId, Criterion};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use step_fixture::{fixture, input, rt, RESULT_SIZES};
 
 static MEANS: Mutex<BTreeMap<String, (Duration, u64)>> = Mutex::new(BTreeMap::new());
 
@@ -36,108 +40,6 @@ fn mean(key: &str) -> Option<f64> {
     let m = MEANS.lock().unwrap();
     m.get(key)
         .map(|(d, n)| d.as_secs_f64() / (*n).max(1) as f64)
-}
-
-const RESULT_SIZES: [usize; 6] = [200, 800, 2_000, 4_000, 1_200, 600];
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-struct Fixture {
-    _dir: tempfile::TempDir,
-    store: Store,
-    runner: Runner,
-    session: abridge::store::SessionRow,
-    h: i64,
-}
-
-fn input(idx: i64) -> String {
-    format!(
-        "Turn {idx}: where is order ORD-{} and can you ship to 10{:03}?",
-        10_000 + idx,
-        idx % 1000
-    )
-}
-
-fn fixture(
-    rt: &tokio::runtime::Runtime,
-    h: i64,
-    compaction: bool,
-    sync: Synchronous,
-    blocking: Blocking,
-    pins: bool,
-    background: bool,
-) -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open_with(
-        dir.path().join("bench.db"),
-        StoreOptions::default()
-            .with_synchronous(sync)
-            .with_blocking(blocking),
-    )
-    .unwrap();
-    store
-        .with_conn(abridge::store::demo::create_demo_tables)
-        .unwrap();
-    let mut cfg = RunnerConfig::default().with_owner("bench");
-    cfg.compaction = CompactionConfig::default()
-        .with_compact_at(if compaction {
-            // The seeded context is a summary plus a few turns; this crosses every few turns.
-            Threshold::Tokens(2_500)
-        } else {
-            Threshold::Off
-        })
-        // Inline unless asked: the step that compacts pays for it, as in every
-        // earlier run of this table. With `background`, the default (a task of
-        // the runner summarises from the soft threshold on, on the runtime's
-        // other worker; benches/latency.rs measures what a step waits).
-        ;
-    if !background {
-        cfg.compaction.background = None;
-    }
-    // The measured turn is removed after each iteration when compaction is
-    // off (H stays fixed), so a context kept between turns would never
-    // continue: each turn's first step rebuilds the whole history, which is
-    // what is measured.
-    cfg.context_cache_bytes = if compaction { 64 << 20 } else { 0 };
-    if !pins {
-        cfg.pin_extractor = None;
-    }
-    let spec = ToolSpec {
-        name: "lookup_order".into(),
-        description: "Look up an order".into(),
-        input_schema: serde_json::json!({"type": "object"}),
-    };
-    let runner = Runner::builder(store.clone(), Arc::new(ScriptedModel::new(1)))
-        .tools(Tools::new().transactional(spec, DemoTxTool("lookup_order")))
-        .summariser(ExtractiveSummariser)
-        .config(cfg)
-        .build()
-        .unwrap();
-    let session = rt
-        .block_on(runner.create_session("bench", "bench-model", abridge::demo::SYSTEM_PROMPT))
-        .unwrap();
-    let shape = SeedShape {
-        turns: h,
-        tool_result_bytes: RESULT_SIZES.to_vec(),
-        compact_every: compaction.then_some(4),
-        tool_steps: 1,
-    };
-    store
-        .with_conn(|c| seed_history(c, session.id, &shape))
-        .unwrap();
-    Fixture {
-        _dir: dir,
-        store,
-        runner,
-        session,
-        h,
-    }
 }
 
 fn sync_name(s: Synchronous) -> &'static str {
@@ -172,7 +74,16 @@ fn bench_step(c: &mut Criterion, rt: &tokio::runtime::Runtime, sync: Synchronous
         variants.push((1_000, true, Blocking::InPlace, true, true));
     }
     for (h, compaction, blocking, pins, background) in variants {
-        let f = fixture(rt, h, compaction, sync, blocking, pins, background);
+        let f = fixture(
+            rt,
+            h,
+            compaction,
+            StoreOptions::default()
+                .with_synchronous(sync)
+                .with_blocking(blocking),
+            pins,
+            background,
+        );
         let in_place = if blocking == Blocking::InPlace {
             "/inplace"
         } else {
@@ -274,8 +185,7 @@ fn bench_ensure_noop(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
         rt,
         1_000,
         true,
-        Synchronous::Normal,
-        Blocking::Pool,
+        StoreOptions::default().with_blocking(Blocking::Pool),
         true,
         false,
     );
@@ -311,8 +221,7 @@ fn bench_claim_race(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
         rt,
         200,
         false,
-        Synchronous::Normal,
-        Blocking::Pool,
+        StoreOptions::default().with_blocking(Blocking::Pool),
         true,
         false,
     );
@@ -399,8 +308,7 @@ fn bench_build(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
                 rt,
                 h,
                 compaction,
-                Synchronous::Normal,
-                Blocking::Pool,
+                StoreOptions::default().with_blocking(Blocking::Pool),
                 true,
                 false,
             );

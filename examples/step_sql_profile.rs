@@ -2,9 +2,11 @@
 //! statements (each one timed by SQLite's profile hook, grouped by its text),
 //! and outside them.
 //!
-//! The workload is the bench's `step/normal/compaction_on` at H = 1,000: a
-//! two-step turn with one transactional tool, pins extracted, compaction inline
-//! at 2,500 tokens, on one connection so the hook sees every statement.
+//! The workload is the bench's own (`benches/fixture/step.rs`, included by
+//! path), as `step/normal/compaction_on` runs it at H = 1,000: a two-step turn
+//! with one transactional tool, pins extracted, compaction inline at 2,500
+//! tokens (or in the background, the default), on one connection so the hook
+//! sees every statement.
 //!
 //! `cargo run --release --example step_sql_profile -- [TURNS] [pool|inplace] [background] [pooled]`
 //!
@@ -12,17 +14,17 @@
 //! statement's figure is an average over many runs of it: run enough turns
 //! (the default is 2,000) for the table to settle.
 
-use abridge::demo::{DemoTxTool, ScriptedModel};
-use abridge::store::bench::{seed_history, SeedShape};
-use abridge::{
-    Blocking, CompactionConfig, ExtractiveSummariser, Runner, RunnerConfig, Store, StoreOptions,
-    Threshold, ToolSpec, Tools,
-};
+#[path = "../benches/fixture/step.rs"]
+#[allow(dead_code)]
+mod step_fixture;
+
+use abridge::{Blocking, StoreOptions};
 use rusqlite::trace::{TraceEvent, TraceEventCodes};
 use std::collections::HashMap;
 use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use step_fixture::input;
 
 /// Per statement text: runs and total time.
 static PROFILE: Mutex<Option<HashMap<String, (u64, Duration)>>> = Mutex::new(None);
@@ -42,14 +44,6 @@ fn hook(event: TraceEvent<'_>) {
     }
 }
 
-fn input(idx: i64) -> String {
-    format!(
-        "Turn {idx}: where is order ORD-{} and can you ship to 10{:03}?",
-        10_000 + idx,
-        idx % 1000
-    )
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let turns: i64 = args.first().and_then(|a| a.parse().ok()).unwrap_or(2_000);
@@ -62,48 +56,13 @@ fn main() {
     // `pooled`: the store's default pool size (the hook then sees only the
     // statements of the connection it was set on).
     let pooled = args.iter().any(|a| a == "pooled");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let rt = step_fixture::rt();
     let mut opts = StoreOptions::default().with_blocking(blocking);
     if !pooled {
         opts = opts.with_max_connections(1);
     }
-    let store = Store::open_with(dir.path().join("profile.db"), opts).unwrap();
-    store
-        .with_conn(abridge::store::demo::create_demo_tables)
-        .unwrap();
-    let mut cfg = RunnerConfig::default().with_owner("profile");
-    cfg.compaction = CompactionConfig::default().with_compact_at(Threshold::Tokens(2_500));
-    if !background {
-        cfg.compaction.background = None;
-    }
-    let spec = ToolSpec {
-        name: "lookup_order".into(),
-        description: "Look up an order".into(),
-        input_schema: serde_json::json!({"type": "object"}),
-    };
-    let runner = Runner::builder(store.clone(), Arc::new(ScriptedModel::new(1)))
-        .tools(Tools::new().transactional(spec, DemoTxTool("lookup_order")))
-        .summariser(ExtractiveSummariser)
-        .config(cfg)
-        .build()
-        .unwrap();
-    let session = rt
-        .block_on(runner.create_session("profile", "bench-model", abridge::demo::SYSTEM_PROMPT))
-        .unwrap();
-    let shape = SeedShape {
-        turns: 1_000,
-        tool_result_bytes: vec![200, 800, 2_000, 4_000, 1_200, 600],
-        compact_every: Some(4),
-        tool_steps: 1,
-    };
-    store
-        .with_conn(|c| seed_history(c, session.id, &shape))
-        .unwrap();
+    let f = step_fixture::fixture(&rt, 1_000, true, opts, true, background);
+    let (store, runner, session) = (&f.store, &f.runner, &f.session);
     // Warm up: statement caches, the kept context, the first compactions.
     for i in 0..200 {
         rt.block_on(runner.run_turn(session.id, &input(1_000 + i)))
