@@ -436,7 +436,9 @@ fn racing_processes_on_one_boundary_make_one_row() {
         let out = c.wait_with_output().unwrap();
         assert!(
             out.status.success(),
-            "{}",
+            "{}: stdout {:?}, stderr {:?}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
         let line = String::from_utf8(out.stdout).unwrap();

@@ -24,8 +24,10 @@
 //! helpers; `snapshot` read-only access from outside a host; `audit` the
 //! counts and checks `inspect` and `verify` read; `erase` deleting a session
 //! whole and `redact` redacting a secret (the two exceptions to append-only
-//! history); `key` the key of an encrypted store. This file holds the
-//! [`Store`] itself: options, the pool, the blocking bridge.
+//! history); `key` the key of an encrypted store; `pool` the connection
+//! pool, whose last handle's drop returns once every connection is closed.
+//! This file holds the [`Store`] itself: options, opening, the blocking
+//! bridge.
 
 mod audit;
 #[doc(hidden)]
@@ -45,6 +47,7 @@ mod leases;
 #[cfg(feature = "postgres")]
 pub(crate) mod pg;
 mod pins;
+mod pool;
 mod redact;
 mod rows;
 mod schema;
@@ -206,59 +209,16 @@ impl Default for StoreOptions {
 /// A handle on one abridge database. Cheap to clone.
 #[derive(Clone)]
 pub struct Store {
-    pool: r2d2::Pool<Manager>,
+    pool: pool::Pool,
     backend: BackendKind,
     path: PathBuf,
     blocking: Blocking,
     busy_timeout: Duration,
     settled: Arc<Settled>,
     file: Arc<FileIdentity>,
-}
-
-/// Makes the pool's connections, whichever the backend.
-#[derive(Debug)]
-enum Manager {
-    Sqlite(SqliteConnectionManager),
-    #[cfg(feature = "postgres")]
-    Postgres(pg::Manager),
-}
-
-impl r2d2::ManageConnection for Manager {
-    type Connection = Connection;
-    type Error = Error;
-
-    fn connect(&self) -> Result<Connection> {
-        match self {
-            Manager::Sqlite(m) => Ok(Connection::from(m.connect()?)),
-            #[cfg(feature = "postgres")]
-            Manager::Postgres(m) => Ok(Connection::from(m.0.connect()?)),
-        }
-    }
-
-    fn is_valid(&self, conn: &mut Connection) -> Result<()> {
-        match (self, &mut conn.backend) {
-            (Manager::Sqlite(m), db::Backend::Sqlite(c)) => Ok(m.is_valid(c)?),
-            #[cfg(feature = "postgres")]
-            (Manager::Postgres(m), db::Backend::Postgres(c)) => m.is_valid(c),
-            #[allow(unreachable_patterns)]
-            _ => Ok(()),
-        }
-    }
-
-    fn has_broken(&self, conn: &mut Connection) -> bool {
-        match (self, &mut conn.backend) {
-            (Manager::Sqlite(m), db::Backend::Sqlite(c)) => m.has_broken(c),
-            #[cfg(feature = "postgres")]
-            // A `COMMIT` still queued (`Transaction::commit_then` left by a
-            // panic) is sent now, not when the connection is next used: its
-            // transaction holds the store's write lock until then.
-            (Manager::Postgres(_), db::Backend::Postgres(c)) => {
-                c.settle().is_err() || c.is_closed()
-            }
-            #[allow(unreachable_patterns)]
-            _ => false,
-        }
-    }
+    /// Last: dropped with the last handle, after `pool`, it waits for the
+    /// pool's connections to close (see `pool`).
+    _closer: Arc<pool::Closer>,
 }
 
 /// The database file as opened: a store whose file is deleted or replaced
@@ -362,15 +322,16 @@ impl Store {
             c.set_prepared_statement_cache_capacity(64);
             Ok(())
         });
-        let manager = Manager::Sqlite(manager);
-        let pool = r2d2::Pool::builder()
-            .max_size(opts.max_connections)
+        let (pool, closer) = pool::build(
+            pool::Connect::Sqlite(manager),
+            opts.max_connections,
             // Longer than busy_timeout, so a connection wait never fires first.
-            .connection_timeout(busy + Duration::from_secs(5))
+            busy + Duration::from_secs(5),
             // A connection to a local file does not go stale; the check would
             // cost a statement on every checkout.
-            .test_on_check_out(false)
-            .build(manager)?;
+            false,
+            busy,
+        )?;
         let file = Arc::new(FileIdentity {
             opened: crate::platform::file_identity(&path),
             gone: Default::default(),
@@ -383,6 +344,7 @@ impl Store {
             busy_timeout: busy,
             settled: Arc::default(),
             file,
+            _closer: closer,
         })
     }
 
@@ -416,12 +378,14 @@ impl Store {
             // waits on its busy handler, then fails (resumable).
             target.lock_timeout(opts.busy_timeout);
             target.migrate(&target.connect()?)?;
-            let pool = r2d2::Pool::builder()
-                .max_size(opts.max_connections)
-                .connection_timeout(opts.busy_timeout + Duration::from_secs(5))
+            let (pool, closer) = pool::build(
+                pool::Connect::Postgres(pg::Manager(target.clone())),
+                opts.max_connections,
+                opts.busy_timeout + Duration::from_secs(5),
                 // A server connection can drop: check it before handing it out.
-                .test_on_check_out(true)
-                .build(Manager::Postgres(pg::Manager(target.clone())))?;
+                true,
+                opts.busy_timeout,
+            )?;
             Ok(Store {
                 pool,
                 backend: BackendKind::Postgres,
@@ -433,6 +397,7 @@ impl Store {
                     opened: None,
                     gone: Default::default(),
                 }),
+                _closer: closer,
             })
         }
         #[cfg(not(feature = "postgres"))]
