@@ -207,6 +207,11 @@ impl Default for StoreOptions {
 }
 
 /// A handle on one abridge database. Cheap to clone.
+///
+/// Dropping the last handle closes the store's connections before it
+/// returns (waiting, at most its busy timeout, for a connection the pool is
+/// still opening or one still in use elsewhere): a host may delete or move
+/// the file, or exit, right after.
 #[derive(Clone)]
 pub struct Store {
     pool: pool::Pool,
