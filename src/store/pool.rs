@@ -46,16 +46,25 @@ pub(crate) fn build(
         held: held.clone(),
         patience,
     });
+    // r2d2 closes and reopens a connection idle for 10 minutes or open for
+    // 30 by default. A connection to a local file does not go stale, and
+    // reopening one costs its statement cache and, on an encrypted store, a
+    // key derivation each: an SQLite store keeps its connections. A server's
+    // can drop, and are replaced so.
+    let reap = !matches!(connect, Connect::Sqlite(_));
     let manager = Manager {
         connect,
         _alive: Token::new(&held),
         held,
     };
-    let pool = r2d2::Pool::builder()
+    let mut builder = r2d2::Pool::builder()
         .max_size(max_size)
         .connection_timeout(connection_timeout)
-        .test_on_check_out(test_on_check_out)
-        .build(manager)?;
+        .test_on_check_out(test_on_check_out);
+    if !reap {
+        builder = builder.idle_timeout(None).max_lifetime(None);
+    }
+    let pool = builder.build(manager)?;
     Ok((pool, closer))
 }
 
@@ -281,6 +290,14 @@ pub(crate) mod tests {
             "the drop returned before the replacement connection was made"
         );
         assert_eq!(*held.count(), 0, "a connection outlived its store");
+    }
+
+    #[test]
+    fn an_sqlite_store_never_closes_and_reopens_its_connections_by_age() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("t.db")).unwrap();
+        assert_eq!(store.pool.idle_timeout(), None);
+        assert_eq!(store.pool.max_lifetime(), None);
     }
 
     #[test]
