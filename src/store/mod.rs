@@ -332,9 +332,6 @@ impl Store {
             opts.max_connections,
             // Longer than busy_timeout, so a connection wait never fires first.
             busy + Duration::from_secs(5),
-            // A connection to a local file does not go stale; the check would
-            // cost a statement on every checkout.
-            false,
             busy,
         )?;
         let file = Arc::new(FileIdentity {
@@ -387,8 +384,6 @@ impl Store {
                 pool::Connect::Postgres(pg::Manager(target.clone())),
                 opts.max_connections,
                 opts.busy_timeout + Duration::from_secs(5),
-                // A server connection can drop: check it before handing it out.
-                true,
                 opts.busy_timeout,
             )?;
             Ok(Store {

@@ -37,7 +37,6 @@ pub(crate) fn build(
     connect: Connect,
     max_size: u32,
     connection_timeout: Duration,
-    test_on_check_out: bool,
     patience: Duration,
 ) -> Result<(Pool, Arc<Closer>)> {
     let held = Arc::new(Held::default());
@@ -46,12 +45,12 @@ pub(crate) fn build(
         held: held.clone(),
         patience,
     });
-    // r2d2 closes and reopens a connection idle for 10 minutes or open for
-    // 30 by default. A connection to a local file does not go stale, and
-    // reopening one costs its statement cache and, on an encrypted store, a
-    // key derivation each: an SQLite store keeps its connections. A server's
-    // can drop, and are replaced so.
-    let reap = !matches!(connect, Connect::Sqlite(_));
+    // A connection to a local file does not go stale: checking it would cost
+    // a statement at every checkout, and reopening it (r2d2 closes one idle
+    // for 10 minutes or open for 30 by default) its statement cache and, on
+    // an encrypted store, a key derivation. An SQLite store keeps its
+    // connections; a server's can drop, and are checked and replaced.
+    let local_file = matches!(connect, Connect::Sqlite(_));
     let manager = Manager {
         connect,
         _alive: Token::new(&held),
@@ -60,8 +59,8 @@ pub(crate) fn build(
     let mut builder = r2d2::Pool::builder()
         .max_size(max_size)
         .connection_timeout(connection_timeout)
-        .test_on_check_out(test_on_check_out);
-    if !reap {
+        .test_on_check_out(!local_file);
+    if local_file {
         builder = builder.idle_timeout(None).max_lifetime(None);
     }
     let pool = builder.build(manager)?;
@@ -298,6 +297,7 @@ pub(crate) mod tests {
         let store = Store::open(dir.path().join("t.db")).unwrap();
         assert_eq!(store.pool.idle_timeout(), None);
         assert_eq!(store.pool.max_lifetime(), None);
+        assert!(!store.pool.test_on_check_out());
     }
 
     #[test]
