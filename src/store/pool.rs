@@ -135,14 +135,6 @@ impl Drop for Closer {
     }
 }
 
-impl std::fmt::Debug for Closer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Closer")
-            .field("held", &*self.held.count())
-            .finish()
-    }
-}
-
 /// Makes the pool's connections, each counted.
 pub(crate) struct Manager {
     connect: Connect,
