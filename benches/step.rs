@@ -4,7 +4,8 @@
 //! persist the response, one transactional tool, complete; then the final step)
 //! at history H = 100, 1,000, 10,000 with compaction on and off, and at
 //! H = 1,000 in place, without pins, and in the default configuration (in
-//! place, background compaction on); `floor` (one
+//! place, background compaction on; its turns also run as tasks, as a host
+//! runs them); `floor` (one
 //! bare rusqlite IMMEDIATE transaction inserting the bytes a step persists);
 //! `ensure_noop`; `claim_race` (16 tasks on one boundary); `build` (the message
 //! builder with its history read). Under `synchronous=NORMAL` and `FULL`.
@@ -58,22 +59,24 @@ fn bench_step(c: &mut Criterion, rt: &tokio::runtime::Runtime, sync: Synchronous
     // default blocking pool, and compaction on at H = 1,000 in place as well.
     // And at H = 1,000 with no facts pinned (what extracting them costs).
     // And the default configuration as a whole (in place, background
-    // compaction on).
-    let mut variants: Vec<(i64, bool, Blocking, bool, bool)> = hs
+    // compaction on), its turns run on the thread that blocks on them and,
+    // as a host runs them, as tasks on the runtime's workers (`task`).
+    let mut variants: Vec<(i64, bool, Blocking, bool, bool, bool)> = hs
         .iter()
         .flat_map(|&h| {
             [
-                (h, true, Blocking::Pool, true, false),
-                (h, false, Blocking::Pool, true, false),
+                (h, true, Blocking::Pool, true, false, false),
+                (h, false, Blocking::Pool, true, false, false),
             ]
         })
         .collect();
     if hs.contains(&1_000) {
-        variants.push((1_000, true, Blocking::InPlace, true, false));
-        variants.push((1_000, true, Blocking::Pool, false, false));
-        variants.push((1_000, true, Blocking::InPlace, true, true));
+        variants.push((1_000, true, Blocking::InPlace, true, false, false));
+        variants.push((1_000, true, Blocking::Pool, false, false, false));
+        variants.push((1_000, true, Blocking::InPlace, true, true, false));
+        variants.push((1_000, true, Blocking::InPlace, true, true, true));
     }
-    for (h, compaction, blocking, pins, background) in variants {
+    for (h, compaction, blocking, pins, background, task) in variants {
         let f = fixture(
             rt,
             h,
@@ -91,8 +94,9 @@ fn bench_step(c: &mut Criterion, rt: &tokio::runtime::Runtime, sync: Synchronous
         };
         let no_pins = if pins { "" } else { "/nopins" };
         let bg = if background { "/background" } else { "" };
+        let as_task = if task { "/task" } else { "" };
         let key = format!(
-            "step/{}/{}/H={h}{in_place}{no_pins}{bg}",
+            "step/{}/{}/H={h}{in_place}{no_pins}{bg}{as_task}",
             sync_name(sync),
             if compaction { "on" } else { "off" }
         );
@@ -100,6 +104,7 @@ fn bench_step(c: &mut Criterion, rt: &tokio::runtime::Runtime, sync: Synchronous
         g.bench_function(
             BenchmarkId::new(
                 match (compaction, blocking, pins) {
+                    _ if task => "compaction_on_default_task",
                     _ if background => "compaction_on_default",
                     (true, _, false) => "compaction_on_no_pins",
                     (true, Blocking::InPlace, _) => "compaction_on_in_place",
@@ -114,9 +119,14 @@ fn bench_step(c: &mut Criterion, rt: &tokio::runtime::Runtime, sync: Synchronous
                     for _ in 0..iters {
                         let idx = next.get();
                         let t0 = Instant::now();
-                        let out = rt
-                            .block_on(f.runner.run_turn(f.session.id, &input(idx)))
-                            .unwrap();
+                        let out = if task {
+                            let (r, sid, text) = (f.runner.clone(), f.session.id, input(idx));
+                            rt.block_on(rt.spawn(async move { r.run_turn(sid, &text).await }))
+                                .unwrap()
+                        } else {
+                            rt.block_on(f.runner.run_turn(f.session.id, &input(idx)))
+                        }
+                        .unwrap();
                         let d = t0.elapsed();
                         assert_eq!(out.steps, 2);
                         // Per step: the turn is two steps.
@@ -394,6 +404,13 @@ fn main() {
     println!(
         "step/floor (NORMAL), the default configuration (in place, background compaction), H=1000: {}",
         ratio("step/normal/on/H=1000/inplace/background", "floor/normal")
+    );
+    println!(
+        "step/floor (NORMAL), the default configuration, turns run as tasks, H=1000: {}",
+        ratio(
+            "step/normal/on/H=1000/inplace/background/task",
+            "floor/normal"
+        )
     );
     println!(
         "step/floor (FULL), compaction on, H=1000:    {}",

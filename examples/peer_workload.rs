@@ -87,6 +87,10 @@ impl TransactionalTool for Lookup {
         .map_err(|e| ToolError::new(e.to_string()))?;
         Ok(Value::String("x".repeat(peer_result_size(n))))
     }
+
+    fn may_block(&self) -> bool {
+        false // one INSERT on its transaction
+    }
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {

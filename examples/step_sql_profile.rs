@@ -8,7 +8,7 @@
 //! tokens (or in the background, the default), on one connection so the hook
 //! sees every statement.
 //!
-//! `cargo run --release --example step_sql_profile -- [TURNS] [pool|inplace] [background] [pooled]`
+//! `cargo run --release --example step_sql_profile -- [TURNS] [pool|inplace] [background] [pooled] [spawned]`
 //!
 //! SQLite reports a statement's time in whole milliseconds of its clock, so a
 //! statement's figure is an average over many runs of it: run enough turns
@@ -53,6 +53,9 @@ fn main() {
         Blocking::InPlace
     };
     let background = args.iter().any(|a| a == "background");
+    // `spawned`: each turn runs as a task on the runtime's worker threads,
+    // as a host runs it (otherwise on the thread that blocks on it).
+    let spawned = args.iter().any(|a| a == "spawned");
     // `pooled`: the store's default pool size (the hook then sees only the
     // statements of the connection it was set on).
     let pooled = args.iter().any(|a| a == "pooled");
@@ -78,9 +81,15 @@ fn main() {
         .unwrap();
     let t0 = Instant::now();
     for i in 0..turns {
-        let out = rt
-            .block_on(runner.run_turn(session.id, &input(1_200 + i)))
-            .unwrap();
+        let out = if spawned {
+            // As a host runs a turn: a task on the runtime's workers.
+            let (r, sid, text) = (runner.clone(), session.id, input(1_200 + i));
+            rt.block_on(rt.spawn(async move { r.run_turn(sid, &text).await }))
+                .unwrap()
+        } else {
+            rt.block_on(runner.run_turn(session.id, &input(1_200 + i)))
+        }
+        .unwrap();
         assert_eq!(out.steps, 2);
     }
     let wall = t0.elapsed();

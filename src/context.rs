@@ -26,6 +26,10 @@ use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+/// A build or an extension reading more turns than this runs inside
+/// `store::may_block`: its time grows with the turns read.
+const LONG_BUILD_TURNS: i64 = 32;
+
 /// A session's message array up to a position, serialised and hashed.
 pub(crate) struct Context {
     session_id: SessionId,
@@ -63,7 +67,14 @@ impl Context {
         at: (i64, i64),
         elided: i64,
     ) -> Result<Context> {
-        let messages = build_for(conn, session, at, compaction, elided, RenderFormat::CURRENT)?;
+        // Many turns to read and render: off the calling worker's other tasks.
+        let from = compaction.map_or(0, |c| c.up_to_turn_index + 1);
+        let read = || build_for(conn, session, at, compaction, elided, RenderFormat::CURRENT);
+        let messages = if at.0 - from > LONG_BUILD_TURNS {
+            crate::store::may_block(read)?
+        } else {
+            read()?
+        };
         let mut ctx = Context {
             session_id: session.id,
             redaction: session.redaction,
@@ -165,7 +176,12 @@ impl Context {
         if to == self.at {
             return Ok(());
         }
-        let turns = store::load_range(conn, self.session_id, self.at, to)?;
+        let read = || store::load_range(conn, self.session_id, self.at, to);
+        let turns = if to.0 - self.at.0 > LONG_BUILD_TURNS {
+            crate::store::may_block(read)?
+        } else {
+            read()?
+        };
         let mut more = Vec::new();
         for turn in &turns {
             if turn.idx == self.at.0 {

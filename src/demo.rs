@@ -422,6 +422,10 @@ impl TransactionalTool for DemoTxTool {
         .map_err(|e| ToolError::new(e.to_string()))?;
         Ok(result)
     }
+
+    fn may_block(&self) -> bool {
+        false // one INSERT on its transaction
+    }
 }
 
 /// An outside-service demo tool (idempotent or at-most-once): appends its

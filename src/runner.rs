@@ -427,7 +427,7 @@ impl Runner {
         let begun = self
             .inner
             .store
-            .call(move |c| {
+            .call_inline(move |c| {
                 this.inner.store.check_file()?;
                 let then = |c: &mut crate::store::Connection, turn, lease, session| match lease {
                     Some(lease) => this.start(c, turn, lease, Some(session)),
@@ -1175,7 +1175,7 @@ impl Runner {
         let (advanced, happened) = self
             .inner
             .store
-            .call(move |c| {
+            .call_inline(move |c| {
                 let mut happened = Vec::new();
                 let advanced = this
                     .advance_blocking(c, &p, from, persist, finished, &mut happened)
@@ -1322,7 +1322,11 @@ impl Runner {
                 let inv = new_invocation(plan.step_id, pos, &call, Effect::Transactional);
                 let tc = call.clone();
                 let body = move |tx: &crate::store::Transaction<'_>| {
-                    let r = std::panic::catch_unwind(AssertUnwindSafe(|| tool.call(tx, &tc)));
+                    let run = || std::panic::catch_unwind(AssertUnwindSafe(|| tool.call(tx, &tc)));
+                    let r = match tool.may_block() {
+                        true => crate::store::may_block(run),
+                        false => run(),
+                    };
                     let out = match r {
                         Ok(Ok(v)) => render_result(v),
                         Ok(Err(e)) => Err(e.0),

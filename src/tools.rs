@@ -63,10 +63,23 @@ pub trait Tool: Send + Sync {
 pub trait TransactionalTool: Send + Sync {
     /// Runs inside the IMMEDIATE transaction that records the invocation as
     /// completed: its writes commit together with that record, or not at all.
-    /// Runs on a blocking thread. An `Err` rolls the tool's writes back and
-    /// records an error result; a panic does the same.
+    /// Runs where blocking is allowed (see [`TransactionalTool::may_block`]).
+    /// An `Err` rolls the tool's writes back and records an error result; a
+    /// panic does the same.
     fn call(&self, tx: &crate::store::Transaction<'_>, call: &ToolCall)
         -> Result<Value, ToolError>;
+
+    /// Whether [`call`](TransactionalTool::call) may block on anything but
+    /// its own statements (I/O, another lock, `Handle::block_on`). True by
+    /// default: the call then runs with its runtime worker's other tasks
+    /// handed to the rest of the runtime (`block_in_place`), or on a
+    /// blocking thread. A tool that only runs statements on `tx` returns
+    /// false and runs on the step's worker as it is, saving that thread
+    /// hand-off (see [`Blocking::InPlace`](crate::Blocking::InPlace)): it
+    /// must not block otherwise, and `Handle::block_on` panics there.
+    fn may_block(&self) -> bool {
+        true
+    }
 }
 
 #[derive(Clone)]

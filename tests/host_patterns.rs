@@ -366,3 +366,176 @@ async fn a_store_whose_file_is_deleted_while_open_fails_with_a_typed_error() {
     assert!(matches!(err, Error::StoreFileGone { .. }), "{err}");
     assert!(!path.exists(), "nothing recreated the file");
 }
+
+/// Runs turn `t` of the demo session `sid` as a host runs it: a task on the
+/// runtime's workers.
+async fn turn_as_task(r: &Runner, sid: abridge::SessionId, t: i64) -> abridge::TurnOutcome {
+    let r = r.clone();
+    tokio::spawn(async move { r.run_turn_at(sid, t, &user_turn(SEED, 0, t as u64)).await })
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// A step run as a task on a multi-thread runtime does its store work on
+/// the worker it runs on, with `Blocking::InPlace` (the default): no thread
+/// hand-off in a turn, whatever its tools; with `Blocking::Pool`, one at
+/// every store call. (A server's calls always go to the blocking pool.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_run_as_a_task_hands_no_work_to_another_thread() {
+    if on_postgres() {
+        return;
+    }
+    for blocking in [abridge::Blocking::InPlace, abridge::Blocking::Pool] {
+        let (_d, path) = temp_db();
+        let store = Store::open_with(&path, store_options().with_blocking(blocking)).unwrap();
+        store
+            .with_conn(abridge::store::demo::create_demo_tables)
+            .unwrap();
+        let r = demo_runner(&store, SEED, Threshold::Off, None);
+        let sid = demo_session(&r, SEED, 0).await;
+        let before = store.thread_handoffs();
+        let mut steps = 0;
+        for t in 0..8 {
+            steps += turn_as_task(&r, sid, t).await.steps;
+        }
+        let handed = store.thread_handoffs() - before;
+        match blocking {
+            abridge::Blocking::InPlace => assert_eq!(handed, 0, "{steps} steps"),
+            _ => assert!(handed >= steps as u64, "{handed} hand-offs, {steps} steps"),
+        }
+    }
+}
+
+/// A step that waits for another writer's lock hands its worker's other
+/// tasks to the runtime while it waits: on a runtime of one worker, a task
+/// beside it goes on ticking through the wait, and the step completes once
+/// the lock is free.
+#[test]
+fn a_step_waiting_for_the_write_lock_leaves_the_runtime_running() {
+    if on_postgres() {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (_d, path) = temp_db();
+        let store = open(&path);
+        let r = demo_runner(&store, SEED, Threshold::Off, None);
+        let sid = demo_session(&r, SEED, 0).await;
+        turn_as_task(&r, sid, 0).await;
+
+        let ticks = Arc::new(AtomicUsize::new(0));
+        let ticker = {
+            let ticks = ticks.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    ticks.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        };
+        // Another writer takes the write lock and keeps it 400 ms.
+        let (locked_tx, locked) = tokio::sync::oneshot::channel();
+        let holder = {
+            let (store, ticks) = (store.clone(), ticks.clone());
+            std::thread::spawn(move || {
+                store
+                    .with_conn(|c| {
+                        c.execute_batch("BEGIN IMMEDIATE")?;
+                        let at_lock = ticks.load(Ordering::Relaxed);
+                        let _ = locked_tx.send(());
+                        std::thread::sleep(Duration::from_millis(400));
+                        let during = ticks.load(Ordering::Relaxed) - at_lock;
+                        c.execute_batch("COMMIT")?;
+                        Ok(during)
+                    })
+                    .unwrap()
+            })
+        };
+        locked.await.unwrap();
+        let before = store.thread_handoffs();
+        let out = turn_as_task(&r, sid, 1).await;
+        assert!(out.steps >= 1);
+        let during = holder.join().unwrap();
+        ticker.abort();
+        // 80 ticks of 5 ms in 400 ms; none if the step held the one worker.
+        assert!(during >= 20, "{during} ticks while the step waited");
+        assert!(store.thread_handoffs() > before, "the wait handed off");
+    });
+}
+
+/// Building a context from a long history (no kept context: a new runner)
+/// is work that grows with the history: it runs off the worker's other
+/// tasks. The next turn extends the kept context and hands nothing off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_built_from_a_long_history_hands_the_workers_tasks_off() {
+    if on_postgres() {
+        return;
+    }
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let s = history(&store, 40).await;
+    let r = demo_runner(&store, SEED, Threshold::Off, None);
+    let before = store.thread_handoffs();
+    turn_as_task(&r, s.id, 40).await;
+    let first = store.thread_handoffs() - before;
+    assert!(first >= 1, "the full build of 40 turns handed off");
+    turn_as_task(&r, s.id, 41).await;
+    assert_eq!(
+        store.thread_handoffs() - before,
+        first,
+        "the extension did not"
+    );
+}
+
+/// A transactional tool that blocks on async work inside its call (its
+/// default `may_block`): it runs where blocking is allowed, so
+/// `Handle::block_on` works there, the turn completes with the tool's
+/// results, and the tool's run is the one hand-off of its step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transactional_tool_that_may_block_can_block_on_async_work() {
+    struct BlocksOnAsync(Arc<AtomicUsize>);
+    impl abridge::TransactionalTool for BlocksOnAsync {
+        fn call(
+            &self,
+            _tx: &abridge::store::Transaction<'_>,
+            call: &ToolCall,
+        ) -> Result<Value, ToolError> {
+            let waited = tokio::runtime::Handle::current().block_on(async {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                "waited"
+            });
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(json!({"order": call.input, "status": waited}))
+        }
+    }
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut tools = demo_tools(None, Duration::ZERO);
+    for spec in tools.specs() {
+        tools = tools.transactional(spec, BlocksOnAsync(calls.clone()));
+    }
+    let r = Runner::builder(store.clone(), Arc::new(demo_model(SEED, &[])))
+        .tools(tools)
+        .config(test_config(Threshold::Off, None, "host"))
+        .build()
+        .unwrap();
+    let sid = demo_session(&r, SEED, 0).await;
+    let before = store.thread_handoffs();
+    for t in 0..6 {
+        turn_as_task(&r, sid, t).await;
+    }
+    let ran = calls.load(Ordering::SeqCst);
+    assert!(ran > 0, "the model called the tool");
+    assert!(invocation_results(&store)
+        .iter()
+        .all(|r| r.contains("waited")));
+    if !on_postgres() {
+        assert_eq!(store.thread_handoffs() - before, ran as u64);
+    }
+}

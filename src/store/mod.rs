@@ -10,7 +10,9 @@
 //! The async entry points run their SQLite work in place on the calling
 //! worker of a multi-thread runtime (`block_in_place`, [`Blocking::InPlace`],
 //! the default) or on tokio's blocking pool ([`Blocking::Pool`], and on a
-//! current-thread runtime). The one
+//! current-thread runtime). A runner's step calls run on the calling
+//! worker with no hand-off at all, handing its other tasks off only at a
+//! lock wait or at work that grows with the history (`inline`). Another
 //! exception is a short read that cannot wait (`ensure()`'s decision): it runs
 //! on the calling thread when a connection is idle, with SQLite's busy handler
 //! off, and through the pool otherwise.
@@ -25,7 +27,8 @@
 //! counts and checks `inspect` and `verify` read; `erase` deleting a session
 //! whole and `redact` redacting a secret (the two exceptions to append-only
 //! history); `key` the key of an encrypted store; `pool` the connection
-//! pool, whose last handle's drop returns once every connection is closed.
+//! pool, whose last handle's drop returns once every connection is closed;
+//! `inline` the step calls that run on the calling worker.
 //! This file holds the [`Store`] itself: options, opening, the blocking
 //! bridge.
 
@@ -41,6 +44,8 @@ mod db;
 pub mod demo;
 mod erase;
 mod history;
+mod inline;
+pub(crate) use inline::may_block;
 mod invocations;
 mod key;
 mod leases;
@@ -155,8 +160,12 @@ pub enum Blocking {
     /// rest of the runtime (`block_in_place`), so the runtime goes on while
     /// the call runs. Saves the thread hand-off of each store call (a step
     /// makes one; about a third of a compaction-on step in the peers
-    /// benchmark). The default. Falls back to `Pool` on a current-thread
-    /// runtime, where `block_in_place` is not allowed.
+    /// benchmark). A runner's step calls go further on an SQLite store: they
+    /// run on the worker as they are, handing its other tasks off only while
+    /// they wait for another writer's lock or do work that grows with the
+    /// history (a context built from many turns). The default. Falls back to
+    /// `Pool` on a current-thread runtime, where `block_in_place` is not
+    /// allowed.
     #[default]
     InPlace,
 }
@@ -221,6 +230,8 @@ pub struct Store {
     busy_timeout: Duration,
     settled: Arc<Settled>,
     file: Arc<FileIdentity>,
+    /// Times a call handed its work off the calling worker (see `inline`).
+    handoffs: Arc<std::sync::atomic::AtomicU64>,
     /// Last: dropped with the last handle, after `pool`, it waits for the
     /// pool's connections to close (see `pool`).
     _closer: Arc<pool::Closer>,
@@ -346,6 +357,7 @@ impl Store {
             busy_timeout: busy,
             settled: Arc::default(),
             file,
+            handoffs: Arc::default(),
             _closer: closer,
         })
     }
@@ -397,6 +409,7 @@ impl Store {
                     opened: None,
                     gone: Default::default(),
                 }),
+                handoffs: Arc::default(),
                 _closer: closer,
             })
         }
@@ -468,15 +481,50 @@ impl Store {
         R: Send + 'static,
     {
         let store = self.clone();
-        if self.blocking == Blocking::InPlace
-            && tokio::runtime::Handle::current().runtime_flavor()
-                == tokio::runtime::RuntimeFlavor::MultiThread
-        {
+        self.handoffs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if self.blocking == Blocking::InPlace && inline::on_multi_thread_runtime() {
             return tokio::task::block_in_place(move || store.with_conn(f));
         }
         tokio::task::spawn_blocking(move || store.with_conn(f))
             .await
             .map_err(|e| Error::Task(e.to_string()))?
+    }
+
+    /// As [`Store::call`], for a call that is short unless it waits: a
+    /// step's. With [`Blocking::InPlace`] on a multi-thread runtime, an
+    /// SQLite store runs `f` on the calling worker itself when a pooled
+    /// connection is idle, with no thread hand-off; only a wait for another
+    /// writer's lock, or a part `f` marks with `inline::may_block` (work
+    /// that grows with the history), hands the worker's other tasks to the
+    /// runtime first. Otherwise `f` goes through [`Store::call`].
+    pub(crate) async fn call_inline<R, F>(&self, f: F) -> Result<R>
+    where
+        F: FnOnce(&mut Connection) -> Result<R> + Send + 'static,
+        R: Send + 'static,
+    {
+        if self.blocking == Blocking::InPlace
+            && self.backend == BackendKind::Sqlite
+            && inline::on_multi_thread_runtime()
+        {
+            self.fail_if_gone()?;
+            if let Some(conn) = self.pool.try_get() {
+                let inline = inline::Inline::enter(conn, self.busy_timeout, self.handoffs.clone())?;
+                if let Some(mut conn) = inline {
+                    return f(&mut conn);
+                }
+            }
+        }
+        self.call(f).await
+    }
+
+    /// How many times this store's calls handed their work off the calling
+    /// worker thread (a `block_in_place` or a blocking-pool task) since it
+    /// was opened: what `Blocking::InPlace`'s inline calls save.
+    #[cfg(feature = "harness")]
+    #[doc(hidden)]
+    pub fn thread_handoffs(&self) -> u64 {
+        self.handoffs.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

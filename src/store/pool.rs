@@ -23,6 +23,9 @@ use std::time::{Duration, Instant};
 /// A store's pool.
 pub(crate) type Pool = r2d2::Pool<Manager>;
 
+/// A connection checked out of a [`Pool`].
+pub(crate) type Checkout = r2d2::PooledConnection<Manager>;
+
 /// How the pool's connections are made, whichever the backend.
 #[derive(Debug)]
 pub(crate) enum Connect {
