@@ -16,7 +16,7 @@ use crate::fault::{FaultHook, FaultPoint, TestKnobs};
 use crate::ids::{InvocationId, SessionId, StepId, TurnId};
 use crate::message::{ModelRequest, ModelResponse};
 use crate::model::{ModelClient, ModelError};
-use crate::owner::{AbortOnDrop, ClaimGuard};
+use crate::owner::ClaimGuard;
 use crate::pins::{Fact, PinExtractor, RuleExtractor};
 use crate::replay::{rebuild_step, Rebuilt};
 use crate::retry::RetryPolicy;
@@ -174,6 +174,8 @@ struct Inner {
     compactor: Compactor,
     events: EventSink,
     contexts: ContextCache,
+    /// Renews the leases of the turns this runner runs.
+    renewals: crate::lease::Renewals,
 }
 
 /// Runs turns durably. Cheap to clone; share one per store and model.
@@ -295,8 +297,10 @@ impl RunnerBuilder {
             events.clone(),
             dead,
         )?;
+        let renewals = crate::lease::Renewals::new(&self.store, cfg.lease_ttl);
         Ok(Runner {
             inner: Arc::new(Inner {
+                renewals,
                 store: self.store,
                 model: self.model,
                 tools: self.tools,
@@ -591,16 +595,18 @@ impl Runner {
         }
     }
 
-    fn heartbeat(&self, lease: &Lease) -> Option<AbortOnDrop> {
+    /// Keeps the turn's lease renewed (by the runner's one renewal task)
+    /// while the returned guard lives.
+    fn heartbeat(&self, lease: &Lease) -> Option<crate::lease::Kept> {
         if !self.inner.cfg.testing.heartbeat {
             return None;
         }
         let lease = lease.clone();
-        Some(crate::lease::heartbeat(
-            &self.inner.store,
-            self.inner.cfg.lease_ttl,
-            move |c| store::renew_lease(c, &lease),
-        ))
+        Some(
+            self.inner
+                .renewals
+                .keep(move |c| store::renew_lease(c, &lease)),
+        )
     }
 
     /// Sends an event about `session`'s turn, built only when someone listens.

@@ -228,3 +228,53 @@ async fn turns_left_running_by_a_crash_are_listed_and_resumed() {
     assert!(host.recoverable_turns().await.unwrap().is_empty());
     assert_verified(&store);
 }
+
+/// Turns parked in their model calls for several times their lease's
+/// length keep their leases: the runner's renewal task renews every running
+/// turn's lease (one task for all of them), so another runner is refused
+/// throughout, and each turn completes once the call returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_longer_than_their_lease_keep_it_by_the_runners_heartbeat() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let parked = Gated::new();
+    let holder = runner(&store, parked.clone(), "holder", 150, true);
+    let other = runner(&store, Arc::new(quick()), "other", 150, true);
+    let mut running = Vec::new();
+    for i in 0..3 {
+        let sid = demo_session(&holder, 3, i).await;
+        let (h, input) = (holder.clone(), user_turn(3, i, 0));
+        running.push(tokio::spawn(
+            async move { h.run_turn_at(sid, 0, &input).await },
+        ));
+    }
+    until("three model calls parked", || async {
+        (parked.calls.load(std::sync::atomic::Ordering::SeqCst) >= 3).then_some(())
+    })
+    .await;
+    let turns: Vec<abridge::TurnId> = store
+        .with_conn(|c| {
+            let mut st = c.prepare("SELECT id FROM turns ORDER BY id")?;
+            let rows = st.query_map([], |r| r.get(0))?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+        .unwrap();
+    assert_eq!(turns.len(), 3);
+    // Four lease lengths in all, looking every 50 ms.
+    for _ in 0..12 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for &t in &turns {
+            assert!(!lease_expired(&store, t), "turn {t:?}'s lease ran out");
+        }
+    }
+    for &t in &turns {
+        match other.resume_turn(t).await {
+            Err(Error::LeaseHeld { owner, .. }) => assert_eq!(owner, "holder"),
+            r => panic!("expected LeaseHeld, got {r:?}"),
+        }
+    }
+    parked.open();
+    for t in running {
+        t.await.unwrap().unwrap();
+    }
+}
