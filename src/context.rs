@@ -21,7 +21,7 @@ use crate::message::{Message, ModelRequest};
 use crate::render::{render_steps, render_turn, RenderFormat};
 use crate::replay::build_for;
 use crate::store::Connection;
-use crate::store::{self, CompactionRow, SessionRow};
+use crate::store::{self, CompactionRow, HistoryStep, SessionRow};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -192,6 +192,23 @@ impl Context {
         }
         self.push(more);
         self.at = to;
+        Ok(())
+    }
+
+    /// Extends the array past step `done` of turn `turn_idx`, from the rows
+    /// the runner has just written for it instead of reading them back: the
+    /// same messages as [`extend`](Context::extend) renders from the stored
+    /// rows (the same strings, the same function). Only when the array
+    /// stops right before that step; otherwise it is left as it is, and the
+    /// next step reads what it lacks.
+    pub(crate) fn extend_written(&mut self, turn_idx: i64, done: &HistoryStep) -> Result<()> {
+        if self.at != (turn_idx, done.idx) {
+            return Ok(());
+        }
+        let mut more = Vec::new();
+        render_steps(std::slice::from_ref(done), &mut more, RenderFormat::CURRENT)?;
+        self.push(more);
+        self.at = (turn_idx, done.idx + 1);
         Ok(())
     }
 

@@ -24,6 +24,7 @@ use crate::store::{
     self, CompactionRow, Effect, InvocationStatus, Lease, NewInvocation, Responded, SessionRow,
     StepStatus, Store, TurnRow, TurnStatus,
 };
+use crate::store::{HistoryStep, HistoryTurn};
 use crate::tools::{idempotency_key, render_result, ToolCall, ToolImpl, Tools};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -622,9 +623,10 @@ impl Runner {
         tx: &crate::store::Transaction<'_>,
         session: &SessionRow,
         turn_idx: i64,
+        written: Option<&HistoryTurn>,
     ) -> Result<()> {
         if let Some(extractor) = &self.inner.cfg.pin_extractor {
-            store::pin_turn(tx, session.id, turn_idx, &**extractor)?;
+            store::pin_turn(tx, session.id, turn_idx, &**extractor, written)?;
         }
         Ok(())
     }
@@ -738,6 +740,12 @@ impl Runner {
         at_step: &mut Option<StepId>,
     ) -> std::result::Result<TurnOutcome, Stop> {
         let mut next = first;
+        // The turn's steps as this process wrote them, while it wrote every
+        // one from the first (see `StepPlan::written`).
+        let mut journal = match &next {
+            Prepared::Run(step, _) if step.idx == 0 => Some(Vec::new()),
+            _ => None,
+        };
         loop {
             let (step, response, persist, ctx) = match next {
                 Prepared::Resume(step, ctx) => {
@@ -765,11 +773,21 @@ impl Runner {
                     }
                 }
             };
+            let calls: Vec<_> = response
+                .tool_calls()
+                .map(|(id, name, input)| (id.to_string(), name.to_string(), input.clone()))
+                .collect();
+            let written = Written {
+                response: match &persist {
+                    Some(r) => Some(r.response_json.clone()),
+                    None => step.response.clone(),
+                },
+                results: vec![None; calls.len()],
+                turn: journal.take(),
+            };
             let plan = Arc::new(StepPlan {
-                calls: response
-                    .tool_calls()
-                    .map(|(id, name, input)| (id.to_string(), name.to_string(), input.clone()))
-                    .collect(),
+                calls,
+                written: std::sync::Mutex::new(written),
                 final_text: response.text(),
                 session: session.clone(),
                 turn: turn.clone(),
@@ -781,7 +799,15 @@ impl Runner {
             let mut advanced = self.advance(&plan, 0, persist, None).await?;
             next = loop {
                 match advanced {
-                    Advanced::Next(p) => break *p,
+                    Advanced::Next(p) => {
+                        journal = plan
+                            .written
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .turn
+                            .take();
+                        break *p;
+                    }
                     Advanced::Finished(turn, output) => {
                         return Ok(TurnOutcome {
                             turn,
@@ -1231,6 +1257,9 @@ impl Runner {
         }
         if let Some((id, (ok, result))) = &finished {
             store::finish_invocation(&tx, lease, *id, *ok, result)?;
+            if from > 0 {
+                plan.wrote_result(from - 1, *ok, result);
+            }
             if tell && from > 0 {
                 let call = plan.call(from - 1);
                 let effect = self.prepare_tool(&call).map_or(Effect::None, |t| t.1);
@@ -1273,13 +1302,29 @@ impl Runner {
             plan.step_idx,
             final_output,
         )?;
-        let ctx = plan.ctx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let mut ctx = plan.ctx.lock().unwrap_or_else(|e| e.into_inner()).take();
         let step_completed = || EventKind::StepCompleted {
             step_id: plan.step_id,
             step: plan.step_idx,
         };
+        // The step's rows as written here, when every one of them was: the
+        // next step's context and the turn's pins need not read them back.
+        let mut written = plan.written.lock().unwrap_or_else(|e| e.into_inner());
+        let done = written.step(plan.step_idx);
         if let Some(turn) = finished {
-            self.pin_turn(&tx, &plan.session, plan.turn.idx)?;
+            let whole = match (written.turn.take(), done) {
+                (Some(mut steps), Some(done)) => {
+                    steps.push(done);
+                    Some(HistoryTurn {
+                        idx: plan.turn.idx,
+                        input: plan.turn.input.clone(),
+                        steps,
+                    })
+                }
+                _ => None,
+            };
+            drop(written);
+            self.pin_turn(&tx, &plan.session, plan.turn.idx, whole.as_ref())?;
             tx.commit()?;
             if tell {
                 happened.push(step_completed());
@@ -1289,6 +1334,21 @@ impl Runner {
             }
             return Ok(Advanced::Finished(turn, plan.final_text.clone()));
         }
+        match done {
+            Some(done) => {
+                // On a failure the next step builds its context as usual.
+                if let Some(c) = &mut ctx {
+                    if c.extend_written(plan.turn.idx, &done).is_err() {
+                        ctx = None;
+                    }
+                }
+                if let Some(steps) = &mut written.turn {
+                    steps.push(done);
+                }
+            }
+            None => written.turn = None,
+        }
+        drop(written);
         // The next step's reads go with this COMMIT (on PostgreSQL).
         let next = tx.commit_then(|c| self.prepare(c, &plan.session, &plan.turn, lease, ctx))?;
         if tell {
@@ -1357,7 +1417,10 @@ impl Runner {
                 return Ok(ToolStep::Ran);
             }
         };
-        if let Some((Some(invocation_id), ok)) = ran {
+        if let Some((_, ok, result)) = &ran {
+            plan.wrote_result(pos, *ok, result);
+        }
+        if let Some((Some(invocation_id), ok, _)) = ran {
             happened.push(EventKind::ToolStarted {
                 step_id: plan.step_id,
                 tool: call.name.clone(),
@@ -1423,6 +1486,8 @@ impl Runner {
 /// A step with its model response, as the blocking half needs it.
 struct StepPlan {
     calls: Vec<(String, String, serde_json::Value)>,
+    /// The step's rows as this process writes them.
+    written: std::sync::Mutex<Written>,
     final_text: String,
     session: SessionRow,
     turn: TurnRow,
@@ -1433,7 +1498,41 @@ struct StepPlan {
     ctx: std::sync::Mutex<Option<Context>>,
 }
 
+/// A step's rows as this process writes them, rendered later exactly as the
+/// stored rows are (`render::render_steps`): the response JSON and each
+/// call's result, None where it was written before (a resumed step), and the
+/// turn's earlier steps while this process wrote every one of them. Each
+/// string is the very one bound to the statement that stored it, so what is
+/// built from them is what a read of the rows gives (G3).
+struct Written {
+    response: Option<String>,
+    results: Vec<Option<(String, String, bool)>>,
+    turn: Option<Vec<HistoryStep>>,
+}
+
+impl Written {
+    /// The completed step `idx`, when all of it was written here.
+    fn step(&mut self, idx: i64) -> Option<HistoryStep> {
+        if !self.results.iter().all(Option::is_some) {
+            return None;
+        }
+        Some(HistoryStep {
+            idx,
+            response: self.response.take()?,
+            results: self.results.drain(..).flatten().collect(),
+        })
+    }
+}
+
 impl StepPlan {
+    /// Records the result written for call `pos`.
+    fn wrote_result(&self, pos: usize, ok: bool, result: &str) {
+        let mut w = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(slot), Some((id, _, _))) = (w.results.get_mut(pos), self.calls.get(pos)) {
+            *slot = Some((id.clone(), result.to_string(), !ok));
+        }
+    }
+
     fn call(&self, pos: usize) -> ToolCall {
         let (id, name, input) = &self.calls[pos];
         ToolCall {

@@ -13,6 +13,8 @@
 mod common;
 use abridge::{FaultPoint, Threshold};
 use common::*;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
 
 const SEED: u64 = 11;
 const TURNS: u64 = 12;
@@ -441,4 +443,73 @@ async fn a_crash_around_an_at_most_once_call_never_repeats_it() {
         assert_verified(&store);
         assert!(assert_all_steps_rebuild(&store) >= 2);
     }
+}
+
+/// The pins of a finished turn, and the next step's context, are built from
+/// the rows its runner has just written when it wrote all of them, and read
+/// back otherwise (a resumed turn). Both give the same: a session run
+/// through and the same session with every step stopped before it completes
+/// and resumed by a new runner have the same pins and the same transcript,
+/// and every step of both rebuilds to its recorded hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pins_and_contexts_from_the_rows_just_written_equal_those_read_back() {
+    fn pins(store: &abridge::Store) -> Vec<String> {
+        store
+            .with_conn(|c| {
+                let mut st = c.prepare(
+                    "SELECT turn_index, kind, slot, value, sentence, source, \
+                     superseded_by IS NULL FROM pins ORDER BY id",
+                )?;
+                let rows = st.query_map([], |r| {
+                    Ok(format!(
+                        "{}|{}|{:?}|{}|{}|{}|{}",
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, Option<String>>(2)?,
+                        r.get::<_, String>(3)?,
+                        r.get::<_, String>(4)?,
+                        r.get::<_, String>(5)?,
+                        r.get::<_, bool>(6)?,
+                    ))
+                })?;
+                Ok(rows.collect::<rusqlite::Result<_>>()?)
+            })
+            .unwrap()
+    }
+    let (_da, pa) = temp_db();
+    let through = open(&pa);
+    let r = demo_runner_with(&through, SEED, Threshold::Off, None, EXTRAS, "through");
+    assert_eq!(run_script(&r, || r.clone(), SEED, 0, TURNS).await, 0);
+
+    let (_db, pb) = temp_db();
+    let resumed = open(&pb);
+    // Every other arrival before a step's completion fails: each step
+    // fails once, and is completed by the next runner from its rows.
+    let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let hook: abridge::FaultHook = Arc::new(move |p| {
+        let n = hits.fetch_add((p == FaultPoint::BeforeStepComplete) as usize, SeqCst);
+        match p == FaultPoint::BeforeStepComplete && n % 2 == 0 {
+            true => Err(p),
+            false => Ok(()),
+        }
+    });
+    let fresh = || {
+        demo_runner_with(
+            &resumed,
+            SEED,
+            Threshold::Off,
+            Some(hook.clone()),
+            EXTRAS,
+            "resumed",
+        )
+    };
+    let faults = run_script(&fresh(), fresh, SEED, 0, TURNS).await;
+    assert!(faults as u64 >= 2 * TURNS, "{faults} faults");
+
+    let written = pins(&through);
+    assert!(written.len() >= TURNS as usize, "{} pins", written.len());
+    assert_eq!(written, pins(&resumed));
+    assert_eq!(transcript(&through, SEED, 0), transcript(&resumed, SEED, 0));
+    assert!(assert_all_steps_rebuild(&through) >= 2 * TURNS as usize);
+    assert_all_steps_rebuild(&resumed);
 }

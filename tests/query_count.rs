@@ -246,16 +246,19 @@ async fn statements_and_rows_read_per_step_are_fixed_and_independent_of_history(
             rows_written,
             pages_written,
         } = small;
+        // The second step's context and the turn's pins come from the rows
+        // the runner has just written, not read back (37 and 39 statements
+        // now, 43 and 45 when they were read).
         let per_step = statements / 2;
         assert!(
-            per_step <= 25,
+            per_step <= 20,
             "{compact_at:?}: {per_step} statements per step"
         );
         // One to begin the turn (claiming step 0), one per step: the tool step's
         // response, tool, completion and step 1's claim; the final answer with
         // the turn's completion.
         assert_eq!(write_txs, 3, "{compact_at:?}: write transactions per turn");
-        assert!(rows > 0 && rows <= 60, "{compact_at:?}: {rows} rows read");
+        assert!(rows > 0 && rows <= 14, "{compact_at:?}: {rows} rows read");
         // Written, per two-step turn: the turn, its two steps (claimed, then
         // given their response and completed), the invocation (written once,
         // with its result), the tool's effect, the pins of the finished turn.

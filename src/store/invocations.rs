@@ -157,7 +157,7 @@ pub(crate) fn run_transactional(
     body: Box<TxBody<'_>>,
     want_id: bool,
     fresh: bool,
-) -> Result<Option<(Option<InvocationId>, bool)>> {
+) -> Result<Option<(Option<InvocationId>, bool, String)>> {
     let existing = match fresh {
         true => None,
         false => get_invocation_by_call(tx, inv.step_id, inv.tool_call_id)?,
@@ -194,7 +194,7 @@ pub(crate) fn run_transactional(
             write_invocation(tx, inv, status, Some(&result), "", want_id)?.map(InvocationId)
         }
     };
-    Ok(Some((id, ok)))
+    Ok(Some((id, ok, result)))
 }
 
 /// The invocation of a step's call, if recorded.

@@ -2,7 +2,7 @@
 //! boundary (the newest value of each slot).
 
 use super::db::{Connection, OptionalExtension};
-use super::history::load_history;
+use super::history::{load_history, HistoryTurn};
 use super::now_ms;
 use crate::error::Result;
 use crate::ids::SessionId;
@@ -204,6 +204,7 @@ pub(crate) fn pin_turn(
     session_id: SessionId,
     turn_index: i64,
     extractor: &dyn PinExtractor,
+    written: Option<&HistoryTurn>,
 ) -> Result<usize> {
     let mut facts: Vec<(FactSource, Fact)> = Vec::new();
     let mut record = |source: FactSource, text: &str| {
@@ -215,9 +216,17 @@ pub(crate) fn pin_turn(
         found.truncate(MAX_PINS_PER_TURN - seen);
         facts.extend(found.into_iter().map(|f| (source, f)));
     };
-    let turns = load_history(conn, session_id, turn_index - 1, turn_index, i64::MAX)?;
+    // The turn's rows as its runner wrote them (the same strings), or read.
+    let loaded;
+    let turns: &[HistoryTurn] = match written {
+        Some(t) => std::slice::from_ref(t),
+        None => {
+            loaded = load_history(conn, session_id, turn_index - 1, turn_index, i64::MAX)?;
+            &loaded
+        }
+    };
     let mut extract = || {
-        for turn in &turns {
+        for turn in turns {
             record(FactSource::User, &turn.input);
             for step in &turn.steps {
                 if let Ok(resp) = serde_json::from_str::<ModelResponse>(&step.response) {
@@ -346,7 +355,7 @@ pub(super) fn backfill(conn: &Connection) -> Result<usize> {
     };
     let mut written = 0;
     for (sid, idx) in turns {
-        written += pin_turn(conn, sid, idx, &crate::pins::RuleExtractor)?;
+        written += pin_turn(conn, sid, idx, &crate::pins::RuleExtractor, None)?;
     }
     Ok(written)
 }

@@ -208,7 +208,7 @@ pub(crate) fn fail_turn(
     )?;
         if let Some(extractor) = pins {
             let turn = get_turn(&tx, lease.turn_id)?;
-            super::pins::pin_turn(&tx, turn.session_id, turn.idx, extractor)?;
+            super::pins::pin_turn(&tx, turn.session_id, turn.idx, extractor, None)?;
         }
         tx.commit()
     })();
