@@ -150,6 +150,9 @@ async fn renew_all(renewals: std::sync::Weak<RenewalsInner>) {
             continue; // once gone, every later store call fails with StoreFileGone
         }
         for (id, renew) in due {
+            if !lock(&r.leases).kept.contains_key(&id) {
+                continue; // dropped since
+            }
             let renewed = r.store.call(move |c| renew(c)).await;
             let mut leases = lock(&r.leases);
             match renewed {
