@@ -778,10 +778,8 @@ impl Runner {
                 .map(|(id, name, input)| (id.to_string(), name.to_string(), input.clone()))
                 .collect();
             let written = Written {
-                response: match &persist {
-                    Some(r) => Some(r.response_json.clone()),
-                    None => step.response.clone(),
-                },
+                // A fresh step's response is set as it is written.
+                response: persist.is_none().then(|| step.response.clone()).flatten(),
                 results: vec![None; calls.len()],
                 turn: journal.take(),
             };
@@ -1242,8 +1240,9 @@ impl Runner {
         // Events only when someone listens (building them costs allocations).
         let tell = self.inner.events.listened();
         let tx = store::fenced_tx(c, lease)?;
-        if let Some(r) = &persist {
-            store::write_response(&tx, lease, r)?;
+        let fresh = persist.is_some();
+        if let Some(r) = persist {
+            store::write_response(&tx, lease, &r)?;
             crate::error::check_fault(hook, FaultPoint::AfterResponseWritten)?;
             if tell {
                 happened.push(EventKind::StepResponded {
@@ -1254,6 +1253,11 @@ impl Runner {
                     output_tokens: r.output_tokens,
                 });
             }
+            // The very string stored, for what is built from this step's rows.
+            plan.written
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .response = Some(r.response_json);
         }
         if let Some((id, (ok, result))) = &finished {
             store::finish_invocation(&tx, lease, *id, *ok, result)?;
@@ -1280,7 +1284,7 @@ impl Runner {
                 tool,
                 row,
                 inserted,
-            } = self.tool_in_tx(&tx, plan, pos, persist.is_some(), tell, happened)?
+            } = self.tool_in_tx(&tx, plan, pos, fresh, tell, happened)?
             {
                 // Everything so far is durable before the outside effect.
                 tx.commit()?;
