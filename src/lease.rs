@@ -1,9 +1,8 @@
-//! Heartbeats: keep a lease (a turn's or a compaction row's) while its
-//! holder works. A compaction's lease has a task of its own ([`heartbeat`]);
-//! a runner's turns share one task ([`Renewals`]), so a turn starts and
+//! The heartbeat: keeps a lease (a turn's or a compaction row's) while its
+//! holder works. A runner's turns share one renewal task, and its
+//! compactor's claims another ([`Renewals`]): a turn or a summary starts and
 //! ends none.
 
-use crate::owner::AbortOnDrop;
 use crate::store::Connection;
 use crate::store::Store;
 use std::collections::HashMap;
@@ -11,40 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::debug;
 
-/// Renews a lease every `ttl / 3` in the background, until `renew` reports
-/// it lost (`Ok(false)`), the store's file is gone, or the returned guard is
-/// dropped (so a dropped future renews nothing). A failed renewal (a busy
-/// database) is tried again at the next tick: the lease's remaining two
-/// thirds leave room for it.
-pub(crate) fn heartbeat<F>(store: &Store, ttl: Duration, renew: F) -> AbortOnDrop
-where
-    F: Fn(&mut Connection) -> crate::error::Result<bool> + Clone + Send + Sync + 'static,
-{
-    let store = store.clone();
-    AbortOnDrop(tokio::spawn(async move {
-        let mut tick = tokio::time::interval(ttl / 3);
-        tick.tick().await;
-        loop {
-            tick.tick().await;
-            if store.check_file().is_err() {
-                break; // every later store call fails with StoreFileGone
-            }
-            let renew = renew.clone();
-            match store.call(move |c| renew(c)).await {
-                Ok(true) => {}
-                Ok(false) => break,
-                Err(e) => debug!(error = %e, "lease renewal failed; retrying"),
-            }
-        }
-    }))
-}
-
 /// What renews one lease: `Ok(false)` when it was lost.
 type Renew = Arc<dyn Fn(&mut Connection) -> crate::error::Result<bool> + Send + Sync>;
 
-/// The leases of a runner's running turns, all renewed by one task of the
-/// runner (where [`heartbeat`] spawns a task per lease): a turn registers
-/// its lease as it starts and drops it as it ends, a lock taken and released
+/// The leases of a runner's running turns (or of its compactor's claims),
+/// all renewed by one task: a holder registers its lease as it starts and
+/// drops it as it ends, a lock taken and released
 /// with no task spawned, aborted or woken. The task checks every `period / 2`
 /// and renews each lease `period` after its last renewal (or its start), so
 /// a lease is renewed every `period` to `1.5 × period`; it stops renewing a

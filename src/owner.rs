@@ -151,17 +151,6 @@ impl Drop for ClaimGuard {
     }
 }
 
-/// Aborts a background task (a lease heartbeat) when dropped: whatever ends
-/// the work that holds a lease (a return, an error, a dropped future) ends its
-/// renewals.
-pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// A holder string, parsed.
 struct Holder<'a> {
     owner: &'a str,

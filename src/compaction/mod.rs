@@ -75,6 +75,8 @@ pub struct Compactor {
     pub(crate) fault: Option<FaultHook>,
     pub(crate) holder_is_gone: GoneCheck,
     heartbeat: bool,
+    /// Renews the leases of the rows this compactor's claims are summarising.
+    renewals: Arc<crate::lease::Renewals>,
     warned: Arc<Mutex<HashSet<String>>>,
     tasks: Tasks,
 }
@@ -167,7 +169,9 @@ impl Compactor {
         holder_is_gone: GoneCheck,
     ) -> Result<Compactor> {
         config.validate()?;
+        let renewals = Arc::new(crate::lease::Renewals::new(&store, config.lease_ttl));
         Ok(Compactor {
+            renewals,
             store,
             summariser,
             config,
@@ -1064,14 +1068,12 @@ impl Compactor {
             summary_chars: self.config.summary_chars(&subject.model),
         };
         // Heartbeat: keep the row's lease while this claim is alive and working.
-        // Aborted when dropped, so a dropped future renews nothing.
+        // Dropped with the future, so a dropped future renews nothing.
         let hb = self.heartbeat.then(|| {
             let owner = claim.holder().to_string();
-            let ttl = self.config.lease_ttl;
-            let (id, ms) = (row.id, ttl.as_millis() as i64);
-            crate::lease::heartbeat(&self.store, ttl, move |c| {
-                store::renew_compaction_lease(c, id, &owner, ms)
-            })
+            let (id, ms) = (row.id, self.config.lease_ttl.as_millis() as i64);
+            self.renewals
+                .keep(move |c| store::renew_compaction_lease(c, id, &owner, ms))
         });
         let previous_present = span.prev.as_ref().is_some_and(|p| p.summary.is_some());
         let result = self
