@@ -342,3 +342,76 @@ mod encrypted {
         assert!(!chaos.exists());
     }
 }
+
+/// The first keyed opens of a process, made at once from several threads,
+/// all succeed. SQLite counts itself initialized before it runs SQLCipher's
+/// own set-up (its private heap, its crypto provider), so a thread could key
+/// a connection while another was still inside that set-up and get "An error
+/// occurred with PRAGMA key or rekey" (seen in CI, on the first two tests of
+/// a test binary). Only a process's first opens can meet it, so each run is
+/// a new process; the race is narrow, hence many runs (before the fix about
+/// one child in twenty failed).
+#[cfg(feature = "encryption")]
+#[test]
+fn the_first_keyed_opens_of_a_process_made_at_once_all_succeed() {
+    const RUNS: usize = 200;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("keyed.db");
+    drop(Store::open_with(&db, keyed(&first_opens_key())).unwrap());
+    let exe = std::env::current_exe().unwrap();
+    let child = || {
+        Command::new(&exe)
+            .args(["--exact", "first_keyed_opens_child", "--ignored"])
+            .args(["--nocapture", "--test-threads=1"])
+            .env("ABRIDGE_FIRST_OPENS_DB", &db)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // Two children at a time: each meets the other's load, as in CI.
+    for run in (0..RUNS).step_by(2) {
+        for (i, c) in [child(), child()].into_iter().enumerate() {
+            let out = c.wait_with_output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success() && text.contains("1 passed"),
+                "run {}: {text}",
+                run + i
+            );
+        }
+    }
+}
+
+#[cfg(feature = "encryption")]
+fn first_opens_key() -> Key {
+    // Raw: no key derivation, so every open reaches `PRAGMA key` at once.
+    Key::raw([7; 32])
+}
+
+/// The child process of the test above: 32 threads, released together,
+/// each opening the encrypted store as the process's first use of SQLite.
+#[cfg(feature = "encryption")]
+#[test]
+#[ignore = "run as a child process by the_first_keyed_opens_of_a_process_made_at_once_all_succeed"]
+fn first_keyed_opens_child() {
+    const THREADS: usize = 32;
+    let Some(db) = std::env::var_os("ABRIDGE_FIRST_OPENS_DB") else {
+        return;
+    };
+    let db = std::path::PathBuf::from(db);
+    let start = std::sync::Arc::new(std::sync::Barrier::new(THREADS));
+    let threads: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let (start, db) = (start.clone(), db.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                abridge::store::open_read_only_keyed(&db, Some(&first_opens_key())).map(|_| ())
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap().unwrap();
+    }
+}

@@ -68,10 +68,50 @@ pub(crate) fn apply_key(conn: &Connection, key: Option<&Key>) -> Result<()> {
     if !cipher {
         return Err(Error::EncryptionUnavailable);
     }
+    sqlcipher_ready()?;
     // SQLCipher logs a wrong key's failed page check to stderr itself;
     // the error is ours to report (a host can set its own level after).
     conn.execute_batch("PRAGMA cipher_log_level = NONE")?;
     set_key(conn, key)?;
+    Ok(())
+}
+
+/// Waits for SQLCipher's own set-up, or does it, before a connection is
+/// keyed.
+///
+/// SQLite counts itself initialized before it runs SQLCipher's set-up
+/// (`SQLITE_EXTRA_INIT`, which SQLCipher requires to be
+/// `sqlcipher_extra_init`: its private heap, its crypto provider). A thread
+/// that opens a connection while another is still inside that set-up finds
+/// SQLite ready and SQLCipher not, and its `PRAGMA key` fails ("An error
+/// occurred with PRAGMA key or rekey"): only a process's first opens, made
+/// at once, can meet it. `sqlcipher_extra_init` works under SQLite's main
+/// mutex and returns at once when the set-up is done, so calling it waits
+/// for a set-up in progress.
+#[cfg(feature = "encryption")]
+fn sqlcipher_ready() -> Result<()> {
+    use std::ffi::{c_char, c_int};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    extern "C" {
+        fn sqlcipher_extra_init(arg: *const c_char) -> c_int;
+    }
+    static READY: AtomicBool = AtomicBool::new(false);
+    if READY.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    // SAFETY: SQLite is initialized (the caller holds an open connection);
+    // the function takes no pointer it keeps and is idempotent under SQLite's
+    // main mutex.
+    let rc = unsafe { sqlcipher_extra_init(std::ptr::null()) };
+    if rc != rusqlite::ffi::SQLITE_OK {
+        return Err(rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rc), None).into());
+    }
+    READY.store(true, Ordering::Release);
+    Ok(())
+}
+
+#[cfg(not(feature = "encryption"))]
+fn sqlcipher_ready() -> Result<()> {
     Ok(())
 }
 
