@@ -60,6 +60,9 @@ pub(crate) fn apply_key(conn: &Connection, key: Option<&Key>) -> Result<()> {
     let Some(key) = key else {
         return Ok(());
     };
+    // SQLCipher's set-up first: it also sets the default log level, which
+    // the pragma below must come after.
+    sqlcipher_ready()?;
     // Checked on the connection too: SQLCipher answers `cipher_version`
     // without reading the file, plain SQLite ignores the pragma.
     let cipher = conn
@@ -68,7 +71,6 @@ pub(crate) fn apply_key(conn: &Connection, key: Option<&Key>) -> Result<()> {
     if !cipher {
         return Err(Error::EncryptionUnavailable);
     }
-    sqlcipher_ready()?;
     // SQLCipher logs a wrong key's failed page check to stderr itself;
     // the error is ours to report (a host can set its own level after).
     conn.execute_batch("PRAGMA cipher_log_level = NONE")?;
