@@ -66,6 +66,25 @@ pub enum Error {
         path: PathBuf,
     },
 
+    /// The key opens the store's main file, but not the `-wal` file beside
+    /// it, which holds frames: a WAL written under another key or for another
+    /// file (typically the old file's, left beside a copy that `abridge
+    /// rekey` wrote and that was moved over it). Refused before anything was
+    /// written, so the WAL is never applied. Final: if the main file is the
+    /// copy, stop every process using the old file and delete the stale
+    /// `-wal` and `-shm`; otherwise put the file that the WAL belongs to back.
+    #[error(
+        "{path}: the key opens it but not its WAL {wal}, which belongs to another file or key; \
+         refused, nothing written (after moving a rekeyed copy over a store, delete the old \
+         -wal and -shm files)"
+    )]
+    ForeignWal {
+        /// The store.
+        path: PathBuf,
+        /// The WAL that does not belong to it.
+        wal: PathBuf,
+    },
+
     /// A key was given, but this build's SQLite is not SQLCipher (build
     /// with the `encryption` feature). Nothing was opened.
     #[error(
@@ -290,6 +309,22 @@ pub enum Error {
         message: String,
     },
 
+    /// The provider rate-limited the step and asked for a wait longer than the
+    /// runner's retry policy allows (`RunnerConfig::model_retry.max_backoff`).
+    /// Retry: the turn stays `running` and resumable; resume it once
+    /// `retry_after` has passed (the step is called again).
+    #[error("rate limited: the provider asks to wait {retry_after:?}, longer than the retry policy allows ({allowed:?}): {message}")]
+    RateLimited {
+        /// The step.
+        step_id: StepId,
+        /// The wait the provider asked for (capped at one day).
+        retry_after: std::time::Duration,
+        /// The longest wait the policy allows.
+        allowed: std::time::Duration,
+        /// What the provider said.
+        message: String,
+    },
+
     /// The model refused the step's context as longer than its window, and
     /// neither compacting every earlier turn nor leaving out the older tool
     /// results of this turn made it fit. The turn is failed.
@@ -413,6 +448,7 @@ impl Error {
     pub fn quoted_text(&self) -> Option<&str> {
         match self {
             Error::Model { message, .. }
+            | Error::RateLimited { message, .. }
             | Error::ContextOverflow { message, .. }
             | Error::CompactionFailed { message, .. } => Some(message),
             Error::Summary(m) => Some(m),
@@ -464,6 +500,7 @@ impl Error {
                 | Error::Unreachable { .. }
                 | Error::LeaseHeld { .. }
                 | Error::LeaseLost { .. }
+                | Error::RateLimited { .. }
                 | Error::Injected(_)
                 | Error::Task(_)
                 | Error::CompactionWaitTimeout { .. }

@@ -102,6 +102,7 @@ pub mod runner;
 pub mod store;
 pub mod text;
 pub mod tools;
+mod unwind;
 pub mod verify;
 
 #[cfg(feature = "tiktoken")]

@@ -32,6 +32,14 @@ pub enum ModelError {
     /// Retrying will not help (bad request, auth).
     #[error("model error: {0}")]
     Permanent(String),
+    /// The answer's body is longer than the client reads
+    /// (`HttpOptions::max_response_bytes`); refused before it was buffered
+    /// whole. Not retried: the same request is likely to get the same answer.
+    #[error("the provider's answer is larger than {limit_bytes} bytes; refused")]
+    ResponseTooLarge {
+        /// The limit in force.
+        limit_bytes: u64,
+    },
 }
 
 impl ModelError {

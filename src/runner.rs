@@ -26,6 +26,7 @@ use crate::store::{
 };
 use crate::store::{HistoryStep, HistoryTurn};
 use crate::tools::{idempotency_key, render_result, ToolCall, ToolImpl, Tools};
+use crate::unwind::{panic_message, CatchUnwind};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
@@ -1167,9 +1168,28 @@ impl Runner {
                 Ok(Ok(Err(ModelError::ContextOverflow(message)))) => {
                     return Err(Error::ContextOverflow { step_id, message });
                 }
+                Ok(Ok(Err(ModelError::RateLimited {
+                    message,
+                    retry_after: Some(wait),
+                }))) if wait > cfg.model_retry.max_backoff => {
+                    // Never waited past the policy: the host sees the demand
+                    // and the turn stays resumable.
+                    return Err(Error::RateLimited {
+                        step_id,
+                        retry_after: wait,
+                        allowed: cfg.model_retry.max_backoff,
+                        message,
+                    });
+                }
                 Ok(Ok(Err(e @ ModelError::RateLimited { retry_after, .. }))) => {
                     not_before = retry_after.unwrap_or_default();
                     last = e.to_string();
+                }
+                Ok(Ok(Err(e @ ModelError::ResponseTooLarge { .. }))) => {
+                    return Err(Error::Model {
+                        step_id,
+                        message: e.to_string(),
+                    });
                 }
                 Ok(Ok(Err(e))) => last = e.to_string(),
                 Ok(Err(p)) => last = format!("model client panicked: {}", panic_message(&p)),
@@ -1465,7 +1485,9 @@ impl Runner {
         row: &store::InvocationRow,
         inserted: bool,
     ) -> (bool, String) {
-        let call = plan.call(pos);
+        let mut call = plan.call(pos);
+        // A call that had started goes out again under the key it first had.
+        call.idempotency_key = row.idempotency_key.clone();
         if row.effect == Effect::AtMostOnce && !inserted {
             return (
                 false,
@@ -1548,6 +1570,7 @@ impl StepPlan {
             input: input.clone(),
             idempotency_key: idempotency_key(
                 &self.session.external_id,
+                (self.session.id.0, self.session.created_at),
                 self.turn.idx,
                 self.step_idx,
                 id,
@@ -1620,37 +1643,6 @@ fn new_invocation<'a>(
         arguments: call.input.to_string(),
         effect,
         idempotency_key: &call.idempotency_key,
-    }
-}
-
-/// Polls a boxed future in the caller's task, turning a panic inside it into
-/// an `Err` with the payload: what spawning a task for the call would give,
-/// without handing it to another thread. Dropping it (a timeout) cancels the
-/// call instead of leaving it running detached.
-struct CatchUnwind<'a, T>(std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>);
-
-impl<T> std::future::Future for CatchUnwind<'_, T> {
-    type Output = std::thread::Result<T>;
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        let fut = self.0.as_mut();
-        match std::panic::catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
-            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
-            Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
-            Err(p) => std::task::Poll::Ready(Err(p)),
-        }
-    }
-}
-
-fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(non-string panic)".into()
     }
 }
 

@@ -98,8 +98,62 @@ pub fn truncate_chars(s: &str, max: usize) -> String {
     s[..head_cut(s, max)].to_string()
 }
 
+/// A duration in milliseconds as a person says it: `850 ms`, `12 s`,
+/// `4 min`, `3 h 20 min`, `2 days 5 h`. Negative values read as 0.
+pub fn human_duration_ms(ms: i64) -> String {
+    let ms = ms.max(0);
+    let s = ms / 1000;
+    let (m, h, d) = (s / 60, s / 3600, s / 86_400);
+    match () {
+        _ if ms < 1000 => format!("{ms} ms"),
+        _ if s < 60 => format!("{s} s"),
+        _ if m < 60 => format!("{m} min"),
+        _ if h < 24 => match m % 60 {
+            0 => format!("{h} h"),
+            rest => format!("{h} h {rest} min"),
+        },
+        _ => {
+            let days = if d == 1 { "day" } else { "days" };
+            match h % 24 {
+                0 => format!("{d} {days}"),
+                rest => format!("{d} {days} {rest} h"),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn durations_read_as_a_person_says_them() {
+        let got: Vec<String> = [
+            -5,
+            850,
+            12_000,
+            240_000,
+            12_000_000,
+            10_800_000,
+            86_400_000,
+            190_800_000,
+        ]
+        .into_iter()
+        .map(human_duration_ms)
+        .collect();
+        assert_eq!(
+            got,
+            [
+                "0 ms",
+                "850 ms",
+                "12 s",
+                "4 min",
+                "3 h 20 min",
+                "3 h",
+                "1 day",
+                "2 days 5 h"
+            ]
+        );
+    }
+
     use super::*;
 
     fn parts(capped: &str) -> (&str, &str) {

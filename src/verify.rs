@@ -251,6 +251,7 @@ pub fn verify_with(conn: &Connection, effect_checks: &[&dyn EffectCheck]) -> Res
     ));
 
     notes.extend(compacting_often(&compactions));
+    notes.extend(stalled_turns(conn, store::now_ms())?);
     Ok(Report {
         ok: checks.iter().all(|c| c.ok),
         checks,
@@ -299,6 +300,54 @@ fn pins_carried(
         }
     }
     Ok((checked, lost, redacted))
+}
+
+/// Turns left `running` that nothing is working on: no lease, or one expired
+/// before `now`. Each makes progress only when a host resumes it
+/// (`Runner::recoverable_turns` then `resume_turn`, or the same demo command
+/// again); until then its session refuses new turns. Named with the last
+/// error its session's pending compaction recorded, when there is one (a
+/// summariser failing on every attempt).
+fn stalled_turns(conn: &Connection, now: i64) -> Result<Vec<String>> {
+    let mut q = conn.prepare(
+        "SELECT s.external_id, t.idx, coalesce(t.lease_expires_at, 0), \
+                (SELECT c.error FROM compactions c WHERE c.session_id = t.session_id \
+                  AND c.status = 'pending' AND c.error IS NOT NULL ORDER BY c.id DESC LIMIT 1) \
+         FROM turns t JOIN sessions s ON s.id = t.session_id \
+         WHERE t.status = 'running' AND coalesce(t.lease_expires_at, 0) < ?1 \
+         ORDER BY s.external_id, t.idx",
+    )?;
+    let rows = q
+        .query_map([now], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, Option<String>>(3)?,
+            ))
+        })?
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(rows
+        .into_iter()
+        .map(|(session, idx, expired, error)| {
+            let since = match expired {
+                0 => String::new(),
+                ms => format!(" for {}", crate::text::human_duration_ms(now - ms)),
+            };
+            let why = error
+                .map(|e| {
+                    format!(
+                        "; its pending compaction last failed: {}",
+                        crate::text::truncate_chars(&e, 200)
+                    )
+                })
+                .unwrap_or_default();
+            format!(
+                "turn {idx} of session {session} is running with no live holder{since}: it makes \
+                 no progress until a host resumes it, and the session refuses new turns{why}"
+            )
+        })
+        .collect())
 }
 
 /// Sessions whose automatic compactions came in consecutive turns: each

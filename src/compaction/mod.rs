@@ -38,6 +38,7 @@ use crate::render::SummaryView;
 use crate::store::{
     self, ClaimOutcome, CompactionRow, CompactionStats, CompactionStatus, SessionRow, Store,
 };
+use crate::unwind::{panic_message, CatchUnwind};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -1356,8 +1357,11 @@ impl Compactor {
                 max_chars: rules.summary_chars,
                 focus: None,
             };
-            let again = tokio::time::timeout(cfg.attempt_timeout, self.summariser.summarise(&req));
-            if let Ok(Ok(resp)) = again.await {
+            let again = tokio::time::timeout(
+                cfg.attempt_timeout,
+                CatchUnwind(self.summariser.summarise(&req)),
+            );
+            if let Ok(Ok(Ok(resp))) = again.await {
                 calls += 1;
                 let better = clean_summary(&resp.text, rules.summary_chars);
                 let still = crate::pins::missing(pins, &better);
@@ -1419,10 +1423,18 @@ impl Compactor {
                 transcript: chunk.to_string(),
                 max_chars: rules.summary_chars,
             };
-            let fut = self.summariser.summarise(&req);
+            // A summariser that panics (a provider client's bug, a host's) fails
+            // this attempt; the row is retried and failed under the policy.
+            let fut = CatchUnwind(self.summariser.summarise(&req));
             let resp = match tokio::time::timeout(self.config.attempt_timeout, fut).await {
-                Ok(Ok(r)) => r,
-                Ok(Err(e)) => return Err(Error::Summary(e.to_string())),
+                Ok(Ok(Ok(r))) => r,
+                Ok(Ok(Err(e))) => return Err(Error::Summary(e.to_string())),
+                Ok(Err(p)) => {
+                    return Err(Error::Summary(format!(
+                        "summariser panicked: {}",
+                        panic_message(&p)
+                    )))
+                }
                 Err(_) => {
                     return Err(Error::Summary(format!(
                         "summariser timed out after {:?}",

@@ -46,7 +46,7 @@ mod responses;
 pub use anthropic::{Anthropic, AnthropicCompaction};
 #[cfg(feature = "openai")]
 pub use compact::{compaction_items, OpenAiCompaction, OPENAI_COMPACTION_MARKER};
-pub use http::HttpOptions;
+pub use http::{HttpOptions, Redirects, DEFAULT_MAX_RESPONSE_BYTES, MAX_RETRY_AFTER};
 #[cfg(feature = "openai")]
 pub use openai::OpenAiChat;
 #[cfg(feature = "openai")]
@@ -175,6 +175,6 @@ fn error_message(status: u16, body: &str) -> String {
             .or_else(|| e.as_str())
             .map(str::to_string)
     });
-    let said = said.unwrap_or_else(|| crate::text::truncate_chars(body.trim(), 500));
+    let said = crate::text::truncate_chars(said.as_deref().unwrap_or(body).trim(), 500);
     format!("HTTP {status}: {said}")
 }
