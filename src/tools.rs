@@ -172,14 +172,24 @@ pub(crate) fn render_result(mut value: Value) -> Result<String, String> {
 }
 
 /// Derives the idempotency key of a call: stable across retries and processes,
-/// unique per (session, turn, step, call id).
+/// unique per (session, turn, step, call id) over the store's whole life.
+///
+/// The session enters by its external id *and* its row (`session_row`: the
+/// row id and its creation time in ms), so that a session deleted and created
+/// again under the same external id never repeats the deleted one's keys (an
+/// idempotent outside API would silently skip the new session's effects).
+/// A call that had started is called again with the key stored in its
+/// invocation row, whatever derivation made it (an older version's included).
 pub(crate) fn idempotency_key(
     session: &str,
+    session_row: (i64, i64),
     turn_idx: i64,
     step_idx: i64,
     call_id: &str,
 ) -> String {
-    let material = format!("{session}\u{0}{turn_idx}\u{0}{step_idx}\u{0}{call_id}");
+    let (row_id, created_at) = session_row;
+    let material =
+        format!("{session}\u{0}{row_id}.{created_at}\u{0}{turn_idx}\u{0}{step_idx}\u{0}{call_id}");
     let hex = crate::message::sha256_hex(material.as_bytes());
     format!("abr_{}", &hex[..32])
 }

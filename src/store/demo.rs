@@ -104,22 +104,33 @@ pub fn count_effects(conn: &Connection, table: DemoTable) -> Result<i64> {
     conn.query_row(sql, [], |r| r.get(0))
 }
 
-/// Every (key, tool, arguments) of a table, ordered: for comparing two runs.
+/// Every (call, tool, arguments) of a table, ordered: for comparing two runs.
+/// The call is named as a run names it, `session/turn/step/call id` (found
+/// through the effect's idempotency key), not by the key itself: keys carry
+/// the session's row, so two stores running the same script have different
+/// ones. An effect no invocation accounts for is named by its key.
 pub fn all_effects(conn: &Connection, table: DemoTable) -> Result<Vec<(String, String, String)>> {
-    let sql = match table {
-        DemoTable::Effects => {
-            "SELECT idempotency_key, tool, arguments FROM demo_effects ORDER BY 1, 2, 3"
-        }
-        DemoTable::External => {
-            "SELECT DISTINCT idempotency_key, tool, arguments FROM demo_external ORDER BY 1, 2, 3"
-        }
+    let (distinct, table) = match table {
+        DemoTable::Effects => ("", "demo_effects"),
+        DemoTable::External => ("DISTINCT", "demo_external"),
     };
-    let mut st = conn.prepare(sql)?;
+    let sql = format!(
+        "SELECT {distinct} coalesce(se.external_id || '/' || t.idx || '/' || s.idx || '/' \
+                || i.tool_call_id, e.idempotency_key), e.tool, e.arguments \
+         FROM {table} e \
+         LEFT JOIN tool_invocations i ON i.idempotency_key = e.idempotency_key \
+         LEFT JOIN steps s ON s.id = i.step_id \
+         LEFT JOIN turns t ON t.id = s.turn_id \
+         LEFT JOIN sessions se ON se.id = t.session_id \
+         ORDER BY 1, 2, 3"
+    );
+    let mut st = conn.prepare(&sql)?;
     let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
-/// One applied transactional effect: (turn index, key, tool, arguments).
+/// One applied transactional effect: (turn index, `step/call id` (its key
+/// when no invocation accounts for it), tool, arguments).
 pub type SessionEffect = (i64, String, String, String);
 
 /// Every row of `demo_effects`, grouped by the external id of the session
@@ -130,7 +141,8 @@ pub fn effects_by_session(
     conn: &Connection,
 ) -> Result<std::collections::BTreeMap<String, Vec<SessionEffect>>> {
     let mut st = conn.prepare(
-        "SELECT coalesce(se.external_id, ''), coalesce(t.idx, -1), e.idempotency_key, e.tool,                 e.arguments          FROM demo_effects e          LEFT JOIN tool_invocations i            ON i.idempotency_key = e.idempotency_key AND i.effect = 'transactional'          LEFT JOIN steps s ON s.id = i.step_id          LEFT JOIN turns t ON t.id = s.turn_id          LEFT JOIN sessions se ON se.id = t.session_id          ORDER BY 1, 2, 3, 4, 5",
+        "SELECT coalesce(se.external_id, ''), coalesce(t.idx, -1), \
+                coalesce(s.idx || '/' || i.tool_call_id, e.idempotency_key), e.tool,                 e.arguments          FROM demo_effects e          LEFT JOIN tool_invocations i            ON i.idempotency_key = e.idempotency_key AND i.effect = 'transactional'          LEFT JOIN steps s ON s.id = i.step_id          LEFT JOIN turns t ON t.id = s.turn_id          LEFT JOIN sessions se ON se.id = t.session_id          ORDER BY 1, 2, 3, 4, 5",
     )?;
     let mut out: std::collections::BTreeMap<String, Vec<SessionEffect>> = Default::default();
     let rows = st.query_map([], |r| {
