@@ -932,6 +932,17 @@ pub(crate) fn parse(url: &str) -> Result<Target> {
             "schema {schema:?}: letters, digits and _ only, not starting with a digit, at most 63"
         )));
     }
+    // The schema name is written unquoted in every statement (search_path,
+    // CREATE SCHEMA) and compared as given in the catalogue: a plain lower-case
+    // identifier is the one form all of them read alike. A capital would be
+    // folded by the first and kept by the second.
+    if schema.chars().any(|c| c.is_ascii_uppercase()) {
+        return Err(bad(format!(
+            "schema {schema:?}: PostgreSQL folds unquoted names to lower case; write it in \
+             lower case (schema={})",
+            schema.to_ascii_lowercase()
+        )));
+    }
     let rest = if kept.is_empty() {
         base.to_string()
     } else {
@@ -1171,6 +1182,17 @@ impl Manager {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_schema_with_capitals_is_refused_naming_its_lower_case_form() {
+        let Err(err) = parse("postgres://u@h/db?schema=Support_Team") else {
+            panic!("a schema with capitals was accepted");
+        };
+        let msg = err.to_string();
+        assert!(msg.contains("schema=support_team"), "{msg}");
+        let ok = parse("postgres://u@h/db?schema=support_team").unwrap();
+        assert_eq!(ok.schema, "support_team");
+    }
 
     #[test]
     fn placeholders_become_dollar_numbers_outside_quotes() {
