@@ -94,8 +94,17 @@ async fn main() -> abridge::Result<()> {
         .build()?;
 
     // At start-up: finish whatever a crash left running.
+    // A turn another live host holds (or has just finished) is theirs: not a
+    // reason to stop. Anything resumable (a busy store, a lost connection, a
+    // provider's long rate limit) is tried again at the next start-up.
     for turn in runner.recoverable_turns().await? {
-        runner.resume_turn(turn.id).await?;
+        match runner.resume_turn(turn.id).await {
+            Ok(_) => {}
+            Err(e @ abridge::Error::LeaseHeld { .. }) => eprintln!("skipped: {e}"),
+            Err(abridge::Error::TurnFinished { .. }) => {}
+            Err(e) if e.is_resumable() => eprintln!("left for later: {e}"),
+            Err(e) => eprintln!("turn {} failed: {e}", turn.id),
+        }
     }
 
     let session = runner
