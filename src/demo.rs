@@ -663,6 +663,34 @@ pub struct DemoReport {
     pub db: String,
 }
 
+/// How long the demo keeps retrying one call that fails with resumable errors
+/// in a row (busy or locked store, a pool timeout, a lost server connection,
+/// a lease another live process holds) before it gives up with the last one.
+pub const DEMO_PATIENCE: Duration = Duration::from_secs(120);
+
+/// Calls `f` until it returns anything but a resumable error, pausing between
+/// tries (20 ms doubling to 1 s), for at most [`DEMO_PATIENCE`] of failures
+/// in a row. What the demo does with every store or runner call: the errors
+/// about the moment are waited out, never the end of the run.
+async fn patiently<T, F, Fut>(mut f: F) -> crate::error::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = crate::error::Result<T>>,
+{
+    let started = std::time::Instant::now();
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match f().await {
+            Err(e) if e.is_resumable() && started.elapsed() < DEMO_PATIENCE => {
+                tracing::debug!(error = %e, "demo: retrying after a resumable error");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// The demo runner for `opts` over `store`.
 pub fn demo_runner(
     store: &crate::store::Store,
@@ -712,34 +740,29 @@ pub async fn run_demo(
             (runner.clone(), progress.clone(), opts.seed, opts.turns);
         tasks.spawn(async move {
             let ext = session_external_id(seed, i);
-            let session = runner
-                .create_session(&ext, DEMO_MODEL, SYSTEM_PROMPT)
-                .await?;
+            let session =
+                patiently(|| runner.create_session(&ext, DEMO_MODEL, SYSTEM_PROMPT)).await?;
             for t in 0..turns {
                 let input = user_turn(seed, i, t);
-                let out = loop {
-                    match runner.run_turn_at(session.id, t as i64, &input).await {
-                        Ok(o) => break Some(o),
-                        // Another live process runs this turn: wait for it.
-                        Err(crate::error::Error::LeaseHeld { .. })
-                        | Err(crate::error::Error::LeaseLost { .. }) => {
-                            tokio::time::sleep(Duration::from_millis(50)).await
-                        }
-                        Err(crate::error::Error::TurnFinished { .. }) => break None, // failed by policy
-                        // The session was deleted under the demo: it stops.
-                        Err(
-                            e @ (crate::error::Error::SessionDeleted { .. }
-                            | crate::error::Error::TurnDeleted { .. }),
-                        ) => return Err(e),
-                        Err(e) if !e.is_resumable() => break None,
-                        Err(e) => return Err(e),
-                    }
+                let out = match patiently(|| runner.run_turn_at(session.id, t as i64, &input)).await
+                {
+                    Ok(o) => Some(o),
+                    Err(crate::error::Error::TurnFinished { .. }) => None, // failed by policy
+                    // The session was deleted under the demo: it stops.
+                    Err(
+                        e @ (crate::error::Error::SessionDeleted { .. }
+                        | crate::error::Error::TurnDeleted { .. }),
+                    ) => return Err(e),
+                    Err(e) if !e.is_resumable() => None,
+                    Err(e) => return Err(e),
                 };
                 let sid = session.id;
-                let counts = runner
-                    .store()
-                    .call(move |c| crate::store::session_counts(c, sid))
-                    .await?;
+                let counts = patiently(|| {
+                    runner
+                        .store()
+                        .call(move |c| crate::store::session_counts(c, sid))
+                })
+                .await?;
                 progress(&Progress {
                     session: ext.clone(),
                     turn: t as i64,
@@ -751,8 +774,25 @@ pub async fn run_demo(
             Ok::<_, crate::error::Error>(())
         });
     }
+    // Every task is awaited, even after one fails: none is left to be dropped
+    // by the runtime's shutdown in the middle of a store call.
+    let mut failed = None;
     while let Some(r) = tasks.join_next().await {
-        r.map_err(|e| crate::error::Error::Task(e.to_string()))??;
+        let r = match r {
+            Ok(r) => r,
+            Err(e) if e.is_cancelled() => continue,
+            Err(e) => Err(crate::error::Error::Task(e.to_string())),
+        };
+        if let Err(e) = r {
+            if failed.is_none() {
+                failed = Some(e);
+                tasks.abort_all();
+            }
+        }
+    }
+    if let Some(e) = failed {
+        runner.finish_background().await;
+        return Err(e);
     }
     // The summaries still being made in the background, finished before the
     // report (a run killed before this leaves them to the next one).
