@@ -74,6 +74,27 @@ fn without_the_feature_a_key_is_refused_before_the_file_is_touched() {
     assert_eq!(format!("{key:?}"), "Key([redacted])");
 }
 
+/// A key of SQLCipher's raw form `x'…'` that is not 64 or 96 hex digits is its
+/// own error, before any file is touched: never tried as a passphrase that
+/// would then read as a wrong key.
+#[test]
+fn a_malformed_raw_key_is_its_own_error() {
+    for bad in [
+        "x'abc'",
+        "x''",
+        &format!("x'{}'", "g".repeat(64)),
+        &format!("X'{}'", "a".repeat(63)),
+    ] {
+        match Key::passphrase(bad) {
+            Err(Error::Config(m)) => assert!(m.starts_with("malformed raw key"), "{bad}: {m}"),
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    assert!(Key::passphrase(format!("x'{}'", "ab".repeat(32))).is_ok());
+    assert!(Key::passphrase(format!("x'{}'", "ab".repeat(48))).is_ok());
+    assert!(Key::passphrase("x marks the spot").is_ok());
+}
+
 #[cfg(feature = "encryption")]
 mod encrypted {
     use super::*;
@@ -279,6 +300,110 @@ mod encrypted {
             holds(&cli, Some(&Key::passphrase("second").unwrap())),
             steps
         );
+    }
+
+    /// The crash image of a live encrypted store: its main file and its WAL,
+    /// copied while a writer has it open (what `kill -9` leaves), in `dir`.
+    async fn crash_image(dir: &Path, key: &Key) -> std::path::PathBuf {
+        let live = dir.join("live.db");
+        let store = Store::open_with(&live, keyed(key)).unwrap();
+        let runner = common::demo_runner(&store, 3, Threshold::Off, None);
+        let sid = common::demo_session(&runner, 3, 0).await;
+        for t in 0..3u64 {
+            let input = abridge::demo::user_turn(3, 0, t);
+            runner.run_turn_at(sid, t as i64, &input).await.unwrap();
+        }
+        let image = dir.join("crashed.db");
+        std::fs::copy(&live, &image).unwrap();
+        std::fs::copy(
+            format!("{}-wal", live.display()),
+            format!("{}-wal", image.display()),
+        )
+        .unwrap();
+        drop(runner);
+        drop(store);
+        image
+    }
+
+    fn file_bytes(p: &Path) -> (Vec<u8>, Vec<u8>) {
+        (
+            std::fs::read(p).unwrap(),
+            std::fs::read(format!("{}-wal", p.display())).unwrap_or_default(),
+        )
+    }
+
+    /// A writer with the wrong key, on a store a crash left with a WAL, is
+    /// refused and writes nothing: the main file and the WAL are the same
+    /// bytes after, and the right key then opens every row.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wrong_key_writes_nothing_into_a_store_left_with_a_wal() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = Key::passphrase("the right one").unwrap();
+        let image = crash_image(dir.path(), &key).await;
+        let before = file_bytes(&image);
+        assert!(!before.1.is_empty(), "the crash image has no WAL");
+        let wrong = Key::passphrase("the wrong one").unwrap();
+        match Store::open_with(&image, keyed(&wrong)) {
+            Err(Error::WrongKey { .. }) => {}
+            other => panic!("expected WrongKey, got {:?}", other.map(|_| ())),
+        }
+        assert!(
+            file_bytes(&image) == before,
+            "the wrong key's open changed the files"
+        );
+        let store = Store::open_with(&image, keyed(&key)).unwrap();
+        let turns: i64 = store
+            .with_conn(|c| Ok(c.query_row("SELECT count(*) FROM turns", [], |r| r.get(0))?))
+            .unwrap();
+        assert_eq!(turns, 3);
+    }
+
+    /// After `rekey`, a copy moved over the live file with the old WAL left
+    /// beside it: the new key opens the main file but not that WAL, and the
+    /// open is refused (`ForeignWal`) with nothing written, instead of
+    /// checkpointing the old key's pages into the new file. With the stale
+    /// WAL removed, the copy opens and holds every row. A rekey killed midway
+    /// (its partial file left behind) does not block the next one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wal_of_another_key_is_refused_and_never_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = Key::passphrase("old key").unwrap();
+        let new = Key::passphrase("new key").unwrap();
+        let image = crash_image(dir.path(), &old).await;
+        // The WAL as the live host has it while the copy is made.
+        let live_wal = std::fs::read(format!("{}-wal", image.display())).unwrap();
+        let copy = dir.path().join("rekeyed.db");
+        // What a killed rekey leaves.
+        std::fs::write(format!("{}.rekey-partial", copy.display()), b"half a copy").unwrap();
+        abridge::store::rekey_copy(&image, Some(&old), &copy, Some(&new)).unwrap();
+        assert!(!Path::new(&format!("{}.rekey-partial", copy.display())).exists());
+        // Moved over the live file; the old WAL stays beside it.
+        std::fs::rename(&copy, &image).unwrap();
+        std::fs::write(format!("{}-wal", image.display()), &live_wal).unwrap();
+        let _ = std::fs::remove_file(format!("{}-shm", image.display()));
+        let before = file_bytes(&image);
+        assert!(!before.1.is_empty());
+        match Store::open_with(&image, keyed(&new)) {
+            Err(Error::ForeignWal { wal, .. }) => {
+                assert_eq!(
+                    wal,
+                    std::path::PathBuf::from(format!("{}-wal", image.display()))
+                )
+            }
+            other => panic!("expected ForeignWal, got {:?}", other.map(|_| ())),
+        }
+        assert!(
+            file_bytes(&image) == before,
+            "the refused open changed the files"
+        );
+        std::fs::remove_file(format!("{}-wal", image.display())).unwrap();
+        let _ = std::fs::remove_file(format!("{}-shm", image.display()));
+        let store = Store::open_with(&image, keyed(&new)).unwrap();
+        let turns: i64 = store
+            .with_conn(|c| Ok(c.query_row("SELECT count(*) FROM turns", [], |r| r.get(0))?))
+            .unwrap();
+        assert_eq!(turns, 3);
+        common::assert_verified(&store);
     }
 
     /// The command line takes the key from `ABRIDGE_KEY`: the demo writes an

@@ -21,12 +21,33 @@ pub struct Key(Arc<str>);
 impl Key {
     /// A passphrase; refused when empty (SQLCipher would leave the file
     /// unencrypted).
+    ///
+    /// A passphrase of the form `x'…'` is SQLCipher's syntax for a raw key,
+    /// and is read so: it must hold 64 hex digits (the key) or 96 (the key
+    /// and the salt); any other `x'…'` is refused as a malformed raw key
+    /// ([`Error::Config`]), never tried as a passphrase that would then
+    /// look like a wrong key.
     pub fn passphrase(passphrase: impl Into<String>) -> Result<Key> {
         let p = passphrase.into();
         if p.is_empty() {
             return Err(Error::Config(
                 "an encryption passphrase must not be empty".into(),
             ));
+        }
+        let raw = p
+            .strip_prefix("x'")
+            .or_else(|| p.strip_prefix("X'"))
+            .and_then(|r| r.strip_suffix('\''));
+        if let Some(hex) = raw {
+            let digits = hex.chars().all(|c| c.is_ascii_hexdigit());
+            if !digits || !(hex.len() == 64 || hex.len() == 96) {
+                return Err(Error::Config(format!(
+                    "malformed raw key: x'…' must hold 64 hex digits (or 96 with the salt); \
+                     this one holds {} characters{}",
+                    hex.chars().count(),
+                    if digits { "" } else { ", not all hex digits" }
+                )));
+            }
         }
         Ok(Key(p.into()))
     }
@@ -197,6 +218,17 @@ pub(crate) fn remember_key(_: &Path, _: Option<&Key>) {}
 /// before this returns. Needs the `encryption` feature
 /// ([`Error::EncryptionUnavailable`] otherwise); the source must be at this
 /// build's schema version ([`Error::SchemaTooOld`] names `abridge upgrade`).
+///
+/// The copy is written as `{to}.rekey-partial` and renamed to `to` once it
+/// reads back with `to_key`: a rekey killed midway leaves only that file,
+/// which the next run replaces. A `-wal` or `-shm` file already beside `to`
+/// is refused (it belongs to another file).
+///
+/// To use the copy in place of the store: stop every process that has the
+/// store open, move the copy over it, and delete the store's old `-wal` and
+/// `-shm` files (they belong to the old file and its key). A store that
+/// finds a `-wal` written under another key refuses to open
+/// ([`Error::ForeignWal`]) and writes nothing.
 pub fn rekey_copy(
     from: impl AsRef<Path>,
     from_key: Option<&Key>,
@@ -214,14 +246,32 @@ pub fn rekey_copy(
             to.display()
         )));
     }
+    // A WAL beside the target belongs to some other file: the copy would
+    // be read with it.
+    for side in ["-wal", "-shm"] {
+        let s = super::snapshot::sidecar(to, side);
+        if s.exists() {
+            return Err(Error::Config(format!(
+                "{} exists beside {}: it belongs to another file; remove it first",
+                s.display(),
+                to.display()
+            )));
+        }
+    }
+    // Written under a name of its own, then renamed into place: a rekey
+    // killed midway leaves only that file, which the next run replaces.
+    let partial = super::snapshot::sidecar(to, ".rekey-partial");
+    for side in ["", "-wal", "-shm", "-journal"] {
+        let _ = std::fs::remove_file(super::snapshot::sidecar(&partial, side));
+    }
     // Checks the source (a store, this version, the key) without writing.
     super::read_only_keyed(from, from_key, |_| Ok(()))?;
     let conn = Connection::open(from).map_err(|e| super::schema::map_open_err(from, e))?;
     apply_key(&conn, from_key)?;
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
-    super::create_private(to)?;
+    super::create_private(&partial)?;
     let copied = (|| -> Result<()> {
-        let target = to
+        let target = partial
             .to_str()
             .ok_or_else(|| Error::Config(format!("{} is not a UTF-8 path", to.display())))?;
         conn.execute(
@@ -239,9 +289,19 @@ pub fn rekey_copy(
         Ok(())
     })();
     if let Err(e) = copied {
-        let _ = std::fs::remove_file(to);
+        let _ = std::fs::remove_file(&partial);
         return Err(e);
     }
     drop(conn);
+    super::read_only_keyed(&partial, to_key, |_| Ok(()))?;
+    // No replacing rename: `to` may have appeared meanwhile.
+    if to.exists() {
+        let _ = std::fs::remove_file(&partial);
+        return Err(Error::Config(format!(
+            "{} appeared while the copy was written; the copy was not put there",
+            to.display()
+        )));
+    }
+    std::fs::rename(&partial, to)?;
     super::read_only_keyed(to, to_key, |_| Ok(()))
 }

@@ -106,6 +106,7 @@ pub(crate) use tx::{in_read_tx, write_tx};
 use crate::error::{Error, Result};
 use crate::ids::SessionId;
 use r2d2_sqlite::SqliteConnectionManager;
+use rusqlite::config::DbConfig;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -299,10 +300,37 @@ impl Store {
         let key = opts.key.clone();
         {
             let conn = rusqlite::Connection::open(&path).map_err(|e| map_open_err(&path, e))?;
+            // Until the file (and its WAL) has been read with the key, closing
+            // this connection must not checkpoint: a wrong key's connection,
+            // or one that found a WAL written under another key or for
+            // another file, would copy that WAL's frames into the file.
+            conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
             apply_key(&conn, key.as_ref())?;
             conn.busy_timeout(opts.busy_timeout)?;
             // Check before anything writes (journal_mode=WAL writes the header).
-            check_file(&conn, &path).map_err(|e| map_keyed_err(&path, key.as_ref(), e))?;
+            check_file(&conn, &path).map_err(|e| {
+                let e = map_keyed_err(&path, key.as_ref(), e);
+                // A WAL of another key reads as a wrong key, or as a malformed
+                // image when its frames decrypt to nonsense.
+                let unreadable = match &e {
+                    Error::WrongKey { .. } => true,
+                    Error::Sqlite(rusqlite::Error::SqliteFailure(f, _)) => matches!(
+                        f.code,
+                        rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase
+                    ),
+                    _ => false,
+                };
+                match (&e, &key) {
+                    (_, Some(k)) if unreadable && snapshot::wal_is_foreign(&path, k) => {
+                        Error::ForeignWal {
+                            path: path.clone(),
+                            wal: snapshot::sidecar(&path, "-wal"),
+                        }
+                    }
+                    _ => e,
+                }
+            })?;
+            conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, false)?;
             // WAL once, before the pool exists: setting it from every pooled
             // connection's init races into "database is locked" at start-up.
             // Switching to WAL takes an exclusive lock and can fail with

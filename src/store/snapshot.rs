@@ -161,7 +161,7 @@ pub fn read_only_keyed<T>(
 }
 
 /// `path` with `suffix` appended to its file name (`x.db` -> `x.db-wal`).
-fn sidecar(path: &Path, suffix: &str) -> PathBuf {
+pub(crate) fn sidecar(path: &Path, suffix: &str) -> PathBuf {
     let mut s = path.as_os_str().to_owned();
     s.push(suffix);
     PathBuf::from(s)
@@ -173,10 +173,36 @@ fn file_stamp(path: &Path) -> Option<(u64, std::time::SystemTime)> {
     Some((m.len(), m.modified().ok()?))
 }
 
+/// True when the key opens the main file read alone (`immutable`: SQLite
+/// ignores the `-wal` file) while the file read with its `-wal` refused it,
+/// and that `-wal` holds frames: the WAL was written under another key, or
+/// for another file (an old file's WAL beside the copy `rekey` wrote). Only
+/// reads; a main file with no page yet (everything still in the WAL) cannot
+/// tell, and says false.
+pub(crate) fn wal_is_foreign(path: &Path, key: &Key) -> bool {
+    let has_frames = std::fs::metadata(sidecar(path, "-wal")).is_ok_and(|m| m.len() > 32);
+    let main_has_pages = std::fs::metadata(path).is_ok_and(|m| m.len() > 0);
+    has_frames
+        && main_has_pages
+        && immutable_conn(path, Some(key))
+            .and_then(|conn| abridge_version(&conn, path))
+            .is_ok()
+}
+
 /// Opens `path` read-only with `immutable=1`: SQLite takes no lock and makes
 /// no `-shm`. Only sound while nothing writes the main file (checked by the
 /// caller).
 fn open_immutable(path: &Path, key: Option<&Key>) -> Result<Connection> {
+    let conn = immutable_conn(path, key)?;
+    current(
+        path,
+        abridge_version(&conn, path).map_err(|e| map_keyed_err(path, key, e))?,
+    )?;
+    Ok(Connection::from(conn))
+}
+
+/// The keyed `immutable=1` connection of [`open_immutable`], unchecked.
+fn immutable_conn(path: &Path, key: Option<&Key>) -> Result<rusqlite::Connection> {
     let abs = std::path::absolute(path)?;
     let mut uri = String::from("file:");
     for &b in abs.as_os_str().as_encoded_bytes() {
@@ -195,11 +221,7 @@ fn open_immutable(path: &Path, key: Option<&Key>) -> Result<Connection> {
     )
     .map_err(|e| map_open_err(path, e))?;
     apply_key(&conn, key)?;
-    current(
-        path,
-        abridge_version(&conn, path).map_err(|e| map_keyed_err(path, key, e))?,
-    )?;
-    Ok(Connection::from(conn))
+    Ok(conn)
 }
 
 /// The store's schema version; a file with no abridge version is foreign.

@@ -36,5 +36,11 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
             "not encrypted".into()
         },
     );
+    eprintln!(
+        "to use it in place of {db}: stop every process using {db}, move {to} over it, \
+         and delete {db}-wal and {db}-shm (they belong to the old file)",
+        db = args.db.display(),
+        to = args.to.display()
+    );
     Ok(ExitCode::SUCCESS)
 }
