@@ -677,7 +677,8 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = crate::error::Result<T>>,
 {
-    let started = std::time::Instant::now();
+    // tokio's clock: a paused test runtime moves it.
+    let started = tokio::time::Instant::now();
     let mut pause = Duration::from_millis(20);
     loop {
         match f().await {
@@ -871,4 +872,55 @@ pub async fn run_demo(
     report.wall_seconds = started.elapsed().as_secs_f64();
     report.db = opts.db.display().to_string();
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn busy() -> Error {
+        Error::Task("store busy".into())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn resumable_errors_are_waited_out_and_final_ones_end_at_once() {
+        let calls = AtomicUsize::new(0);
+        let got = patiently(|| {
+            let n = calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n < 3 {
+                    Err(busy())
+                } else {
+                    Ok(n)
+                }
+            }
+        })
+        .await;
+        assert_eq!(got.unwrap(), 3);
+
+        let calls = AtomicUsize::new(0);
+        let got: crate::error::Result<()> = patiently(|| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { Err(Error::Config("bad".into())) }
+        })
+        .await;
+        assert!(matches!(got, Err(Error::Config(_))));
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            1,
+            "a final error is not retried"
+        );
+
+        // Patience runs out: the last resumable error is returned.
+        let calls = AtomicUsize::new(0);
+        let got: crate::error::Result<()> = patiently(|| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { Err(busy()) }
+        })
+        .await;
+        assert!(matches!(got, Err(Error::Task(_))));
+        assert!(calls.load(Ordering::SeqCst) > 100);
+    }
 }

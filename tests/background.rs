@@ -4,7 +4,9 @@
 //! threshold waits for the pending summary, made exactly once; a background
 //! summariser that dies leaves a row the next runner finishes; rows queued
 //! for another process are served exactly once (`serve_pending`, `abridge
-//! serve`).
+//! serve`); a turn resumed after a crash, while its session's background
+//! row was left pending by the same crash, reads the newest completed row
+//! (never the pending one); the next turn finishes the row in the background, once.
 //!
 //! The summariser here is gated: it does not answer until the test opens the
 //! gate, so "while the summary is pending" is a state the test holds, not a
@@ -193,6 +195,88 @@ fn rows(store: &Store, sid: SessionId) -> Vec<Row> {
             Ok(rows.collect::<rusqlite::Result<_>>()?)
         })
         .unwrap()
+}
+
+/// A crash takes down a turn (before its step's model call) and the
+/// background summary it had claimed (mid-summary). The next runner resumes
+/// the turn: its step reads what the store held completed when the step was
+/// prepared (here no summary: the full history, as the turn began; G4, never
+/// the pending draft); the session's next turn takes the pending row over in
+/// the background, exactly once (same row and boundary, one more attempt, one
+/// summariser call), and the turn after reads it. docs/design.md,
+/// "Background compaction", says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_turn_reads_the_completed_rows_while_the_crashed_pending_one_is_finished_behind_it(
+) {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(common::db_for(&path)).unwrap();
+    let crash_turn = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let armed = crash_turn.clone();
+    let hook: abridge::FaultHook = Arc::new(move |p| {
+        if p == FaultPoint::MidSummary && abridge::compaction::in_background() {
+            return Err(p);
+        }
+        if p == FaultPoint::BeforeModelCall && armed.load(Ordering::SeqCst) {
+            return Err(p);
+        }
+        Ok(())
+    });
+    let mut a_cfg = RunnerConfig::default().with_owner("host-a");
+    a_cfg.compaction = compaction(BackgroundWorker::Task);
+    a_cfg.testing.fault_hook = Some(hook);
+    let a = Runner::builder(store.clone(), Arc::new(Chat))
+        .summariser(ExtractiveSummariser)
+        .config(a_cfg)
+        .build()
+        .unwrap();
+    let s = a.create_session("s", "m", "sys").await.unwrap();
+    let next = until_pending(&a, &store, s.id, 0).await;
+    a.finish_background().await;
+    let before = steps(&store, s.id).len();
+    crash_turn.store(true, Ordering::SeqCst);
+    let err = a
+        .run_turn_at(s.id, next as i64, &turn_input(next))
+        .await
+        .unwrap_err();
+    assert!(err.is_resumable(), "{err}");
+    // Whatever the crashed turn's step handed to the background has died too.
+    a.finish_background().await;
+    let left = rows(&store, s.id);
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].2, "pending", "{left:?}");
+    drop(a);
+
+    let counting = common::Counting::new(ExtractiveSummariser);
+    let b = runner_with(
+        &store,
+        counting.clone(),
+        compaction(BackgroundWorker::Task),
+        "host-b",
+        None,
+    );
+    let running = b.recoverable_turns().await.unwrap();
+    assert_eq!(running.len(), 1);
+    b.resume_turn(running[0].id).await.unwrap();
+    let resumed = steps(&store, s.id)[before..].to_vec();
+    assert!(
+        !resumed.is_empty() && resumed.iter().all(|st| st.1.is_none()),
+        "the resumed turn read a summary: {resumed:?}"
+    );
+    // The session's next turn takes the pending row over in the background
+    // (the same row, one more attempt, one summariser call)...
+    b.run_turn(s.id, &turn_input(next + 1)).await.unwrap();
+    b.finish_background().await;
+    let done = rows(&store, s.id);
+    assert_eq!(done.len(), 1, "{done:?}");
+    assert_eq!(
+        (done[0].0, done[0].1, done[0].2.as_str(), done[0].4),
+        (left[0].0, left[0].1, "completed", left[0].4 + 1)
+    );
+    assert_eq!(counting.count(), 1, "the row was summarised once more, once");
+    // ...and the turn after reads it.
+    b.run_turn(s.id, &turn_input(next + 2)).await.unwrap();
+    assert_eq!(steps(&store, s.id).last().unwrap().1, Some(done[0].0));
+    common::assert_verified(&store);
 }
 
 /// Runs turns until the session has a pending row; returns the turns run.

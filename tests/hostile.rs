@@ -663,3 +663,59 @@ async fn a_recreated_session_never_repeats_a_deleted_sessions_idempotency_keys()
     let all: std::collections::HashSet<&String> = rounds.iter().flatten().collect();
     assert_eq!(all.len(), 6, "keys repeated across recreations: {rounds:?}");
 }
+
+/// Answers "ok" at once.
+struct Terse;
+
+#[abridge::async_trait]
+impl ModelClient for Terse {
+    async fn complete(&self, _: &ModelRequest) -> Result<abridge::ModelResponse, ModelError> {
+        Ok(
+            serde_json::from_value(
+                json!({"blocks": [{"type": "text", "text": "ok"}], "usage": {}}),
+            )
+            .unwrap(),
+        )
+    }
+}
+
+/// A history smaller than a summary message's own framing is not handed to
+/// the summariser at all: no summary could be smaller (G7), so the row fails
+/// at once with the reason, the turns go on, and no attempt is spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_smaller_than_a_summary_message_spends_no_summariser_attempt() {
+    let (_d, store) = temp_store();
+    let counting = common::Counting::new(abridge::ExtractiveSummariser);
+    let r = Runner::builder(store.clone(), Arc::new(Terse))
+        .summariser_arc(counting.clone())
+        .config(RunnerConfig::default().with_owner("careless"))
+        .compaction(
+            CompactionConfig::default()
+                .with_compact_at(Threshold::Tokens(1))
+                .with_background(None),
+        )
+        .build()
+        .unwrap();
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    for t in 0..4 {
+        r.run_turn_at(s.id, t, "hi").await.unwrap();
+    }
+    assert_eq!(counting.count(), 0, "the summariser was called");
+    let errors: Vec<String> = store
+        .with_conn(|c| {
+            let mut q = c.prepare("SELECT error FROM compactions WHERE status = 'failed'")?;
+            let rows = q
+                .query_map([], |r| r.get::<_, String>(0))?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })
+        .unwrap();
+    assert!(!errors.is_empty(), "no compaction was tried");
+    assert!(
+        errors
+            .iter()
+            .all(|e| e.contains("no larger than an empty summary message")),
+        "{errors:?}"
+    );
+    common::assert_verified(&store);
+}

@@ -1257,6 +1257,22 @@ impl Compactor {
         let fixed = cfg.fixed_request_tokens(&rules.update);
         let chunk_budget = cfg.input_budget_tokens.saturating_sub(fixed).max(64);
         let chunks = chunk_entries(entries, chunk_budget, counter);
+        // A span no larger than the summary message's own framing cannot be
+        // replaced by anything smaller (G7): failed at once, without spending
+        // the summariser's attempts on it.
+        let framing = message_tokens(
+            counter,
+            &[crate::render::summary_message(SummaryView {
+                up_to_turn_index: row.up_to_turn_index,
+                summary: "",
+            })],
+        );
+        if framing >= tokens_before {
+            return Err(Error::Summary(format!(
+                "what would be replaced ({tokens_before} tokens) is no larger than an empty \
+                 summary message ({framing} tokens): no summary can be smaller; not summarised"
+            )));
+        }
         let mut last_err = String::from("no attempt made");
         for attempt in 1..=cfg.retry.max_attempts {
             if attempt > 1 {
