@@ -272,7 +272,11 @@ async fn a_resumed_turn_reads_the_completed_rows_while_the_crashed_pending_one_i
         (done[0].0, done[0].1, done[0].2.as_str(), done[0].4),
         (left[0].0, left[0].1, "completed", left[0].4 + 1)
     );
-    assert_eq!(counting.count(), 1, "the row was summarised once more, once");
+    assert_eq!(
+        counting.count(),
+        1,
+        "the row was summarised once more, once"
+    );
     // ...and the turn after reads it.
     b.run_turn(s.id, &turn_input(next + 2)).await.unwrap();
     assert_eq!(steps(&store, s.id).last().unwrap().1, Some(done[0].0));
