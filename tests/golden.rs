@@ -252,12 +252,15 @@ fn write_golden_store() {
             .await
             .unwrap();
         assert!(redacted.steps_rebuilt > 0);
-        store
-            .with_conn(|c| {
-                c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")?;
-                Ok(())
-            })
-            .unwrap();
+        // A file's rows all in the main file (a server's are its own).
+        if !abridge::store::is_url(&out.to_string_lossy()) {
+            store
+                .with_conn(|c| {
+                    c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")?;
+                    Ok(())
+                })
+                .unwrap();
+        }
     });
 }
 

@@ -401,3 +401,71 @@ fn verify_names_a_rule_missing_from_the_server() {
         assert!(found.iter().any(|v| v == rule), "{rule}: {found:?}");
     }
 }
+
+/// The PostgreSQL golden store: a dump (`pg_dump --inserts`) of a store
+/// written at schema version 7 (the PostgreSQL baseline) by the golden
+/// workload (`golden::write_golden_store`, run with `ABRIDGE_GOLDEN_OUT` set
+/// to a server URL). Restored into a schema of its own with `psql`, it is
+/// opened (and so upgraded through `MIGRATIONS`' PostgreSQL forms, as a file
+/// is), stamped with this build's version, every executed step rebuilds to
+/// its recorded hash, and `verify` holds. `abridge upgrade` reports it.
+#[test]
+fn a_version_7_postgres_store_is_restored_upgraded_and_rebuilds_to_its_hashes() {
+    let Some(base) = server() else { return };
+    let url = fresh(&base, "golden7");
+    let schema = url.rsplit_once("schema=").unwrap().1.to_string();
+    let dump = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden-pg-v7.sql"),
+    )
+    .unwrap();
+    let dump = dump.replace("golden_v7", &schema);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("dump.sql");
+    std::fs::write(&file, dump).unwrap();
+    let (server_url, _) = base.split_once('?').unwrap_or((&base, ""));
+    let out = std::process::Command::new("psql")
+        .args([server_url, "-v", "ON_ERROR_STOP=1", "-q", "-f"])
+        .arg(&file)
+        .output()
+        .expect("psql");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let before = abridge::store::read_only_version(&url).unwrap();
+    assert_eq!(before, 7);
+    let upgrade = abridge_cmd()
+        .args(["upgrade", "--db", &url])
+        .output()
+        .unwrap();
+    assert!(
+        upgrade.status.success(),
+        "{}",
+        String::from_utf8_lossy(&upgrade.stderr)
+    );
+    let store = Store::open(&url).unwrap();
+    assert_eq!(
+        abridge::store::read_only_version(&url).unwrap(),
+        abridge::store::SCHEMA_VERSION
+    );
+    let steps = store
+        .with_conn(|c| {
+            let ids = abridge::inspect::executed_step_ids(c)?;
+            for id in &ids {
+                let r = abridge::replay::rebuild_step(c, *id)?;
+                assert!(
+                    r.holds(),
+                    "step {id} rebuilt {} but recorded {}",
+                    r.sha256,
+                    r.recorded
+                );
+            }
+            Ok(ids.len())
+        })
+        .unwrap();
+    assert!(steps >= 40, "{steps} steps");
+    let report = store.with_conn(|c| abridge::verify::verify(c)).unwrap();
+    assert!(report.ok, "{report:#?}");
+}

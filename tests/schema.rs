@@ -474,3 +474,66 @@ fn the_bench_truncation_removes_turns_and_leaves_the_guards_in_place() {
     assert_eq!(left, 0);
     assert_eq!(triggers(&store), before);
 }
+
+/// Every shipped schema file, pinned by its SHA-256: a migration that has
+/// shipped is never edited (stores at its version already ran it), and a new
+/// one is added here with its hash when it ships. The list also names every
+/// migration of `MIGRATIONS`, so one cannot be added without its pin.
+#[test]
+fn shipped_migrations_are_never_edited() {
+    use abridge::store::{MIGRATIONS, SCHEMA_PG_SQL, SCHEMA_SQL};
+    let pinned: &[(&str, &str)] = &[
+        (
+            "schema.sql (v1)",
+            "9bbc4990355ed6b8780220a7dae2b4068340721a2677717c8e83c16949338231",
+        ),
+        (
+            "v2",
+            "a7076bd8a6d842b81b59e41f15b872f2919f033640530367cc4a5d02c1bc5d7d",
+        ),
+        (
+            "v3",
+            "0a2bf715c900297b15d9abaa4bd6e5945c1bdb732fb648c12192bdd76e7061fc",
+        ),
+        (
+            "v4",
+            "37a63e32f41e566f3c37428db80684198136d506fe9af3ec20e61bc4b66942a7",
+        ),
+        (
+            "v5",
+            "0294447d8ee16204eaf3d99d43c2c7257f8515a3252f8b04df626107d9d9906f",
+        ),
+        (
+            "v6",
+            "59edab57ba3098e12db24bbc224b4eaa09a1ed18a64d4bd39ec489d5fff14eb3",
+        ),
+        (
+            "v7",
+            "4cec86ec8899cd3dd4c88d2ae4ddf4c264cb13bb27df902053da2fc36df80a54",
+        ),
+        (
+            "schema_pg.sql (PostgreSQL baseline)",
+            "519649a80dc5008c7aaf8accd7cbd44adef54017a733e0f51b46d9e4e4fdfcaa",
+        ),
+    ];
+    let sha = |s: &str| abridge::message::sha256_hex(s.as_bytes());
+    let mut got = vec![("schema.sql (v1)".to_string(), sha(SCHEMA_SQL))];
+    for m in MIGRATIONS {
+        got.push((format!("v{}", m.version), sha(m.sqlite)));
+        if let Some(pg) = m.postgres {
+            got.push((format!("v{} (PostgreSQL)", m.version), sha(pg)));
+        }
+    }
+    got.push((
+        "schema_pg.sql (PostgreSQL baseline)".into(),
+        sha(SCHEMA_PG_SQL),
+    ));
+    let want: Vec<(String, String)> = pinned
+        .iter()
+        .map(|(n, h)| (n.to_string(), h.to_string()))
+        .collect();
+    assert_eq!(
+        got, want,
+        "a shipped schema file changed, or a new one has no pin"
+    );
+}

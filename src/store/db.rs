@@ -50,6 +50,20 @@ impl std::fmt::Debug for Connection {
 }
 
 #[cfg(feature = "postgres")]
+impl Connection {
+    /// The PostgreSQL client of a connection known to be one (the
+    /// PostgreSQL backend's own code).
+    pub(crate) fn pg(&self) -> &super::pg::PgConn {
+        match &self.backend {
+            Backend::Postgres(c) => c,
+            Backend::Sqlite(_) => {
+                unreachable!("an SQLite connection where a PostgreSQL one was built")
+            }
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
 impl From<super::pg::PgConn> for Connection {
     fn from(c: super::pg::PgConn) -> Connection {
         Connection {

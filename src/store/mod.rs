@@ -93,7 +93,7 @@ pub use leases::Lease;
 pub(crate) use leases::*;
 pub(crate) use pins::*;
 use schema::{check_file, map_open_err, migrate, retry_busy};
-pub use schema::{check_path, MIGRATIONS, SCHEMA_SQL, SCHEMA_VERSION};
+pub use schema::{check_path, Migration, MIGRATIONS, PG_BASELINE, SCHEMA_SQL, SCHEMA_VERSION};
 pub(crate) use sessions::*;
 pub use snapshot::{
     open_read_only, open_read_only_keyed, read_only, read_only_keyed, read_only_version,
@@ -419,7 +419,7 @@ impl Store {
             // A writer waits for the store's lock as long as an SQLite writer
             // waits on its busy handler, then fails (resumable).
             target.lock_timeout(opts.busy_timeout);
-            target.migrate(&target.connect()?)?;
+            target.migrate(target.connect()?)?;
             let (pool, closer) = pool::build(
                 pool::Connect::Postgres(pg::Manager(target.clone())),
                 opts.max_connections,

@@ -1026,16 +1026,23 @@ impl Target {
     /// holding the store's advisory lock (concurrent first opens wait for
     /// the one that creates them); refuses a newer schema, and tables not
     /// abridge's.
-    pub(crate) fn migrate(&self, conn: &PgConn) -> Result<i64> {
-        conn.begin_write()?;
-        let r = self.migrate_in_tx(conn);
-        let end = conn.end(r.is_ok());
+    ///
+    /// A store older than the build gets every migration above its version
+    /// from [`super::MIGRATIONS`] (their PostgreSQL forms and hooks) in the
+    /// same transaction, as a file does.
+    pub(crate) fn migrate(&self, conn: PgConn) -> Result<i64> {
+        let conn = super::db::Connection::from(conn);
+        let pg = conn.pg();
+        pg.begin_write()?;
+        let r = self.migrate_in_tx(&conn);
+        let end = pg.end(r.is_ok());
         let v = r?;
         end?;
         Ok(v)
     }
 
-    fn migrate_in_tx(&self, conn: &PgConn) -> Result<i64> {
+    fn migrate_in_tx(&self, c: &super::db::Connection) -> Result<i64> {
+        let conn = c.pg();
         // The queued BEGIN and lock go first: what follows uses the client.
         conn.flush()?;
         // Created only when missing: a host given a schema of its own, and no
@@ -1051,21 +1058,47 @@ impl Target {
                     .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {}", self.schema)),
             )?;
         }
-        match read_version(conn, self)? {
-            Some(v) if v > super::SCHEMA_VERSION => Err(Error::SchemaTooNew {
-                found: v,
-                supported: super::SCHEMA_VERSION,
-            }),
-            Some(v) => Ok(v),
+        let found = match read_version(conn, self)? {
+            Some(v) if v > super::SCHEMA_VERSION => {
+                return Err(Error::SchemaTooNew {
+                    found: v,
+                    supported: super::SCHEMA_VERSION,
+                })
+            }
+            Some(v) if v < super::PG_BASELINE => {
+                return Err(Error::Config(format!(
+                    "{}: schema version {v} is older than any PostgreSQL store ({})",
+                    self.display,
+                    super::PG_BASELINE
+                )))
+            }
+            Some(v) => v,
             None => {
                 wait(conn.client.batch_execute(SCHEMA_PG_SQL))?;
                 wait(conn.client.execute(
                     "INSERT INTO abridge_schema (version) VALUES ($1)",
-                    &[&super::SCHEMA_VERSION],
+                    &[&super::PG_BASELINE],
                 ))?;
-                Ok(super::SCHEMA_VERSION)
+                super::PG_BASELINE
             }
+        };
+        // The same list as a file's: every version above the store's, its
+        // PostgreSQL form and its stamp, in this one transaction.
+        for m in super::MIGRATIONS.iter().filter(|m| m.version > found) {
+            let sql = m.postgres.ok_or_else(|| {
+                Error::Config(format!(
+                    "migration {} has no PostgreSQL form (a build error)",
+                    m.version
+                ))
+            })?;
+            wait(conn.client.batch_execute(sql))?;
+            super::schema::run_hook(c, m.hook)?;
+            wait(conn.client.execute(
+                "INSERT INTO abridge_schema (version) VALUES ($1)",
+                &[&m.version],
+            ))?;
         }
+        Ok(super::SCHEMA_VERSION)
     }
 
     /// The schema version of an existing store, read without writing.

@@ -11,21 +11,68 @@ use std::time::Duration;
 /// [`MIGRATIONS`] follow it.
 pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 
-/// Schema changes after version 1, in order: `(version, sql)`. A store at
-/// version `v` gets every migration above `v`, each with its version stamp,
-/// in one IMMEDIATE transaction; a new store gets `SCHEMA_SQL` and all of
-/// them. Never edit one that has shipped: add the next.
-pub const MIGRATIONS: &[(i64, &str)] = &[
-    (2, include_str!("migrations/0002_append_only.sql")),
-    (3, include_str!("migrations/0003_pins.sql")),
-    (4, include_str!("migrations/0004_background.sql")),
-    (5, include_str!("migrations/0005_providers.sql")),
-    (6, include_str!("migrations/0006_erasure.sql")),
-    (7, include_str!("migrations/0007_redaction.sql")),
+/// One schema change after version 1: its SQLite form, its PostgreSQL form,
+/// and what runs after its SQL in the same transaction.
+///
+/// One list, [`MIGRATIONS`], drives both backends. A store at version `v`
+/// gets every migration above `v`, each with its version stamp, in one
+/// transaction (IMMEDIATE on SQLite; under the store's advisory lock on
+/// PostgreSQL); a new SQLite store gets [`SCHEMA_SQL`] and all of them, a new
+/// PostgreSQL store the baseline `schema_pg.sql` (version [`PG_BASELINE`])
+/// and those above it. Never edit one that has shipped: add the next
+/// (`tests/schema.rs` pins each shipped file's SHA-256).
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Migration {
+    /// The version it brings a store to.
+    pub version: i64,
+    /// The SQLite statements.
+    pub sqlite: &'static str,
+    /// The PostgreSQL statements; None for a version at or below
+    /// [`PG_BASELINE`], which the PostgreSQL baseline holds whole.
+    pub postgres: Option<&'static str>,
+    /// Run after the SQL, inside the same transaction (on both backends).
+    pub(crate) hook: Option<Hook>,
+}
+
+/// What a migration does beyond its SQL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hook {
+    /// Pins the facts of the turns finished before pins existed (version 3),
+    /// with the built-in extractor, so the next compaction carries them.
+    BackfillPins,
+}
+
+/// The version the PostgreSQL schema file (`schema_pg.sql`) is written at: a
+/// new PostgreSQL store starts here, and every migration above it has a
+/// PostgreSQL form.
+pub const PG_BASELINE: i64 = 7;
+
+const fn sqlite_only(version: i64, sqlite: &'static str) -> Migration {
+    Migration {
+        version,
+        sqlite,
+        postgres: None,
+        hook: None,
+    }
+}
+
+/// Schema changes after version 1, in order.
+pub const MIGRATIONS: &[Migration] = &[
+    sqlite_only(2, include_str!("migrations/0002_append_only.sql")),
+    Migration {
+        hook: Some(Hook::BackfillPins),
+        ..sqlite_only(3, include_str!("migrations/0003_pins.sql"))
+    },
+    sqlite_only(4, include_str!("migrations/0004_background.sql")),
+    sqlite_only(5, include_str!("migrations/0005_providers.sql")),
+    sqlite_only(6, include_str!("migrations/0006_erasure.sql")),
+    sqlite_only(7, include_str!("migrations/0007_redaction.sql")),
 ];
 
-/// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 7;
+/// The schema version this build writes (`PRAGMA user_version`; the
+/// `abridge_schema` stamp on PostgreSQL): the last migration's.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].version;
 
 pub(super) fn map_open_err(path: &Path, e: rusqlite::Error) -> Error {
     match e.sqlite_error_code() {
@@ -130,15 +177,40 @@ pub(super) fn migrate(conn: &mut super::db::Connection, path: &Path) -> Result<(
         tx.execute_batch(SCHEMA_SQL)?;
         tx.execute_batch("PRAGMA user_version = 1")?;
     }
-    for (v, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > version.max(1)) {
-        tx.execute_batch(sql)?;
-        if *v == 3 {
-            // Turns finished before pins existed are pinned now, with the
-            // built-in extractor, so the next compaction carries their facts.
-            super::pins::backfill(&tx)?;
-        }
-        tx.execute_batch(&format!("PRAGMA user_version = {v}"))?;
+    for m in MIGRATIONS.iter().filter(|m| m.version > version.max(1)) {
+        tx.execute_batch(m.sqlite)?;
+        run_hook(&tx, m.hook)?;
+        tx.execute_batch(&format!("PRAGMA user_version = {}", m.version))?;
     }
     tx.commit()?;
     Ok(())
+}
+
+/// Runs a migration's hook inside its transaction.
+pub(super) fn run_hook(conn: &super::db::Connection, hook: Option<Hook>) -> Result<()> {
+    match hook {
+        None => Ok(()),
+        Some(Hook::BackfillPins) => super::pins::backfill(conn).map(|_| ()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_list_is_in_order_and_every_version_above_the_postgres_baseline_has_its_postgres_form() {
+        let versions: Vec<i64> = MIGRATIONS.iter().map(|m| m.version).collect();
+        let want: Vec<i64> = (2..=SCHEMA_VERSION).collect();
+        assert_eq!(versions, want);
+        for m in MIGRATIONS {
+            assert_eq!(
+                m.postgres.is_some(),
+                m.version > PG_BASELINE,
+                "version {}: a PostgreSQL form exactly above the baseline",
+                m.version
+            );
+        }
+        assert!(PG_BASELINE <= SCHEMA_VERSION);
+    }
 }
