@@ -469,3 +469,217 @@ fn a_version_7_postgres_store_is_restored_upgraded_and_rebuilds_to_its_hashes() 
     let report = store.with_conn(|c| abridge::verify::verify(c)).unwrap();
     assert!(report.ok, "{report:#?}");
 }
+
+/// One column as both backends are compared: name, type family, NOT NULL,
+/// default (normalised: casts and parentheses dropped).
+type ColumnShape = (String, String, bool, Option<String>);
+
+fn family(t: &str) -> String {
+    let t = t.to_ascii_lowercase();
+    match t.as_str() {
+        "integer" | "bigint" | "int8" => "integer",
+        "text" | "character varying" => "text",
+        "real" | "double precision" | "float8" => "real",
+        "blob" | "bytea" => "blob",
+        other => other,
+    }
+    .to_string()
+}
+
+fn default_of(d: Option<String>) -> Option<String> {
+    let d = d?;
+    let d = d.split("::").next().unwrap_or(&d).trim();
+    Some(d.trim_matches(|c| c == '(' || c == ')').to_string())
+}
+
+/// Tables, their columns and their unique indexes (as column lists, with a
+/// partial index's condition noted), of a store, backend-neutral.
+fn shape(store: &Store) -> std::collections::BTreeMap<String, (Vec<ColumnShape>, Vec<String>)> {
+    let pg = store.backend() == BackendKind::Postgres;
+    store
+        .with_conn(|c| {
+            let tables: Vec<String> = if pg {
+                let mut q = c.prepare(
+                    "SELECT table_name::text FROM information_schema.tables \
+                     WHERE table_schema = current_schema() AND table_name <> 'abridge_schema' \
+                     ORDER BY 1",
+                )?;
+                let v = q.query_map([], |r| r.get(0))?.collect::<Result<Vec<_>, _>>()?;
+                v
+            } else {
+                let mut q = c.prepare(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' \
+                     AND name NOT LIKE 'sqlite_%' ORDER BY 1",
+                )?;
+                let v = q.query_map([], |r| r.get(0))?.collect::<Result<Vec<_>, _>>()?;
+                v
+            };
+            let mut out = std::collections::BTreeMap::new();
+            for t in tables {
+                let columns: Vec<ColumnShape> = if pg {
+                    let mut q = c.prepare(
+                        "SELECT column_name::text, data_type::text, is_nullable = 'NO', \
+                                column_default::text FROM information_schema.columns \
+                         WHERE table_schema = current_schema() AND table_name = ?1 \
+                         ORDER BY column_name",
+                    )?;
+                    let v = q
+                        .query_map([&t], |r| {
+                            let d: Option<String> = r.get(3)?;
+                            // An identity column's default is the sequence.
+                            let d = d.filter(|d| !d.starts_with("nextval("));
+                            Ok((r.get(0)?, family(&r.get::<_, String>(1)?), r.get(2)?, default_of(d)))
+                        })?
+                        .collect::<Result<Vec<_>, _>>()?;
+                    v
+                } else {
+                    let mut q = c.prepare(
+                        "SELECT name, type, \"notnull\" OR pk, dflt_value FROM pragma_table_info(?1) \
+                         ORDER BY name",
+                    )?;
+                    let v = q
+                        .query_map([&t], |r| {
+                            Ok((
+                                r.get(0)?,
+                                family(&r.get::<_, String>(1)?),
+                                r.get(2)?,
+                                default_of(r.get(3)?),
+                            ))
+                        })?
+                        .collect::<Result<Vec<_>, _>>()?;
+                    v
+                };
+                let mut uniques: Vec<String> = if pg {
+                    let mut q = c.prepare(
+                        "SELECT (SELECT string_agg(a.attname::text, ',' ORDER BY k.n) \
+                                   FROM unnest(i.indkey) WITH ORDINALITY AS k(att, n) \
+                                   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.att) \
+                                || CASE WHEN i.indpred IS NULL THEN '' ELSE ' (partial)' END \
+                         FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid \
+                         WHERE c.relname = ?1 AND c.relnamespace = current_schema()::regnamespace \
+                           AND i.indisunique AND NOT i.indisprimary",
+                    )?;
+                    let v = q.query_map([&t], |r| r.get(0))?.collect::<Result<Vec<_>, _>>()?;
+                    v
+                } else {
+                    let mut q = c.prepare(
+                        "SELECT (SELECT group_concat(ii.name, ',') FROM \
+                                  (SELECT name FROM pragma_index_info(il.name) ORDER BY seqno) ii) \
+                                || CASE WHEN il.partial THEN ' (partial)' ELSE '' END \
+                         FROM pragma_index_list(?1) il WHERE il.\"unique\" AND il.origin <> 'pk'",
+                    )?;
+                    let v = q.query_map([&t], |r| r.get(0))?.collect::<Result<Vec<_>, _>>()?;
+                    v
+                };
+                uniques.sort();
+                out.insert(t, (columns, uniques));
+            }
+            Ok(out)
+        })
+        .unwrap()
+}
+
+/// The two schemas agree: the same tables, each with the same columns (name,
+/// type family, NOT NULL, default) and the same unique indexes (the ones the
+/// guarantees stand on: G1's boundary, one running turn per session, a
+/// step's and a call's numbering), and every append-only rule refuses the
+/// same change on both, with the same kind of message.
+#[test]
+fn both_backends_have_the_same_schema_and_refuse_the_same_changes() {
+    let Some(base) = server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let file = Store::open(dir.path().join("parity.db")).unwrap();
+    let server_url = fresh(&base, "parity");
+    let server_store = Store::open(&server_url).unwrap();
+    let (a, b) = (shape(&file), shape(&server_store));
+    assert_eq!(
+        a.keys().collect::<Vec<_>>(),
+        b.keys().collect::<Vec<_>>(),
+        "tables differ"
+    );
+    // What the comparison stands on is there to compare.
+    assert!(a.len() >= 8, "{:?}", a.keys());
+    let turns = &a["turns"];
+    assert!(turns.0.len() >= 8, "{turns:?}");
+    assert!(turns.1.contains(&"session_id,idx".to_string()), "{turns:?}");
+    assert!(
+        a["compactions"]
+            .1
+            .contains(&"session_id,up_to_turn_index".to_string()),
+        "{:?}",
+        a["compactions"]
+    );
+    for (t, sqlite) in &a {
+        assert_eq!(
+            sqlite, &b[t],
+            "table {t}: SQLite (left) and PostgreSQL (right) differ"
+        );
+    }
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for (store, db) in [
+        (&file, dir.path().join("parity.db")),
+        (&server_store, PathBuf::from(&server_url)),
+    ] {
+        let opts = abridge::demo::DemoOptions {
+            db,
+            sessions: 1,
+            turns: 12,
+            compact_at: Threshold::Tokens(800),
+            seed: 42,
+            model_latency: std::time::Duration::ZERO,
+            summary_latency: std::time::Duration::ZERO,
+            owner: None,
+            background: false,
+            key: None,
+        };
+        rt.block_on(abridge::demo::run_demo(&opts, |_| {})).unwrap();
+        let (compactions, pins): (i64, i64) = store
+            .with_conn(|c| {
+                c.query_row(
+                    "SELECT (SELECT count(*) FROM compactions WHERE status = 'completed'), \
+                            (SELECT count(*) FROM pins) * 1000 \
+                            + (SELECT count(*) FROM tool_invocations WHERE status = 'completed')",
+                    [],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+            })
+            .unwrap();
+        assert!(
+            compactions > 0 && pins > 1000 && pins % 1000 > 0,
+            "{compactions} compactions, {} pins, {} completed calls",
+            pins / 1000,
+            pins % 1000
+        );
+        let refused = |sql: &str| {
+            let err = store
+                .with_conn(|c| c.execute_batch(sql))
+                .expect_err(sql)
+                .to_string();
+            assert!(
+                err.contains("abridge:"),
+                "{:?}: {sql}: {err}",
+                store.backend()
+            );
+        };
+        for t in [
+            "sessions",
+            "turns",
+            "steps",
+            "tool_invocations",
+            "compactions",
+            "pins",
+        ] {
+            refused(&format!(
+                "DELETE FROM {t} WHERE id = (SELECT min(id) FROM {t})"
+            ));
+        }
+        refused("UPDATE turns SET output = 'changed' WHERE status = 'completed'");
+        refused("UPDATE steps SET response = '{}' WHERE status = 'completed'");
+        refused("UPDATE tool_invocations SET result = 'x' WHERE status = 'completed'");
+        refused("UPDATE compactions SET summary = 'x' WHERE status = 'completed'");
+        refused("UPDATE sessions SET system_prompt = 'x'");
+        refused("UPDATE turns SET input = 'x' WHERE id = (SELECT min(id) FROM turns)");
+        refused("UPDATE pins SET value = 'changed' WHERE id = (SELECT min(id) FROM pins)");
+    }
+}
