@@ -1412,7 +1412,13 @@ impl Runner {
                 let inv = new_invocation(plan.step_id, pos, &call, Effect::Transactional);
                 let tc = call.clone();
                 let body = move |tx: &crate::store::Transaction<'_>| {
-                    let run = || std::panic::catch_unwind(AssertUnwindSafe(|| tool.call(tx, &tc)));
+                    // The tool's statements are the host's: on PostgreSQL they
+                    // reach the server as written.
+                    let run = || {
+                        std::panic::catch_unwind(AssertUnwindSafe(|| {
+                            tx.as_host(|| tool.call(tx, &tc))
+                        }))
+                    };
                     let r = match tool.may_block() {
                         true => crate::store::may_block(run),
                         false => run(),

@@ -51,11 +51,14 @@ impl TransactionalTool for Note {
         call: &ToolCall,
     ) -> Result<Value, ToolError> {
         self.0.lock().unwrap().push(tokio::task::try_id());
-        tx.execute(
-            "INSERT INTO notes (key) VALUES (?1)",
-            [&call.idempotency_key],
-        )
-        .map_err(|e| ToolError::new(e.to_string()))?;
+        // A transactional tool writes for its store's backend (PostgreSQL
+        // gets the host's SQL as written).
+        let sql = match tx.kind() {
+            abridge::store::BackendKind::Postgres => "INSERT INTO notes (key) VALUES ($1)",
+            _ => "INSERT INTO notes (key) VALUES (?1)",
+        };
+        tx.execute(sql, [&call.idempotency_key])
+            .map_err(|e| ToolError::new(e.to_string()))?;
         Ok(json!({"noted": true}))
     }
 }

@@ -697,9 +697,21 @@ async fn a_history_smaller_than_a_summary_message_spends_no_summariser_attempt()
         .build()
         .unwrap();
     let s = r.create_session("s", "m", "sys").await.unwrap();
-    for t in 0..4 {
+    // Turn 1's step would fold turn 0 alone: about 30 tokens, under the
+    // 34 of an empty summary message.
+    for t in 0..2 {
         r.run_turn_at(s.id, t, "hi").await.unwrap();
     }
+    let rows: Vec<(i64, String, Option<String>)> = store
+        .with_conn(|c| {
+            let mut q = c.prepare("SELECT up_to_turn_index, status, error FROM compactions")?;
+            let rows = q
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })
+        .unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(counting.count(), 0, "the summariser was called");
     let errors: Vec<String> = store
         .with_conn(|c| {

@@ -683,3 +683,83 @@ fn both_backends_have_the_same_schema_and_refuse_the_same_changes() {
         refused("UPDATE pins SET value = 'changed' WHERE id = (SELECT min(id) FROM pins)");
     }
 }
+
+/// A transactional tool on PostgreSQL writes PostgreSQL, and its statements
+/// reach the server as written: `$1` placeholders and the jsonb `?`
+/// operator, which the engine's own SQLite-to-PostgreSQL translation would
+/// have turned into a placeholder, work inside the step's transaction.
+#[test]
+fn a_transactional_tools_sql_reaches_postgres_unchanged() {
+    let Some(base) = server() else { return };
+    let url = fresh(&base, "hostsql");
+    let store = Store::open(&url).unwrap();
+    store
+        .with_conn(|c| c.execute_batch("CREATE TABLE host_notes (key TEXT, has_a BOOLEAN)"))
+        .unwrap();
+
+    struct Note;
+    impl abridge::TransactionalTool for Note {
+        fn call(
+            &self,
+            tx: &abridge::store::Transaction<'_>,
+            call: &abridge::ToolCall,
+        ) -> Result<serde_json::Value, abridge::ToolError> {
+            let n = tx
+                .execute(
+                    "INSERT INTO host_notes (key, has_a) \
+                     SELECT $1, ('{\"a\": 1}'::jsonb ? 'a') -- not ?2",
+                    [&call.idempotency_key],
+                )
+                .map_err(|e| abridge::ToolError::new(e.to_string()))?;
+            Ok(serde_json::json!({"rows": n}))
+        }
+    }
+    struct CallsNote;
+    #[abridge::async_trait]
+    impl abridge::ModelClient for CallsNote {
+        async fn complete(
+            &self,
+            req: &abridge::ModelRequest,
+        ) -> Result<abridge::ModelResponse, abridge::ModelError> {
+            let done = serde_json::to_string(&*req.messages)
+                .unwrap()
+                .contains("tool_result");
+            let v = if done {
+                serde_json::json!({"blocks": [{"type": "text", "text": "noted"}]})
+            } else {
+                serde_json::json!({"blocks": [{"type": "tool_use", "id": "n1", "name": "note", "input": {}}]})
+            };
+            Ok(serde_json::from_value(v).unwrap())
+        }
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let r = Runner::builder(store.clone(), Arc::new(CallsNote))
+            .tools(abridge::Tools::new().transactional(
+                abridge::ToolSpec {
+                    name: "note".into(),
+                    description: "notes".into(),
+                    input_schema: serde_json::json!({"type": "object"}),
+                },
+                Note,
+            ))
+            .config(RunnerConfig::default().with_owner("host-sql"))
+            .compaction(abridge::CompactionConfig::default().with_compact_at(Threshold::Off))
+            .build()
+            .unwrap();
+        let s = r.create_session("s", "m", "sys").await.unwrap();
+        let out = r.run_turn_at(s.id, 0, "note it").await.unwrap();
+        assert_eq!(out.output, "noted");
+    });
+    let (rows, has_a, result): (i64, bool, String) = store
+        .with_conn(|c| {
+            c.query_row(
+                "SELECT (SELECT count(*) FROM host_notes), (SELECT bool_and(has_a) FROM host_notes), \
+                        (SELECT result FROM tool_invocations)",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+        })
+        .unwrap();
+    assert_eq!((rows, has_a), (1, true), "tool result: {result}");
+}

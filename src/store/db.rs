@@ -49,6 +49,19 @@ impl std::fmt::Debug for Connection {
     }
 }
 
+impl Connection {
+    /// Runs `f` with this connection's statements taken as the host's own: on
+    /// PostgreSQL sent as written, untranslated (what a transactional tool
+    /// runs, written for the store's backend); nothing changes on SQLite.
+    pub(crate) fn as_host<T>(&self, f: impl FnOnce() -> T) -> T {
+        match &self.backend {
+            Backend::Sqlite(_) => f(),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(c) => c.as_host(f),
+        }
+    }
+}
+
 #[cfg(feature = "postgres")]
 impl Connection {
     /// The PostgreSQL client of a connection known to be one (the

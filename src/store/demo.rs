@@ -41,12 +41,21 @@ pub fn append_effect(
     tool: &str,
     args: &str,
 ) -> Result<()> {
-    let sql = match table {
-        DemoTable::Effects => {
+    // Written as a host writes for its backend: a transactional tool's
+    // statements reach PostgreSQL untranslated.
+    let pg = conn.kind() == super::BackendKind::Postgres;
+    let sql = match (table, pg) {
+        (DemoTable::Effects, false) => {
             "INSERT INTO demo_effects (idempotency_key, tool, arguments) VALUES (?1, ?2, ?3)"
         }
-        DemoTable::External => {
+        (DemoTable::Effects, true) => {
+            "INSERT INTO demo_effects (idempotency_key, tool, arguments) VALUES ($1, $2, $3)"
+        }
+        (DemoTable::External, false) => {
             "INSERT INTO demo_external (idempotency_key, tool, arguments) VALUES (?1, ?2, ?3)"
+        }
+        (DemoTable::External, true) => {
+            "INSERT INTO demo_external (idempotency_key, tool, arguments) VALUES ($1, $2, $3)"
         }
     };
     conn.prepare_cached(sql)?

@@ -46,6 +46,8 @@ mod erase;
 mod history;
 mod inline;
 pub(crate) use inline::may_block;
+#[cfg(feature = "postgres")]
+mod dialect;
 mod invocations;
 mod key;
 mod leases;

@@ -66,6 +66,11 @@ pub(crate) struct PgConn {
     /// Prepared statements by their text (as written for SQLite), which is
     /// kept shared for the statements handed out and the prefetched reads.
     cache: RefCell<HashMap<Arc<str>, tokio_postgres::Statement>>,
+    /// A host's own statements (a transactional tool's), sent as written and
+    /// cached apart from the engine's, by their text.
+    host_cache: RefCell<HashMap<Arc<str>, tokio_postgres::Statement>>,
+    /// While set, statements are the host's: not translated.
+    host_sql: Cell<bool>,
     in_tx: Cell<bool>,
     /// A checked write of the open transaction changed no row: its error.
     refused: RefCell<Option<Refusal>>,
@@ -202,6 +207,8 @@ impl PgConn {
         PgConn {
             client,
             cache: RefCell::default(),
+            host_cache: RefCell::default(),
+            host_sql: Cell::new(false),
             in_tx: Cell::new(false),
             read_only: Cell::new(false),
             deferred: Cell::new(Deferred::None),
@@ -312,9 +319,32 @@ impl PgConn {
         self.queued.borrow_mut().push(q);
     }
 
+    /// Runs `f` with this connection's statements taken as the host's own:
+    /// sent to the server as written, untranslated (a transactional tool's
+    /// SQL, written for PostgreSQL).
+    pub(crate) fn as_host<T>(&self, f: impl FnOnce() -> T) -> T {
+        let was = self.host_sql.replace(true);
+        let out = f();
+        self.host_sql.set(was);
+        out
+    }
+
+    /// The statement text the server gets: the engine's translated, a
+    /// host's as written.
+    fn server_text<'s>(&self, sql: &'s str) -> std::borrow::Cow<'s, str> {
+        match self.host_sql.get() {
+            true => std::borrow::Cow::Borrowed(sql),
+            false => std::borrow::Cow::Owned(translate(sql)),
+        }
+    }
+
     pub(crate) fn prepare(&self, sql: &str, cached: bool) -> Result<PgStatement<'_>> {
+        let cache = match self.host_sql.get() {
+            true => &self.host_cache,
+            false => &self.cache,
+        };
         if cached {
-            if let Some((key, stmt)) = self.cache.borrow().get_key_value(sql) {
+            if let Some((key, stmt)) = cache.borrow().get_key_value(sql) {
                 return Ok(PgStatement {
                     conn: self,
                     stmt: stmt.clone(),
@@ -322,13 +352,20 @@ impl PgConn {
                 });
             }
         }
-        let text = translate(sql);
+        let text = self.server_text(sql);
         let stmt = self.send(self.client.prepare(&text)).inspect_err(|e| {
             tracing::debug!(error = %e, sql = %text, "PostgreSQL refused a statement");
         })?;
         let sql: Arc<str> = sql.into();
         if cached {
-            self.cache.borrow_mut().insert(sql.clone(), stmt.clone());
+            let mut cache = cache.borrow_mut();
+            // Bounded: statements built with their values in the text would
+            // otherwise grow it (and the server's prepared statements) for
+            // ever. The engine's own are far fewer than the bound.
+            if cache.len() >= STATEMENT_CACHE_CAP {
+                cache.clear();
+            }
+            cache.insert(sql.clone(), stmt.clone());
         }
         Ok(PgStatement {
             conn: self,
@@ -349,7 +386,7 @@ impl PgConn {
             return Ok(());
         }
         self.wrote();
-        let r = self.send(self.client.batch_execute(&translate(sql)));
+        let r = self.send(self.client.batch_execute(&self.server_text(sql)));
         if head.starts_with("BEGIN") || head.starts_with("START TRANSACTION") {
             self.in_tx.set(r.is_ok());
         } else if head.starts_with("COMMIT")
@@ -837,62 +874,12 @@ pub(crate) fn get<T: FromSql>(row: &tokio_postgres::Row, i: usize) -> rusqlite::
     })
 }
 
-/// The statement as PostgreSQL reads it: `?N` placeholders as `$N` (outside
-/// quoted text), and the SQLite spellings abridge uses in their PostgreSQL
-/// form.
-pub(crate) fn translate(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len() + 8);
-    let mut chars = sql.chars().peekable();
-    let mut quote: Option<char> = None;
-    let mut positional = 0;
-    while let Some(c) = chars.next() {
-        match quote {
-            Some(q) => {
-                out.push(c);
-                if c == q {
-                    quote = None;
-                }
-            }
-            None if c == '\'' || c == '"' => {
-                quote = Some(c);
-                out.push(c);
-            }
-            None if c == '?' => {
-                out.push('$');
-                if chars.peek().is_some_and(|d| d.is_ascii_digit()) {
-                    while let Some(d) = chars.peek().copied().filter(char::is_ascii_digit) {
-                        out.push(d);
-                        chars.next();
-                    }
-                } else {
-                    positional += 1;
-                    out.push_str(&positional.to_string());
-                }
-            }
-            None => out.push(c),
-        }
-    }
-    for (from, to) in DIALECT {
-        if out.contains(from) {
-            out = out.replace(from, to);
-        }
-    }
-    out
-}
+pub(crate) use super::dialect::translate;
 
-/// SQLite spellings in abridge's statements and their PostgreSQL forms.
-const DIALECT: &[(&str, &str)] = &[
-    // The two-argument scalar max() of `next_id!`.
-    ("(SELECT max(coalesce(", "(SELECT greatest(coalesce("),
-    ("BEGIN IMMEDIATE", "BEGIN"),
-    ("instr(", "strpos("),
-    ("group_concat(", "string_agg("),
-    // A host's table (the demo's) keyed as SQLite keys it.
-    (
-        "INTEGER PRIMARY KEY",
-        "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY",
-    ),
-];
+/// Most prepared statements a connection keeps per cache (the engine's, a
+/// host's); a full cache is emptied, and its statements prepared again as
+/// they are next used.
+pub(crate) const STATEMENT_CACHE_CAP: usize = 256;
 
 /// The PostgreSQL schema at [`super::SCHEMA_VERSION`], applied at once.
 pub const SCHEMA_PG_SQL: &str = include_str!("../../schema_pg.sql");
@@ -1225,15 +1212,6 @@ mod tests {
         assert!(msg.contains("schema=support_team"), "{msg}");
         let ok = parse("postgres://u@h/db?schema=support_team").unwrap();
         assert_eq!(ok.schema, "support_team");
-    }
-
-    #[test]
-    fn placeholders_become_dollar_numbers_outside_quotes() {
-        assert_eq!(
-            translate("SELECT a FROM t WHERE b = ?1 AND c = '?2' AND d = ?12"),
-            "SELECT a FROM t WHERE b = $1 AND c = '?2' AND d = $12"
-        );
-        assert_eq!(translate("VALUES (?, ?)"), "VALUES ($1, $2)");
     }
 
     #[test]
