@@ -124,7 +124,7 @@ pub use model::{ModelClient, ModelError};
 pub use replay::Rebuilt;
 pub use retry::RetryPolicy;
 pub use runner::{Runner, RunnerBuilder, RunnerConfig, TurnOutcome};
-pub use store::{Blocking, Store, StoreOptions, Synchronous};
+pub use store::{Blocking, Checkpoints, Store, StoreOptions, Synchronous};
 pub use tools::{Tool, ToolCall, ToolError, Tools, TransactionalTool};
 
 /// The SQLite binding of [`TransactionalTool::call`]'s transaction, re-exported

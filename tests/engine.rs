@@ -610,3 +610,71 @@ async fn a_finished_turn_is_returned_as_stored() {
         .iter()
         .all(|t| t.status == abridge::store::TurnStatus::Completed));
 }
+
+/// Answers every step with text: each turn is one step.
+struct Plain;
+#[async_trait::async_trait]
+impl ModelClient for Plain {
+    async fn complete(&self, _: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        Ok(ModelResponse {
+            blocks: vec![ResponseBlock::Text { text: "ok".into() }],
+            usage: Usage::default(),
+            ..Default::default()
+        })
+    }
+}
+
+/// The WAL's size and the connection's `wal_autocheckpoint` after `turns`
+/// turns of 64 KiB messages, with the largest WAL seen between turns.
+async fn wal_after_turns(
+    checkpoints: abridge::Checkpoints,
+    turns: usize,
+) -> (abridge::Store, u64, i64, tempfile::TempDir) {
+    let (dir, path) = temp_db();
+    let store =
+        abridge::Store::open_with(&path, store_options().with_checkpoints(checkpoints)).unwrap();
+    let runner = Runner::builder(store.clone(), Arc::new(Plain))
+        .config(test_config(Threshold::Off, None, "wal"))
+        .build()
+        .unwrap();
+    let s = runner.create_session("s", "m", "sys").await.unwrap();
+    let wal = dir.path().join("test.db-wal");
+    let mut largest = 0;
+    for t in 0..turns {
+        let message = format!("turn {t} {}", "x".repeat(64 * 1024));
+        runner.run_turn(s.id, &message).await.unwrap();
+        largest = largest.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
+    }
+    let auto = store
+        .with_conn(|c| c.query_row("PRAGMA wal_autocheckpoint", [], |r| r.get(0)))
+        .unwrap();
+    (store, largest, auto, dir)
+}
+
+/// A step's own commit never checkpoints the WAL (a checkpoint writes and
+/// syncs pages: milliseconds against the commit's microseconds); a thread
+/// beside the steps does, once the WAL is past 4 MiB, and the WAL stays
+/// bounded even when steps commit back to back (this model answers at once):
+/// some 75 MB go through it here. `OnCommit` keeps SQLite's own policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wal_is_checkpointed_off_the_steps_path_and_stays_bounded() {
+    if on_postgres() {
+        return; // a server's WAL is the server's
+    }
+    // About 300 turns of 64 KiB: some 40 MB through the WAL (message, step
+    // row and the turn's pages).
+    let (store, largest, auto, _dir) = wal_after_turns(abridge::Checkpoints::OffTheStep, 300).await;
+    assert_eq!(auto, 0, "no commit checkpoints");
+    assert!(
+        store.wal_checkpoints() > 0,
+        "the WAL was checkpointed off the step's path"
+    );
+    assert!(
+        largest < 2 * abridge::store::WAL_RESTART_BYTES,
+        "the WAL stays bounded: {largest} bytes at most"
+    );
+
+    let (store, _, auto, _dir) = wal_after_turns(abridge::Checkpoints::OnCommit, 3).await;
+    assert_eq!(auto, 1000, "SQLite's own policy");
+    assert_eq!(store.wal_checkpoints(), 0);
+}

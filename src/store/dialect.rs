@@ -61,15 +61,16 @@ pub(crate) fn translate(sql: &str) -> String {
                     edits.push((spans[i].end..spans[j].end, String::new()));
                 }
             }
-            Token::Word(_) if word(i, "instr") || word(i, "group_concat") => {
-                if next(1).is_some_and(|j| is(j, &Token::LParen)) {
-                    let to = if word(i, "instr") {
-                        "strpos"
-                    } else {
-                        "string_agg"
-                    };
-                    edits.push((spans[i].clone(), to.into()));
-                }
+            Token::Word(_)
+                if (word(i, "instr") || word(i, "group_concat"))
+                    && next(1).is_some_and(|j| is(j, &Token::LParen)) =>
+            {
+                let to = if word(i, "instr") {
+                    "strpos"
+                } else {
+                    "string_agg"
+                };
+                edits.push((spans[i].clone(), to.into()));
             }
             Token::Word(_) if word(i, "max") => {
                 let scalar = k >= 2

@@ -151,7 +151,39 @@ pub struct StoreOptions {
     /// The key of an encrypted store (SQLCipher, the `encryption`
     /// feature); None: not encrypted. See [`Key`].
     pub key: Option<Key>,
+    /// Who checkpoints the WAL into the file; see [`Checkpoints`].
+    pub checkpoints: Checkpoints,
 }
+
+/// The WAL size past which a [`Checkpoints::OffTheStep`] checkpoint
+/// empties the WAL itself, when no step has restarted it: 16 MiB.
+pub const WAL_RESTART_BYTES: u64 = 4 * WAL_CHECKPOINT_BYTES;
+
+/// Who copies an SQLite store's WAL back into its file.
+///
+/// A checkpoint writes and syncs pages: milliseconds, where a step's commit
+/// takes microseconds. SQLite's default runs it inside whichever commit finds
+/// the WAL past 1,000 pages, so about every 4 MB of WAL one step (on a
+/// runtime worker, for a step's inline call) blocks on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Checkpoints {
+    /// Off the step's path (the default): no commit checkpoints
+    /// (`wal_autocheckpoint = 0`); the call that finds the WAL past
+    /// [`WAL_CHECKPOINT_BYTES`] starts a `PASSIVE` checkpoint (which waits
+    /// for no reader or writer) on tokio's blocking pool and returns. The
+    /// WAL restarts from its start at the next write after a complete
+    /// checkpoint and is cut back to that size (`journal_size_limit`).
+    #[default]
+    OffTheStep,
+    /// SQLite's own: the commit that finds 1,000 pages in the WAL
+    /// checkpoints, whatever call it is.
+    OnCommit,
+}
+
+/// The WAL size past which [`Checkpoints::OffTheStep`] checkpoints: 4 MiB
+/// (SQLite's own 1,000 pages of 4 KiB).
+pub const WAL_CHECKPOINT_BYTES: u64 = 4 * 1024 * 1024;
 
 /// Where [`Store::call`] runs blocking SQLite work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -174,6 +206,11 @@ pub enum Blocking {
 }
 
 impl StoreOptions {
+    /// Sets who checkpoints the WAL. Default: [`Checkpoints::OffTheStep`].
+    pub fn with_checkpoints(mut self, c: Checkpoints) -> Self {
+        self.checkpoints = c;
+        self
+    }
     /// Sets the commit durability.
     pub fn with_synchronous(mut self, s: Synchronous) -> Self {
         self.synchronous = s;
@@ -214,6 +251,7 @@ impl Default for StoreOptions {
             max_connections: 8,
             blocking: Blocking::default(),
             key: None,
+            checkpoints: Checkpoints::default(),
         }
     }
 }
@@ -235,9 +273,135 @@ pub struct Store {
     file: Arc<FileIdentity>,
     /// Times a call handed its work off the calling worker (see `inline`).
     handoffs: Arc<std::sync::atomic::AtomicU64>,
+    /// The WAL's size, watched for [`Checkpoints::OffTheStep`] (None: SQLite
+    /// checkpoints on commit, or the store is on a server).
+    wal: Option<Arc<WalWatch>>,
     /// Last: dropped with the last handle, after `pool`, it waits for the
     /// pool's connections to close (see `pool`).
     _closer: Arc<pool::Closer>,
+}
+
+/// The WAL of an SQLite store under [`Checkpoints::OffTheStep`]: every call
+/// looks at its size (one `stat`); one that finds it past
+/// [`WAL_CHECKPOINT_BYTES`] starts a checkpoint on a thread of its own and
+/// goes on. One checkpoint at a time.
+#[derive(Debug)]
+struct WalWatch {
+    path: PathBuf,
+    /// The store's, put back on the checkpoint's connection.
+    busy_timeout: Duration,
+    /// A checkpoint is running.
+    running: std::sync::atomic::AtomicBool,
+    /// The WAL's size when the last checkpoint ended.
+    last: std::sync::atomic::AtomicU64,
+    /// Checkpoints run.
+    checkpoints: std::sync::atomic::AtomicU64,
+}
+
+impl WalWatch {
+    /// After a call: starts a checkpoint when the WAL has grown past
+    /// [`WAL_CHECKPOINT_BYTES`], on tokio's blocking pool inside a runtime
+    /// (the call returns at once), on the calling thread outside one (a
+    /// synchronous host's own call, already off any step).
+    fn after_call(self: &Arc<Self>, pool: &pool::Pool) {
+        use std::sync::atomic::Ordering;
+        // Past 4 MiB, and either cut back since the last checkpoint (the
+        // WAL restarted) or 4 MiB longer than it was then.
+        let (size, last) = (self.size(), self.last.load(Ordering::Relaxed));
+        let due =
+            size > WAL_CHECKPOINT_BYTES && (size < last || size >= last + WAL_CHECKPOINT_BYTES);
+        if !due || self.running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (this, pool) = (self.clone(), pool.clone());
+        let run = move || {
+            this.checkpoint(&pool);
+            this.running.store(false, Ordering::Release);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(run)),
+            Err(_) => run(),
+        }
+    }
+
+    /// Copies the WAL into the file, waiting for no step. `PASSIVE` does the
+    /// copying while steps go on committing (again, each time with less to
+    /// copy, until it has caught up with the WAL's end); the next write
+    /// transaction that begins with the WAL all copied starts it again from
+    /// its beginning and cuts the file back (`journal_size_limit`).
+    ///
+    /// Steps that commit back to back (a zero-latency model, many sessions
+    /// at once) may never begin with the WAL all copied, and the WAL would
+    /// only grow: past [`WAL_RESTART_BYTES`] the checkpoint ends with a
+    /// `RESTART` tried without waiting (no busy handler). It takes the
+    /// write lock only when no step holds it, finds next to nothing left to
+    /// copy and leaves the WAL to be started again by the next write; when a
+    /// step holds the lock or a reader is in the WAL it gives up at once and
+    /// tries again a millisecond later. A step that begins in its moment
+    /// (a few milliseconds) waits for it: once per 16 MiB of WAL, against
+    /// SQLite's own checkpoint in a step's commit every 4 MiB.
+    fn checkpoint(&self, pool: &pool::Pool) {
+        let Ok(conn) = pool.get() else { return };
+        let Some(c) = conn.as_sqlite() else { return };
+        let run = |mode: &str| {
+            c.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
+                Ok((
+                    r.get::<_, i64>(0)? != 0,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            })
+        };
+        let passive = || {
+            for _ in 0..8 {
+                match run("PASSIVE") {
+                    Ok((_, frames, copied)) if copied < frames => continue,
+                    other => return other.map(|_| ()),
+                }
+            }
+            Ok(())
+        };
+        let restart = || {
+            for _ in 0..50 {
+                c.busy_timeout(Duration::ZERO)?;
+                let t = run("RESTART");
+                c.busy_timeout(self.busy_timeout)?;
+                match t {
+                    Ok((false, _, _)) => return Ok(()),
+                    Ok((true, _, _)) => {}
+                    Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => {}
+                    Err(e) => return Err(e),
+                }
+                std::thread::sleep(Duration::from_millis(1));
+                passive()?;
+            }
+            Ok(())
+        };
+        let done = passive().and_then(|()| {
+            if self.size() > WAL_RESTART_BYTES {
+                restart()?;
+            }
+            Ok(())
+        });
+        let _ = c.busy_timeout(self.busy_timeout);
+        self.last
+            .store(self.size(), std::sync::atomic::Ordering::Relaxed);
+        match done {
+            Ok(()) => {
+                self.checkpoints
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::debug!(
+                    wal_bytes = self.size(),
+                    "WAL checkpointed off the step's path"
+                );
+            }
+            Err(e) => tracing::debug!(error = %e, "WAL checkpoint skipped"),
+        }
+    }
+
+    fn size(&self) -> u64 {
+        std::fs::metadata(&self.path).map_or(0, |m| m.len())
+    }
 }
 
 /// The database file as opened: a store whose file is deleted or replaced
@@ -349,6 +513,7 @@ impl Store {
         }
         let busy = opts.busy_timeout;
         let sync = opts.synchronous;
+        let checkpoints = opts.checkpoints;
         remember_key(&path, key.as_ref());
         let manager = SqliteConnectionManager::file(&path).with_init(move |c| {
             if let Some(k) = &key {
@@ -366,6 +531,11 @@ impl Store {
                 sync.pragma()
             ))?;
             c.set_prepared_statement_cache_capacity(64);
+            if checkpoints == Checkpoints::OffTheStep {
+                c.execute_batch(&format!(
+                    "PRAGMA wal_autocheckpoint = 0; PRAGMA journal_size_limit = {WAL_CHECKPOINT_BYTES};"
+                ))?;
+            }
             Ok(())
         });
         let (pool, closer) = pool::build(
@@ -379,7 +549,17 @@ impl Store {
             opened: crate::platform::file_identity(&path),
             gone: Default::default(),
         });
+        let wal = (checkpoints == Checkpoints::OffTheStep).then(|| {
+            Arc::new(WalWatch {
+                path: snapshot::sidecar(&path, "-wal"),
+                busy_timeout: busy,
+                running: Default::default(),
+                last: Default::default(),
+                checkpoints: Default::default(),
+            })
+        });
         Ok(Store {
+            wal,
             pool,
             backend: BackendKind::Sqlite,
             path,
@@ -429,6 +609,7 @@ impl Store {
                 opts.busy_timeout,
             )?;
             Ok(Store {
+                wal: None,
                 pool,
                 backend: BackendKind::Postgres,
                 path: PathBuf::from(&target.display),
@@ -500,7 +681,20 @@ impl Store {
     pub fn with_conn<R>(&self, f: impl FnOnce(&mut Connection) -> Result<R>) -> Result<R> {
         self.fail_if_gone()?;
         let mut conn = self.pool.get()?;
-        f(&mut conn)
+        let out = f(&mut conn);
+        drop(conn);
+        if let Some(w) = &self.wal {
+            w.after_call(&self.pool);
+        }
+        out
+    }
+
+    /// WAL checkpoints this store ran under [`Checkpoints::OffTheStep`].
+    #[doc(hidden)]
+    pub fn wal_checkpoints(&self) -> u64 {
+        self.wal.as_ref().map_or(0, |w| {
+            w.checkpoints.load(std::sync::atomic::Ordering::Relaxed)
+        })
     }
 
     /// Runs `f` on a pooled connection off the async runtime's worker threads:
@@ -541,7 +735,12 @@ impl Store {
             if let Some(conn) = self.pool.try_get() {
                 let inline = inline::Inline::enter(conn, self.busy_timeout, self.handoffs.clone())?;
                 if let Some(mut conn) = inline {
-                    return f(&mut conn);
+                    let out = f(&mut conn);
+                    drop(conn);
+                    if let Some(w) = &self.wal {
+                        w.after_call(&self.pool);
+                    }
+                    return out;
                 }
             }
         }
