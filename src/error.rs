@@ -172,7 +172,7 @@ pub enum Error {
         /// The operation.
         what: &'static str,
         /// The backend it was asked of.
-        backend: crate::store::BackendKind,
+        backend: crate::backend_kind::BackendKind,
     },
 
     /// The connection pool could not hand out a connection in time. Retry.

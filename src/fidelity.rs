@@ -10,7 +10,7 @@
 //!
 //! [`run`] measures one summariser, with the pins guard on or off; the
 //! `fidelity` example prints the table of docs/fidelity.md, and
-//! `tests/fidelity.rs` asserts its targets.
+//! `tests/it/fidelity.rs` asserts its targets.
 
 use crate::compaction::{
     CompactionConfig, ExtractiveSummariser, Summariser, SummaryRequest, SummaryResponse, Threshold,

@@ -72,6 +72,7 @@
 
 #![warn(missing_docs)]
 
+mod backend_kind;
 #[cfg(all(feature = "harness", unix))]
 pub mod chaos;
 pub mod compaction;
@@ -95,6 +96,7 @@ mod platform;
 #[cfg(any(feature = "openai", feature = "anthropic"))]
 pub mod providers;
 pub mod render;
+mod render_format;
 pub mod replay;
 pub mod report;
 pub mod retry;

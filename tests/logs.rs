@@ -3,6 +3,7 @@
 //! a provider's or a summariser's error that quotes what it was sent shows as
 //! its length and a hash. The store keeps the error whole.
 
+#[path = "it/common.rs"]
 mod common;
 
 use abridge::{

@@ -7,7 +7,7 @@
 //! lease is freed by its expiry, a store notices only a file that is gone,
 //! and a new file gets its directory's access control.
 //!
-//! `tests/portable.rs` fails if a Unix-only API appears outside the gated
+//! `tests/it/portable.rs` fails if a Unix-only API appears outside the gated
 //! files of this module (and the Unix-only chaos harness and command line).
 
 #[cfg(target_os = "linux")]

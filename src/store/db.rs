@@ -19,14 +19,7 @@ use crate::error::{Error, Result};
 use rusqlite::types::{FromSql, ToSql};
 use std::ops::{Deref, DerefMut};
 
-/// Which database a [`Connection`] talks to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendKind {
-    /// An SQLite file (the default backend).
-    Sqlite,
-    /// A PostgreSQL server (the `postgres` feature).
-    Postgres,
-}
+pub use crate::backend_kind::BackendKind;
 
 /// A connection to a store's database. Every statement abridge issues goes
 /// through one; a host's [transactional tool](crate::TransactionalTool) gets

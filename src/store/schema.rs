@@ -20,7 +20,7 @@ pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 /// PostgreSQL); a new SQLite store gets [`SCHEMA_SQL`] and all of them, a new
 /// PostgreSQL store the baseline `schema_pg.sql` (version [`PG_BASELINE`])
 /// and those above it. Never edit one that has shipped: add the next
-/// (`tests/schema.rs` pins each shipped file's SHA-256).
+/// (`tests/it/schema.rs` pins each shipped file's SHA-256).
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct Migration {

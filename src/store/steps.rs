@@ -123,7 +123,7 @@ pub(crate) fn write_response(tx: &Transaction<'_>, lease: &Lease, r: &Responded)
             r.estimated,
             now_ms(),
             r.step_id,
-            crate::render::RenderFormat::CURRENT.as_i64(),
+            crate::render_format::RenderFormat::CURRENT.as_i64(),
             r.summary_wait_ms,
             r.cache_read_tokens,
             r.cache_write_tokens,

@@ -10,7 +10,7 @@
 //! seen with no different arguments, and every executed step's rebuilt hash
 //! equals its recorded one.
 
-mod common;
+use crate::common;
 use abridge::{FaultPoint, Threshold};
 use common::*;
 use std::sync::atomic::Ordering::SeqCst;

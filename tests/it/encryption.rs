@@ -5,7 +5,8 @@
 //! as it was. A build without the feature refuses a key before it touches
 //! anything. The command line reads the key from `ABRIDGE_KEY`.
 
-mod common;
+#[cfg(feature = "encryption")]
+use crate::common;
 
 use abridge::store::{Key, StoreOptions};
 use abridge::{Error, Store};

@@ -2,7 +2,7 @@
 //! error that fails the turn. Never a panic, never a half-written step, and no
 //! committed row lost.
 
-mod common;
+use crate::common;
 use abridge::{
     Error, ModelClient, ModelError, ModelRequest, ModelResponse, ResponseBlock, Runner, Threshold,
     Tool, ToolCall, ToolError, ToolSpec, Tools, TransactionalTool, Usage,

@@ -1,7 +1,7 @@
 //! The `tiktoken` feature: a real tokenizer as the token counter.
 #![cfg(feature = "tiktoken")]
 
-mod common;
+use crate::common;
 
 use abridge::{
     CompactionConfig, ModelClient, ModelError, ModelRequest, ModelResponse, ResponseBlock, Runner,

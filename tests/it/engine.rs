@@ -1,6 +1,6 @@
 //! End-to-end runs of the engine on the demo workload.
 
-mod common;
+use crate::common;
 use abridge::{
     ModelClient, ModelError, ModelRequest, ModelResponse, ResponseBlock, Runner, Threshold, Tool,
     ToolCall, ToolError, ToolSpec, Tools, TransactionalTool, Usage,

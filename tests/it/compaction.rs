@@ -2,7 +2,7 @@
 //! mid-summary, stale completers, folding, chunking, acceptance (G1, G2, G4, G7)
 //! and G3 holding with compaction on.
 
-mod common;
+use crate::common;
 use abridge::compaction::{FailurePolicy, SummaryRequest, SummaryResponse};
 use abridge::demo::{demo_tools, user_turn, DEMO_MODEL};
 use abridge::{Error, Event, EventKind, ModelError, Runner, RunnerConfig, Summariser, Threshold};

@@ -5,11 +5,11 @@
 
 use std::path::{Path, PathBuf};
 
-#[path = "../src/platform/other.rs"]
+#[path = "../../src/platform/other.rs"]
 #[allow(dead_code)]
 mod other;
 
-#[path = "../src/platform/not_unix.rs"]
+#[path = "../../src/platform/not_unix.rs"]
 #[allow(dead_code)]
 mod not_unix;
 

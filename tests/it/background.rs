@@ -12,7 +12,7 @@
 //! gate, so "while the summary is pending" is a state the test holds, not a
 //! race it hopes to win.
 
-mod common;
+use crate::common;
 
 use abridge::compaction::{
     Background, BackgroundWorker, ExtractiveSummariser, Summariser, SummaryRequest, SummaryResponse,

@@ -8,7 +8,7 @@
 //! write fails with `LeaseLost`. The order of events comes from the gate and
 //! from conditions read in the store, never from sleeping.
 
-mod common;
+use crate::common;
 use abridge::demo::{user_turn, ScriptedModel};
 use abridge::{Error, Runner, Threshold};
 use common::*;

@@ -7,7 +7,7 @@
 //! session is fenced and resumes from the redacted rows; a summary made from
 //! the text before is made again; the session goes on.
 
-mod common;
+use crate::common;
 
 use abridge::compaction::{Summariser, SummaryRequest, SummaryResponse};
 use abridge::store::{Pattern, REDACTION_MARKER};

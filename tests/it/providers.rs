@@ -5,7 +5,7 @@
 //! errors classified, and context overflow met without ending the session.
 #![cfg(all(feature = "openai", feature = "anthropic"))]
 
-mod common;
+use crate::common;
 
 use abridge::providers::{classify, Anthropic, ApiKey, HttpOptions, OpenAiChat, OpenAiResponses};
 use abridge::{

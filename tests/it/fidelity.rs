@@ -1,7 +1,7 @@
 //! G8 and what summaries keep: pinned facts, the guard, supersession, the
 //! fidelity workload's targets.
 
-mod common;
+use crate::common;
 
 use abridge::compaction::{ExtractiveSummariser, Summariser, SummaryRequest, SummaryResponse};
 use abridge::fidelity::{self, Which};

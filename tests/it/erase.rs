@@ -3,7 +3,7 @@
 //! verifies and replays, a runner still on it is refused, a prune deletes
 //! what its dry run lists, and a new store is private to its owner.
 
-mod common;
+use crate::common;
 
 use abridge::demo::{run_demo, user_turn, DemoOptions};
 use abridge::{Error, Store, Threshold};

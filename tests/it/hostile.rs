@@ -13,7 +13,7 @@
 //! (a zombie holds no lease).
 #![cfg(all(feature = "openai", feature = "anthropic"))]
 
-mod common;
+use crate::common;
 
 use abridge::providers::{Anthropic, ApiKey, HttpOptions, OpenAiChat, OpenAiResponses, Redirects};
 use abridge::{

@@ -174,7 +174,7 @@ pub fn test_config(compact_at: Threshold, hook: Option<FaultHook>, owner: &str) 
         .with_backoff(Duration::from_millis(1), Duration::from_millis(8));
     // Inline compaction: a step at the threshold compacts before it reads,
     // so a run's transcript is the same whatever the timing (the background
-    // mode's tests set it themselves, in tests/background.rs).
+    // mode's tests set it themselves, in tests/it/background.rs).
     cfg.compaction = CompactionConfig::default()
         .with_compact_at(compact_at)
         .with_context_window(DEMO_MODEL, 2_000)

@@ -1,7 +1,7 @@
 //! The read API gives a host everything the store holds about a session
 //! without SQL: the same rows the store has, by id or external id.
 
-mod common;
+use crate::common;
 use abridge::{ExportFormat, SessionId, SessionKey, Threshold};
 use common::*;
 

@@ -8,7 +8,7 @@
 //! the rest of the suite runs on PostgreSQL too when it is set (see
 //! `common::db_for`).
 
-mod common;
+use crate::common;
 
 use abridge::store::{migrate_store, BackendKind, Store, StoreOptions};
 use abridge::{Error, Runner, RunnerConfig, Threshold};

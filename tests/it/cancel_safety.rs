@@ -10,7 +10,7 @@
 //! time), and a second runner of this process finishes the same work at once,
 //! with every guarantee holding.
 
-mod common;
+use crate::common;
 use abridge::compaction::{SummaryRequest, SummaryResponse};
 use abridge::demo::{demo_tools, user_turn};
 use abridge::{Error, ModelError, Runner, Store, Summariser, Threshold};

@@ -9,7 +9,7 @@
 //! every renewal it started, so the work is finished by the next owner at once
 //! in this process and after the lease's expiry elsewhere.
 
-mod common;
+use crate::common;
 use abridge::compaction::{SummaryRequest, SummaryResponse};
 use abridge::demo::{demo_tools, user_turn};
 use abridge::{
