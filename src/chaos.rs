@@ -978,15 +978,16 @@ async fn build_control(o: &ChaosOptions, w: &Workload) -> Result<PathBuf> {
 
 /// Whether `db` is a PostgreSQL store's URL.
 fn is_server(db: &Path) -> bool {
-    db.to_str().is_some_and(crate::store::is_url)
+    crate::store::Location::from(db).is_server()
 }
 
 /// The store beside `db` for `what` (the control run): a file `DB.what`, or
 /// on a server the schema `SCHEMA_what`.
 fn beside(db: &Path, what: &str) -> PathBuf {
-    let Some(url) = db.to_str().filter(|u| crate::store::is_url(u)) else {
+    let crate::store::Location::Postgres(url) = crate::store::Location::from(db) else {
         return PathBuf::from(format!("{}.{what}", db.display()));
     };
+    let url = url.as_str();
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut schema = "public".to_string();
     let mut kept: Vec<&str> = Vec::new();
@@ -1004,7 +1005,7 @@ fn beside(db: &Path, what: &str) -> PathBuf {
 /// `db` as the workers open it: on a server, with an application name of
 /// this run's own, so the supervisor cuts only its workers' connections.
 fn worker_db(db: &Path) -> PathBuf {
-    match db.to_str().filter(|u| crate::store::is_url(u)) {
+    match crate::store::Location::from(db).url() {
         Some(url) => {
             let sep = if url.contains('?') { '&' } else { '?' };
             PathBuf::from(format!("{url}{sep}application_name={}", worker_app_name()))
@@ -1040,6 +1041,7 @@ fn terminate_a_backend(conn: &crate::store::Connection, rng: &mut Rng) -> Result
 
 fn remove_db(path: &Path) {
     if is_server(path) {
+        #[cfg(feature = "postgres")]
         if let Ok(target) = crate::store::pg::parse(path.to_str().unwrap_or_default()) {
             if let Ok(c) = target.connect() {
                 let c = crate::store::Connection::from(c);

@@ -874,6 +874,40 @@ pub async fn run_demo(
     Ok(report)
 }
 
+/// The demo's effect check for `verify` (G5): every effect row applied once,
+/// and every completed transactional invocation with its effect.
+impl crate::verify::EffectCheck for crate::store::demo::DemoEffects {
+    fn check(&self, conn: &crate::store::Connection) -> crate::error::Result<(i64, Vec<String>)> {
+        if !crate::store::demo::has_demo_tables(conn)? {
+            return Ok((0, Vec::new()));
+        }
+        let (mut checked, mut violations) = (0, Vec::new());
+        for table in [DemoTable::Effects, DemoTable::External] {
+            checked += crate::store::demo::count_effects(conn, table)?;
+            for (key, tool, n) in crate::store::demo::duplicate_effects(conn, table)? {
+                violations.push(format!("effect {key} of {tool} applied {n} times"));
+            }
+        }
+        let (unapplied, orphaned) = crate::store::demo::transactional_effect_balance(conn)?;
+        if unapplied > 0 {
+            violations.push(format!(
+                "{unapplied} completed transactional invocations have no applied effect"
+            ));
+        }
+        let deleted: i64 = conn.query_row(
+            "SELECT count(*) FROM erasures WHERE kind = 'delete'",
+            [],
+            |r| r.get(0),
+        )?;
+        if orphaned > 0 && deleted == 0 {
+            violations.push(format!(
+                "{orphaned} applied effects have no completed transactional invocation"
+            ));
+        }
+        Ok((checked, violations))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

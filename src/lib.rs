@@ -72,6 +72,7 @@
 
 #![warn(missing_docs)]
 
+pub mod admin;
 mod backend_kind;
 #[cfg(all(feature = "harness", unix))]
 pub mod chaos;

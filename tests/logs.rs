@@ -2,6 +2,7 @@
 //! conversation's text, unless the host opts in (`RunnerConfig::log_content`):
 //! a provider's or a summariser's error that quotes what it was sent shows as
 //! its length and a hash. The store keeps the error whole.
+#![cfg(feature = "cli")]
 
 #[path = "it/common.rs"]
 mod common;

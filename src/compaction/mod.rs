@@ -6,6 +6,7 @@
 //! protocol and its outcome table.
 
 mod config;
+mod decide;
 mod offline;
 pub mod planner;
 mod preview;
@@ -26,6 +27,9 @@ pub use summarise::{
 };
 #[cfg(feature = "tiktoken")]
 pub use tiktoken::TiktokenCounter;
+
+pub(crate) use decide::Decision;
+use decide::{decide, Facts, Policy};
 
 use crate::error::{Error, Result};
 use crate::events::{EventKind, EventSink, Subject};
@@ -88,46 +92,6 @@ impl std::fmt::Debug for Compactor {
             .field("owner", &self.owner)
             .field("config", &self.config)
             .finish_non_exhaustive()
-    }
-}
-
-/// What [`Compactor::decide`] found.
-#[derive(Debug, Clone)]
-pub(crate) enum Decision {
-    /// Nothing to do: the step reads this completed row (or none).
-    Read(Option<CompactionRow>),
-    /// Claim (or finish) the row at `boundary`: the step waits for it.
-    Claim {
-        boundary: i64,
-        measure: Option<i64>,
-        latest: Option<CompactionRow>,
-    },
-    /// The step reads `read`; the row at `boundary` is claimed (or an
-    /// abandoned one finished) in the background.
-    Background {
-        boundary: i64,
-        measure: Option<i64>,
-        read: Option<CompactionRow>,
-    },
-}
-
-impl Decision {
-    fn claim(boundary: i64, measure: Option<i64>, latest: Option<CompactionRow>) -> Decision {
-        Decision::Claim {
-            boundary,
-            measure,
-            latest,
-        }
-    }
-
-    /// The boundary it names (None: nothing to compact).
-    pub(crate) fn boundary(&self) -> Option<i64> {
-        match self {
-            Decision::Read(_) => None,
-            Decision::Claim { boundary, .. } | Decision::Background { boundary, .. } => {
-                Some(*boundary)
-            }
-        }
     }
 }
 
@@ -293,6 +257,9 @@ impl Compactor {
         Ok(())
     }
 
+    /// What must happen before step `step_idx` of `turn_idx`: [`decide()`]
+    /// over the store's facts (read as the decision asks for them) and this
+    /// compactor's policy.
     pub(crate) fn decide(
         &self,
         c: &crate::store::Connection,
@@ -301,139 +268,22 @@ impl Compactor {
         step_idx: i64,
         prior: Option<Option<CompactionId>>,
     ) -> Result<Decision> {
-        let sid = session.id;
-        let latest = store::latest_completed(c, sid, turn_idx)?;
-        let latest_id = latest.as_ref().map(|l| l.id);
-        let base = match prior {
-            Some(id) if id != latest_id => match id {
-                Some(id) => Some(store::get_compaction(c, id)?),
-                None => None,
-            },
-            _ => latest.clone(),
+        let policy = Policy {
+            turn_idx,
+            keep_last_turns: self.config.keep_last_turns,
+            keep_recent_tokens: self.config.keep_recent_tokens,
+            background: self.config.background,
+            on_failure: self.config.on_failure,
+            prior,
         };
-        let Some(b) = planner::boundary(turn_idx, self.config.keep_last_turns) else {
-            return Ok(Decision::Read(base));
+        let mut facts = StoreFacts {
+            compactor: self,
+            c,
+            session,
+            turn_idx,
+            step_idx,
         };
-        let b = if self.config.keep_recent_tokens > 0 {
-            let after = latest.as_ref().map_or(-1, |l| l.up_to_turn_index);
-            store::recent_window_boundary(
-                c,
-                sid,
-                turn_idx,
-                after,
-                b,
-                self.config.keep_recent_tokens,
-            )?
-        } else {
-            b
-        };
-        if b < 0 {
-            return Ok(Decision::Read(base));
-        }
-        // The newest measure, when it was taken on the compaction this step
-        // reads: one taken before a summary it now reads completed (in the
-        // background) says nothing of the context after it, and decides
-        // nothing; the step's own measure will.
-        let base_id = base.as_ref().map(|r| r.id);
-        let measure = || -> Result<Option<i64>> {
-            Ok(
-                match store::latest_context_tokens(c, sid, turn_idx, step_idx)? {
-                    Some((tokens, read)) if read == base_id => Some(tokens),
-                    _ => None,
-                },
-            )
-        };
-        // Over the hard threshold (None: no threshold for this model).
-        let over_hard = || -> Result<Option<(bool, Option<i64>)>> {
-            let Some(limit) = self.threshold_tokens(session, turn_idx) else {
-                return Ok(None);
-            };
-            let measure = measure()?;
-            Ok(Some((planner::should_compact(measure, limit), measure)))
-        };
-        if latest.as_ref().is_some_and(|l| l.up_to_turn_index >= b) {
-            if base_id == latest_id {
-                return Ok(Decision::Read(base));
-            }
-            // Completed in the background since this turn began.
-            let hard = over_hard()?.is_some_and(|(over, _)| over);
-            return Ok(Decision::Read(if hard { latest } else { base }));
-        }
-        match store::compaction_at(c, sid, b)? {
-            // Failed earlier in this turn (or before a crash): the policy
-            // decides, and the boundary is not tried again automatically.
-            Some(row) if row.status == CompactionStatus::Failed => {
-                self.on_failed(row, base).map(Decision::Read)
-            }
-            Some(row) if row.status == CompactionStatus::Completed => Ok(Decision::Read(Some(row))),
-            // Pending: finished, whatever the measure says now (never
-            // re-decided): in the background below the hard threshold, by
-            // this step at or over it.
-            Some(row) => {
-                let Some(bg) = self.config.background else {
-                    return Ok(Decision::claim(b, None, base));
-                };
-                if over_hard()?.is_none_or(|(over, _)| over) {
-                    return Ok(Decision::claim(b, None, base));
-                }
-                if self.held_or_elsewhere(&row, bg) {
-                    if cfg!(feature = "broken-draft-read") {
-                        // Deliberately wrong (feature-gated): read the draft.
-                        return Ok(Decision::Read(Some(row)));
-                    }
-                    Ok(Decision::Read(base))
-                } else {
-                    Ok(Decision::Background {
-                        boundary: b,
-                        measure: None,
-                        read: base,
-                    })
-                }
-            }
-            None => {
-                let Some(limit) = self.threshold_tokens(session, turn_idx) else {
-                    return Ok(Decision::Read(base));
-                };
-                let measure = measure()?;
-                if planner::should_compact(measure, limit) {
-                    // A background summary already on its way (an earlier
-                    // boundary) is waited for, not overtaken by a second
-                    // summariser call: the step reads it, and the next step
-                    // measures the context after it.
-                    if self.config.background.is_some() {
-                        if let Some(p) = store::newest_pending(c, sid)? {
-                            return Ok(Decision::claim(p.up_to_turn_index, None, base));
-                        }
-                    }
-                    return Ok(Decision::claim(b, measure, base));
-                }
-                let Some(bg) = self.config.background else {
-                    return Ok(Decision::Read(base));
-                };
-                if !planner::should_compact(measure, bg.soft_tokens(limit)) {
-                    return Ok(Decision::Read(base));
-                }
-                // A summary one turn after the last one buys no room (the
-                // turns are large for the threshold): the hard threshold
-                // decides, rather than a summariser call every turn.
-                if latest.as_ref().is_some_and(|l| b - l.up_to_turn_index <= 1) {
-                    return Ok(Decision::Read(base));
-                }
-                // One background summary of a session at a time: one still
-                // pending at an earlier boundary is let finish (taken over
-                // when abandoned), not overtaken by a second summariser call.
-                let (boundary, measure) = match store::newest_pending(c, sid)? {
-                    None => (b, measure),
-                    Some(p) if self.held_or_elsewhere(&p, bg) => return Ok(Decision::Read(base)),
-                    Some(p) => (p.up_to_turn_index, None),
-                };
-                Ok(Decision::Background {
-                    boundary,
-                    measure,
-                    read: base,
-                })
-            }
-        }
+        decide(&policy, &mut facts)
     }
 
     /// The asynchronous half: claims, summarises and completes when the decision
@@ -517,14 +367,6 @@ impl Compactor {
             Ok(_) | Err(Error::CompactionFailed { .. }) => Ok(None),
             Err(e) => Err(e),
         }
-    }
-
-    /// Whether a pending row is someone else's to finish: a live other
-    /// holds it, or background rows are served by another process.
-    fn held_or_elsewhere(&self, row: &CompactionRow, bg: Background) -> bool {
-        let dead = self.gone_check();
-        bg.worker == BackgroundWorker::Elsewhere
-            || store::held_by_live_other(row, &self.owner, store::now_ms(), &dead)
     }
 
     /// A new compaction one turn after the previous one: said in an event.
@@ -729,22 +571,6 @@ impl Compactor {
             }
         }
         Ok(served)
-    }
-
-    fn on_failed(
-        &self,
-        row: CompactionRow,
-        latest: Option<CompactionRow>,
-    ) -> Result<Option<CompactionRow>> {
-        match self.config.on_failure {
-            FailurePolicy::ProceedUncompacted => Ok(latest),
-            FailurePolicy::FailTurn => Err(Error::CompactionFailed {
-                compaction_id: row.id,
-                session_id: row.session_id,
-                boundary: row.up_to_turn_index,
-                message: row.error.unwrap_or_default(),
-            }),
-        }
     }
 
     /// Manual compaction of every turn of the session (less `keep_last_turns`),
@@ -1539,5 +1365,56 @@ fn outcome_name(o: &ClaimOutcome) -> &'static str {
         ClaimOutcome::TakenOver(_) => "taken_over",
         ClaimOutcome::HeldByLiveOther(_) => "held_by_live_other",
         ClaimOutcome::Failed(_) => "failed",
+    }
+}
+
+/// The store's answers to [`decide()`]'s questions, for one step.
+struct StoreFacts<'a> {
+    compactor: &'a Compactor,
+    c: &'a crate::store::Connection,
+    session: &'a SessionRow,
+    turn_idx: i64,
+    step_idx: i64,
+}
+
+impl Facts for StoreFacts<'_> {
+    fn latest_completed(&mut self) -> Result<Option<CompactionRow>> {
+        store::latest_completed(self.c, self.session.id, self.turn_idx)
+    }
+
+    fn compaction(&mut self, id: CompactionId) -> Result<CompactionRow> {
+        store::get_compaction(self.c, id)
+    }
+
+    fn recent_window_boundary(&mut self, after: i64, boundary: i64) -> Result<i64> {
+        store::recent_window_boundary(
+            self.c,
+            self.session.id,
+            self.turn_idx,
+            after,
+            boundary,
+            self.compactor.config.keep_recent_tokens,
+        )
+    }
+
+    fn threshold_tokens(&mut self) -> Option<u64> {
+        self.compactor.threshold_tokens(self.session, self.turn_idx)
+    }
+
+    fn latest_measure(&mut self) -> Result<Option<(i64, Option<CompactionId>)>> {
+        store::latest_context_tokens(self.c, self.session.id, self.turn_idx, self.step_idx)
+    }
+
+    fn compaction_at(&mut self, boundary: i64) -> Result<Option<CompactionRow>> {
+        store::compaction_at(self.c, self.session.id, boundary)
+    }
+
+    fn newest_pending(&mut self) -> Result<Option<CompactionRow>> {
+        store::newest_pending(self.c, self.session.id)
+    }
+
+    fn held_by_live_other(&mut self, row: &CompactionRow) -> bool {
+        let dead = self.compactor.gone_check();
+        store::held_by_live_other(row, &self.compactor.owner, store::now_ms(), &dead)
     }
 }

@@ -193,35 +193,3 @@ pub fn transactional_effect_balance(conn: &Connection) -> Result<(i64, i64)> {
 /// store without the demo's tables has nothing to check.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DemoEffects;
-
-impl crate::verify::EffectCheck for DemoEffects {
-    fn check(&self, conn: &Connection) -> Result<(i64, Vec<String>)> {
-        if !has_demo_tables(conn)? {
-            return Ok((0, Vec::new()));
-        }
-        let (mut checked, mut violations) = (0, Vec::new());
-        for table in [DemoTable::Effects, DemoTable::External] {
-            checked += count_effects(conn, table)?;
-            for (key, tool, n) in duplicate_effects(conn, table)? {
-                violations.push(format!("effect {key} of {tool} applied {n} times"));
-            }
-        }
-        let (unapplied, orphaned) = transactional_effect_balance(conn)?;
-        if unapplied > 0 {
-            violations.push(format!(
-                "{unapplied} completed transactional invocations have no applied effect"
-            ));
-        }
-        let deleted: i64 = conn.query_row(
-            "SELECT count(*) FROM erasures WHERE kind = 'delete'",
-            [],
-            |r| r.get(0),
-        )?;
-        if orphaned > 0 && deleted == 0 {
-            violations.push(format!(
-                "{orphaned} applied effects have no completed transactional invocation"
-            ));
-        }
-        Ok((checked, violations))
-    }
-}

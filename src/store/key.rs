@@ -185,8 +185,8 @@ mod registry {
     /// of this process opened it with (if any).
     pub(crate) fn connect(path: &Path) -> Result<crate::store::Connection> {
         #[cfg(feature = "postgres")]
-        if let Some(url) = path.to_str().filter(|p| crate::store::is_url(p)) {
-            return Ok(crate::store::pg::parse(url)?.connect()?.into());
+        if let crate::store::Location::Postgres(url) = crate::store::Location::from(path) {
+            return Ok(crate::store::pg::parse(&url)?.connect()?.into());
         }
         let key = keys()
             .lock()

@@ -37,12 +37,10 @@ mod audit;
 #[cfg(feature = "harness")]
 pub mod bench;
 mod compactions;
-#[cfg(feature = "postgres")]
-mod copy;
 mod db;
 #[cfg(feature = "harness")]
 pub mod demo;
-mod erase;
+mod erasures;
 mod history;
 mod inline;
 pub(crate) use inline::may_block;
@@ -51,11 +49,13 @@ mod dialect;
 mod invocations;
 mod key;
 mod leases;
+mod location;
+pub use location::{is_url, Location};
 #[cfg(feature = "postgres")]
 pub(crate) mod pg;
 mod pins;
 mod pool;
-mod redact;
+mod redactions;
 mod rows;
 mod schema;
 mod sessions;
@@ -65,21 +65,16 @@ mod turns;
 mod tx;
 
 pub use compactions::{ClaimOutcome, CompactionStats};
-#[cfg(feature = "postgres")]
-pub use copy::{migrate_store, Migrated};
 pub use db::{
     BackendKind, ColumnIndex, Connection, MappedRows, OptionalExtension, Params, Row, Rows,
     Savepoint, Statement, Transaction,
 };
-pub(crate) use erase::*;
-pub use erase::{Deleted, IdleSession};
+pub(crate) use erasures::*;
 pub use history::{HistoryStep, HistoryTurn};
 #[cfg(feature = "postgres")]
 pub use pg::SCHEMA_PG_SQL;
-pub(crate) use redact::*;
-pub use redact::{
-    Pattern, Redacted, RedactedRows, RedactionMark, RedactionRecord, REDACTION_MARKER,
-};
+pub(crate) use redactions::*;
+pub use redactions::{RedactedRows, RedactionMark, RedactionRecord, REDACTION_MARKER};
 pub use rows::*;
 
 pub(crate) use audit::*;
@@ -443,8 +438,8 @@ fn create_private(path: &Path) -> Result<()> {
 
 impl Store {
     /// Opens (creating if missing) the database at `path` with default options.
-    pub fn open(path: impl AsRef<Path>) -> Result<Store> {
-        Store::open_with(path, StoreOptions::default())
+    pub fn open(location: impl Into<Location>) -> Result<Store> {
+        Store::open_with(location, StoreOptions::default())
     }
 
     /// Opens (creating if missing) the database at `path`. A new file is
@@ -453,11 +448,11 @@ impl Store {
     ///
     /// Errors: [`Error::NotADatabase`], [`Error::ForeignDatabase`],
     /// [`Error::SchemaTooNew`]; in each case the file is left untouched.
-    pub fn open_with(path: impl AsRef<Path>, opts: StoreOptions) -> Result<Store> {
-        let path = path.as_ref().to_path_buf();
-        if let Some(url) = path.to_str().filter(|p| is_url(p)) {
-            return Store::open_url(url, opts);
-        }
+    pub fn open_with(location: impl Into<Location>, opts: StoreOptions) -> Result<Store> {
+        let path = match location.into() {
+            Location::Postgres(url) => return Store::open_url(&url, opts),
+            Location::File(path) => path,
+        };
         check_path(&path)?;
         if opts.key.is_some() && !encryption_available() {
             return Err(Error::EncryptionUnavailable);
@@ -848,12 +843,6 @@ pub(crate) fn lease_held_by_live_other(
         (Some(holder), Some(exp)) => exp >= now && holder != me && !holder_is_gone(holder),
         _ => false,
     }
-}
-
-/// Whether `db` names a PostgreSQL server (`postgres://…` or
-/// `postgresql://…`) rather than an SQLite file.
-pub fn is_url(db: &str) -> bool {
-    db.starts_with("postgres://") || db.starts_with("postgresql://")
 }
 
 /// Milliseconds since the Unix epoch.

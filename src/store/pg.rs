@@ -322,11 +322,18 @@ impl PgConn {
     /// Runs `f` with this connection's statements taken as the host's own:
     /// sent to the server as written, untranslated (a transactional tool's
     /// SQL, written for PostgreSQL).
+    /// However `f` ends: a tool that panics (caught further up, and the
+    /// step goes on with an error result) leaves the engine's statements on
+    /// this connection translated again.
     pub(crate) fn as_host<T>(&self, f: impl FnOnce() -> T) -> T {
-        let was = self.host_sql.replace(true);
-        let out = f();
-        self.host_sql.set(was);
-        out
+        struct Restore<'c>(&'c std::cell::Cell<bool>, bool);
+        impl Drop for Restore<'_> {
+            fn drop(&mut self) {
+                self.0.set(self.1);
+            }
+        }
+        let _restore = Restore(&self.host_sql, self.host_sql.replace(true));
+        f()
     }
 
     /// The statement text the server gets: the engine's translated, a

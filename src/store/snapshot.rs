@@ -3,7 +3,7 @@
 
 use super::db::Connection;
 use super::schema::{check_file, check_path, map_open_err};
-use super::{apply_key, map_keyed_err, Key};
+use super::{apply_key, map_keyed_err, Key, Location};
 use crate::error::{Error, Result};
 use rusqlite::OpenFlags;
 use std::path::{Path, PathBuf};
@@ -11,16 +11,17 @@ use std::time::Duration;
 
 /// Opens an existing abridge database read-only: for inspecting a store while a
 /// host writes to it. Never creates or modifies the file.
-pub fn open_read_only(path: impl AsRef<Path>) -> Result<Connection> {
+pub fn open_read_only(path: impl Into<Location>) -> Result<Connection> {
     open_read_only_keyed(path, None)
 }
 
 /// [`open_read_only`] for a store encrypted with `key` (see [`super::Key`]).
-pub fn open_read_only_keyed(path: impl AsRef<Path>, key: Option<&Key>) -> Result<Connection> {
-    let path = path.as_ref();
-    if let Some(url) = server_url(path) {
-        return open_server(url, key).map(|(c, _)| c);
-    }
+pub fn open_read_only_keyed(path: impl Into<Location>, key: Option<&Key>) -> Result<Connection> {
+    let path = match path.into() {
+        Location::Postgres(url) => return open_server(&url, key).map(|(c, _)| c),
+        Location::File(path) => path,
+    };
+    let path = path.as_path();
     let (conn, version) = open_checked(path, key)?;
     current(path, version)?;
     Ok(conn)
@@ -29,21 +30,16 @@ pub fn open_read_only_keyed(path: impl AsRef<Path>, key: Option<&Key>) -> Result
 /// The schema version of the store at `path` (`PRAGMA user_version`), read
 /// without writing; refuses what is not an abridge store or is newer than
 /// this build.
-pub fn read_only_version(path: impl AsRef<Path>) -> Result<i64> {
+pub fn read_only_version(path: impl Into<Location>) -> Result<i64> {
     read_only_version_keyed(path, None)
 }
 
 /// [`read_only_version`] for a store encrypted with `key`.
-pub fn read_only_version_keyed(path: impl AsRef<Path>, key: Option<&Key>) -> Result<i64> {
-    if let Some(url) = server_url(path.as_ref()) {
-        return open_server(url, key).map(|(_, v)| v);
+pub fn read_only_version_keyed(path: impl Into<Location>, key: Option<&Key>) -> Result<i64> {
+    match path.into() {
+        Location::Postgres(url) => open_server(&url, key).map(|(_, v)| v),
+        Location::File(path) => Ok(open_checked(&path, key)?.1),
     }
-    Ok(open_checked(path.as_ref(), key)?.1)
-}
-
-/// The URL, when `path` names a PostgreSQL store.
-fn server_url(path: &Path) -> Option<&str> {
-    path.to_str().filter(|p| super::is_url(p))
 }
 
 /// A connection to the PostgreSQL store at `url` and its schema version
@@ -107,7 +103,7 @@ fn open_checked(path: &Path, key: Option<&Key>) -> Result<(Connection, i64)> {
 ///
 /// `read` may run twice; it must only read.
 pub fn read_only<T>(
-    path: impl AsRef<Path>,
+    path: impl Into<Location>,
     read: impl FnMut(&Connection) -> Result<T>,
 ) -> Result<T> {
     read_only_keyed(path, None, read)
@@ -115,16 +111,19 @@ pub fn read_only<T>(
 
 /// [`read_only`] for a store encrypted with `key` (see [`super::Key`]).
 pub fn read_only_keyed<T>(
-    path: impl AsRef<Path>,
+    path: impl Into<Location>,
     key: Option<&Key>,
     mut read: impl FnMut(&Connection) -> Result<T>,
 ) -> Result<T> {
-    let path = path.as_ref();
-    if let Some(url) = server_url(path) {
-        // One snapshot for every read, as a file read gives.
-        let conn = open_server(url, key)?.0;
-        return conn.in_read_tx(|c| read(c));
-    }
+    let path = match path.into() {
+        Location::Postgres(url) => {
+            // One snapshot for every read, as a file read gives.
+            let conn = open_server(&url, key)?.0;
+            return conn.in_read_tx(|c| read(c));
+        }
+        Location::File(path) => path,
+    };
+    let path = path.as_path();
     if key.is_some() && !super::encryption_available() {
         return Err(Error::EncryptionUnavailable);
     }

@@ -247,7 +247,7 @@ fn write_golden_store() {
         let redacted = store
             .redact(
                 "golden-0 ✓",
-                abridge::store::Pattern::text("ORD-10003").unwrap(),
+                abridge::admin::Pattern::text("ORD-10003").unwrap(),
             )
             .await
             .unwrap();

@@ -22,6 +22,7 @@ mod fidelity;
 mod golden;
 mod host_patterns;
 mod hostile;
+mod layering;
 mod lease;
 mod portable;
 mod postgres;

@@ -7,10 +7,12 @@
 //! test in schemas of its own. Without it, each test says so and returns:
 //! the rest of the suite runs on PostgreSQL too when it is set (see
 //! `common::db_for`).
+#![cfg(feature = "postgres")]
 
 use crate::common;
 
-use abridge::store::{migrate_store, BackendKind, Store, StoreOptions};
+use abridge::admin::migrate_store;
+use abridge::store::{BackendKind, Store, StoreOptions};
 use abridge::{Error, Runner, RunnerConfig, Threshold};
 use common::*;
 use std::path::PathBuf;

@@ -9,8 +9,9 @@
 
 use crate::common;
 
+use abridge::admin::Pattern;
 use abridge::compaction::{Summariser, SummaryRequest, SummaryResponse};
-use abridge::store::{Pattern, REDACTION_MARKER};
+use abridge::store::REDACTION_MARKER;
 use abridge::{
     CompactionConfig, ContentBlock, Error, ModelClient, ModelError, ModelRequest, ModelResponse,
     ResponseBlock, Role, Runner, RunnerConfig, Store, Threshold, Tool, ToolCall, ToolError,

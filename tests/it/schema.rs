@@ -480,6 +480,7 @@ fn the_bench_truncation_removes_turns_and_leaves_the_guards_in_place() {
 /// one is added here with its hash when it ships. The list also names every
 /// migration of `MIGRATIONS`, so one cannot be added without its pin.
 #[test]
+#[cfg(feature = "postgres")]
 fn shipped_migrations_are_never_edited() {
     use abridge::store::{MIGRATIONS, SCHEMA_PG_SQL, SCHEMA_SQL};
     let pinned: &[(&str, &str)] = &[

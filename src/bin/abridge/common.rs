@@ -2,9 +2,9 @@
 //! and output helpers.
 
 use abridge::store::Connection;
+use abridge::store::Location;
 use abridge::store::{Key, StoreOptions};
 use abridge::{Error, Store};
-use std::path::Path;
 
 /// An error of a verb, with the session as the user typed it when the verb
 /// was about one (errors never show a session by its row id alone).
@@ -57,10 +57,11 @@ impl std::fmt::Display for Failure {
 
 /// Fails unless a database file is at `db` (a verb that must not create one);
 /// for a PostgreSQL URL, unless its schema holds a store.
-pub fn must_exist(db: &Path) -> abridge::Result<()> {
-    if db.to_str().is_some_and(abridge::store::is_url) {
-        return abridge::store::read_only_version(db).map(|_| ());
-    }
+pub fn must_exist(db: &Location) -> abridge::Result<()> {
+    let db = match db {
+        Location::Postgres(_) => return abridge::store::read_only_version(db).map(|_| ()),
+        Location::File(path) => path,
+    };
     abridge::store::check_path(db)?;
     if db.exists() {
         Ok(())
@@ -131,7 +132,7 @@ pub fn key_from(var: &str) -> abridge::Result<Option<Key>> {
 }
 
 /// Opens (creating if missing) the store at `db`, with the key of `ABRIDGE_KEY`.
-pub fn open_store(db: &Path) -> abridge::Result<Store> {
+pub fn open_store(db: &Location) -> abridge::Result<Store> {
     let opts = match key()? {
         Some(k) => StoreOptions::default().with_key(k),
         None => StoreOptions::default(),
@@ -141,7 +142,7 @@ pub fn open_store(db: &Path) -> abridge::Result<Store> {
 
 /// [`abridge::store::read_only`], with the key of `ABRIDGE_KEY`.
 pub fn read_only<T>(
-    db: &Path,
+    db: &Location,
     read: impl FnMut(&Connection) -> abridge::Result<T>,
 ) -> abridge::Result<T> {
     abridge::store::read_only_keyed(db, key()?.as_ref(), read)

@@ -3,7 +3,7 @@
 use crate::args::whole_u32;
 use crate::common::{compaction_line, must_exist, Failure, NoModel};
 use abridge::inspect;
-use std::path::PathBuf;
+use abridge::store::Location;
 use std::process::ExitCode;
 
 /// Arguments of `abridge compact`.
@@ -11,7 +11,7 @@ use std::process::ExitCode;
 pub struct Args {
     /// Database file.
     #[arg(long)]
-    pub db: PathBuf,
+    pub db: Location,
     /// Session id or external id.
     #[arg(long)]
     pub session: String,
@@ -76,7 +76,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
 
 /// `--dry-run`: the preview, read through a snapshot that writes nothing.
 fn preview(
-    db: &std::path::Path,
+    db: &Location,
     session: &str,
     focus: Option<String>,
     keep_last_turns: u32,

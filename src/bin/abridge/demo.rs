@@ -3,9 +3,9 @@
 use crate::args::{at_least_one, whole};
 use crate::common::{print_json, Failure};
 use abridge::demo::{run_demo, DemoOptions};
+use abridge::store::Location;
 use abridge::Threshold;
 use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use std::time::Duration;
 pub struct Args {
     /// Database file (created if missing).
     #[arg(long, default_value = "abridge-demo.db")]
-    pub db: PathBuf,
+    pub db: Location,
     /// Sessions, run concurrently.
     #[arg(long, default_value_t = 3, allow_negative_numbers = true, value_parser = at_least_one)]
     pub sessions: u64,
@@ -61,7 +61,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         progress,
     } = args;
     let opts = DemoOptions {
-        db,
+        db: db.as_path().to_path_buf(),
         sessions,
         turns,
         compact_at: Threshold::parse(&compact_at)?,

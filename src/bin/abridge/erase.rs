@@ -2,9 +2,10 @@
 //! `abridge redact`: replacing a secret wherever a session stores it.
 
 use crate::common::{must_exist, print_json, Failure};
-use abridge::store::{Deleted, Pattern, REDACTION_MARKER};
+use abridge::admin::{Deleted, Pattern};
+use abridge::store::Location;
+use abridge::store::REDACTION_MARKER;
 use abridge::Error;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use std::time::Duration;
 pub struct DeleteArgs {
     /// Database file.
     #[arg(long)]
-    pub db: PathBuf,
+    pub db: Location,
     /// Session id or external id.
     #[arg(long)]
     pub session: String,
@@ -31,7 +32,7 @@ pub struct DeleteArgs {
 pub struct PruneArgs {
     /// Database file.
     #[arg(long)]
-    pub db: PathBuf,
+    pub db: Location,
     /// Delete the sessions with no turn begun for this long: `30d`, `12h`,
     /// `90m`, `45s`, `2w`.
     #[arg(long)]
@@ -89,7 +90,7 @@ fn say(d: &Deleted) {
 /// The store at `db` (which must exist) and the session named `typed`, as
 /// `inspect` names it (id, external id, `id:`/`ext:`).
 async fn open_session(
-    db: &std::path::Path,
+    db: &Location,
     typed: &str,
 ) -> Result<(abridge::Store, abridge::store::SessionRow), Failure> {
     must_exist(db)?;
@@ -159,7 +160,7 @@ pub async fn prune(args: PruneArgs) -> Result<ExitCode, Failure> {
 pub struct RedactArgs {
     /// Database file.
     #[arg(long)]
-    pub db: PathBuf,
+    pub db: Location,
     /// Session id or external id.
     #[arg(long)]
     pub session: String,

@@ -2,8 +2,8 @@
 
 use crate::common::Failure;
 use abridge::inspect::{self, ExportFormat};
+use abridge::store::Location;
 use abridge::Error;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Arguments of `abridge export`.
@@ -11,7 +11,7 @@ use std::process::ExitCode;
 pub struct Args {
     /// Database file.
     #[arg(long)]
-    pub db: PathBuf,
+    pub db: Location,
     /// Session id or external id.
     #[arg(long)]
     pub session: String,

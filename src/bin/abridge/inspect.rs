@@ -2,7 +2,7 @@
 
 use crate::common::{print_json, Failure};
 use abridge::inspect;
-use std::path::PathBuf;
+use abridge::store::Location;
 use std::process::ExitCode;
 
 /// Arguments of `abridge inspect`.
@@ -10,7 +10,7 @@ use std::process::ExitCode;
 pub struct Args {
     /// Database file.
     #[arg(long)]
-    pub db: PathBuf,
+    pub db: Location,
     /// Session id or external id.
     pub session: Option<String>,
     /// JSON output.

@@ -1,7 +1,7 @@
 //! `abridge migrate`: an SQLite store moved to a PostgreSQL server.
 
 use crate::common::{key, must_exist, print_json, Failure};
-use std::path::PathBuf;
+use abridge::store::Location;
 use std::process::ExitCode;
 
 /// Arguments of `abridge migrate`.
@@ -10,11 +10,11 @@ pub struct Args {
     /// The SQLite store to move (opened read-only, with the key in
     /// ABRIDGE_KEY if any).
     #[arg(long)]
-    pub from: PathBuf,
+    pub from: Location,
     /// The PostgreSQL store to move it into: postgres://USER@HOST/DB,
     /// optionally ?schema=NAME. It must hold no session yet.
     #[arg(long)]
-    pub to: String,
+    pub to: Location,
     /// Print what was moved as JSON.
     #[arg(long)]
     pub json: bool,
@@ -26,7 +26,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
     let from_key = key()?;
     let (from, to) = (args.from.clone(), args.to.clone());
     let moved = tokio::task::spawn_blocking(move || {
-        abridge::store::migrate_store(&from, from_key.as_ref(), &to)
+        abridge::admin::migrate_store(&from, from_key.as_ref(), &to)
     })
     .await
     .map_err(|e| abridge::Error::Task(e.to_string()))??;

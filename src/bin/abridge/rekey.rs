@@ -18,7 +18,7 @@ pub struct Args {
 
 /// Runs the verb.
 pub async fn run(args: Args) -> Result<ExitCode, Failure> {
-    must_exist(&args.db)?;
+    must_exist(&args.db.as_path().into())?;
     let (from, to) = (key()?, key_from(NEW_KEY_VAR)?);
     abridge::store::rekey_copy(&args.db, from.as_ref(), &args.to, to.as_ref())?;
     println!(

@@ -2,8 +2,8 @@
 
 use crate::args::row_id;
 use crate::common::Failure;
+use abridge::store::Location;
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Arguments of `abridge replay`.
@@ -11,7 +11,7 @@ use std::process::ExitCode;
 pub struct Args {
     /// Database file.
     #[arg(long)]
-    pub db: PathBuf,
+    pub db: Location,
     /// Step id.
     #[arg(long, allow_negative_numbers = true, value_parser = row_id)]
     pub step: i64,

@@ -2,6 +2,7 @@
 
 use crate::common::Failure;
 use abridge::report::{self, ReportOptions};
+use abridge::store::Location;
 use abridge::{Error, Threshold};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -11,7 +12,7 @@ use std::process::ExitCode;
 pub struct Args {
     /// Database file.
     #[arg(long)]
-    pub db: PathBuf,
+    pub db: Location,
     /// Session id or external id: its page. Without it, the store's page,
     /// with one page per session written beside it and linked.
     #[arg(long)]

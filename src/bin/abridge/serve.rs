@@ -2,7 +2,7 @@
 //! another process: finishes the pending compactions of a store.
 
 use crate::common::{compaction_line, must_exist, Failure, NoModel};
-use std::path::PathBuf;
+use abridge::store::Location;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use std::time::Duration;
 pub struct Args {
     /// Database file.
     #[arg(long)]
-    pub db: PathBuf,
+    pub db: Location,
     /// Keep serving: look for pending compactions every `--poll-ms` until
     /// stopped (a serve killed mid-summary leaves its row to the next one
     /// once its lease expires).

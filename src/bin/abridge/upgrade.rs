@@ -3,7 +3,7 @@
 //! misread it).
 
 use crate::common::{must_exist, Failure};
-use std::path::PathBuf;
+use abridge::store::Location;
 use std::process::ExitCode;
 
 /// Arguments of `abridge upgrade`.
@@ -11,7 +11,7 @@ use std::process::ExitCode;
 pub struct Args {
     /// Database file.
     #[arg(long)]
-    pub db: PathBuf,
+    pub db: Location,
 }
 
 /// Runs the verb.

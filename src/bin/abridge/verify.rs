@@ -1,7 +1,7 @@
 //! `abridge verify`: the guarantees G1-G8 on a whole store.
 
 use crate::common::Failure;
-use std::path::PathBuf;
+use abridge::store::Location;
 use std::process::ExitCode;
 
 /// Arguments of `abridge verify`.
@@ -9,7 +9,7 @@ use std::process::ExitCode;
 pub struct Args {
     /// Database file.
     #[arg(long)]
-    pub db: PathBuf,
+    pub db: Location,
     /// JSON output.
     #[arg(long)]
     pub json: bool,

@@ -5,12 +5,11 @@
 //! transaction commits. A store that would not replay byte for byte on the
 //! server is not moved.
 
-use super::db::Connection;
-use super::{Key, Store, StoreOptions};
 use crate::error::{Error, Result};
+use crate::store::Connection;
+use crate::store::{Key, Location, Store, StoreOptions};
 use rusqlite::types::Value;
 use serde::Serialize;
-use std::path::Path;
 
 /// What [`migrate_store`] moved.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -52,14 +51,26 @@ const HOST_TABLES: &[&str] = &["demo_effects", "demo_external"];
 /// Errors: the source's ([`Error::NotFound`], [`Error::SchemaTooOld`]: run
 /// `abridge upgrade` first), the target's ([`Error::Unreachable`], …),
 /// [`Error::Config`] when the target already holds sessions.
-pub fn migrate_store(from: &Path, from_key: Option<&Key>, to: &str) -> Result<Migrated> {
-    if !super::is_url(to) {
+pub fn migrate_store(
+    from: impl Into<Location>,
+    from_key: Option<&Key>,
+    to: impl Into<Location>,
+) -> Result<Migrated> {
+    let (from, to) = (from.into(), to.into());
+    let Location::Postgres(to) = to else {
         return Err(Error::Config(format!(
-            "the target must be a postgres:// URL, not {to:?}"
+            "the target must be a postgres:// URL, not {:?}",
+            to.to_string()
+        )));
+    };
+    if from.is_server() {
+        return Err(Error::Config(format!(
+            "the source must be an SQLite file, not {:?}",
+            from.to_string()
         )));
     }
-    let source = super::open_read_only_keyed(from, from_key)?;
-    let target = Store::open_url(to, StoreOptions::default().with_max_connections(1))?;
+    let source = crate::store::open_read_only_keyed(&from, from_key)?;
+    let target = Store::open_url(&to, StoreOptions::default().with_max_connections(1))?;
     let display = target.path().display().to_string();
     target.with_conn(|conn| {
         let tx = conn.write_tx()?;
@@ -194,7 +205,7 @@ fn advance_identities(dst: &Connection) -> Result<()> {
 /// holds on the server). The count, or the first step that differs.
 fn check_replay(src: &Connection, dst: &Connection) -> Result<i64> {
     let mut n = 0;
-    for id in super::executed_step_ids(src, None)? {
+    for id in crate::store::executed_step_ids(src, None)? {
         let there = crate::replay::rebuild_step(dst, id)?;
         let here = crate::replay::rebuild_step(src, id)?;
         if there.sha256 != here.sha256 {

@@ -15,17 +15,13 @@
 //! redacted text (G2), a changed turn input the hash of its input before (a
 //! host re-submitting that input is recognised).
 
-use super::db::{Connection, OptionalExtension};
-use super::rows::SessionRow;
 use crate::error::{Error, Result};
 use crate::ids::{SessionId, StepId};
 use crate::message::sha256_hex;
-use crate::store::now_ms;
+use crate::store::{now_ms, RedactedRows, SessionRow, REDACTION_MARKER};
+use crate::store::{session_redaction, Connection};
 use rusqlite::params;
 use std::collections::HashMap;
-
-/// What every redacted occurrence is replaced by.
-pub const REDACTION_MARKER: &str = "[redacted]";
 
 /// What to redact: a literal text or a regular expression (Rust `regex`
 /// syntax), matched against each stored text (and each string inside the
@@ -253,24 +249,6 @@ fn cut_ranges(text: &str, form: &str) -> Vec<std::ops::Range<usize>> {
     }
     out
 }
-
-/// Rows a redaction changed, by table.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct RedactedRows {
-    /// The session row (its system prompt): 0 or 1.
-    pub sessions: i64,
-    /// Turns (input, output, error).
-    pub turns: i64,
-    /// Steps (response, error).
-    pub steps: i64,
-    /// Tool invocations (arguments, result).
-    pub tool_invocations: i64,
-    /// Compactions (summary, focus, error).
-    pub compactions: i64,
-    /// Pinned facts (value, sentence).
-    pub pins: i64,
-}
-
 /// What a redaction did.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Redacted {
@@ -296,125 +274,9 @@ pub struct Redacted {
     /// write; the turn resumes from the redacted rows.
     pub turns_fenced: i64,
     /// The write-ahead log was checkpointed and truncated after (see
-    /// [`crate::store::Deleted::checkpointed`]).
+    /// [`crate::admin::Deleted::checkpointed`]).
     pub checkpointed: bool,
 }
-
-/// A redaction an executed step's rebuilt messages are checked against.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct RedactionMark {
-    /// The redaction's id.
-    pub redaction_id: i64,
-    /// When it was made, ms since the epoch.
-    pub at: i64,
-    /// SHA-256 of what the row rebuilds to since (the step's messages; a
-    /// compaction's summary).
-    pub sha256: String,
-}
-
-/// A redaction as recorded (never the pattern: its SHA-256).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct RedactionRecord {
-    /// Its id.
-    pub id: i64,
-    /// `text` or `regex`.
-    pub pattern_kind: String,
-    /// SHA-256 of the pattern.
-    pub pattern_sha256: String,
-    /// Occurrences replaced.
-    pub occurrences: i64,
-    /// Rows changed, by table.
-    pub rows: RedactedRows,
-    /// Executed steps that rebuild with the marker since.
-    pub steps_rebuilt: i64,
-    /// Running turns fenced.
-    pub turns_fenced: i64,
-    /// When, ms since the epoch.
-    pub at: i64,
-}
-
-/// A session's redactions, oldest first.
-pub(crate) fn list_redactions(
-    conn: &Connection,
-    session_id: SessionId,
-) -> Result<Vec<RedactionRecord>> {
-    let mut st = conn.prepare_cached(
-        "SELECT id, pattern_kind, pattern_sha256, occurrences, rows, steps_rebuilt, \
-         turns_fenced, at FROM redactions WHERE session_id = ?1 ORDER BY id",
-    )?;
-    let rows = st.query_map([session_id], |r| {
-        Ok((
-            RedactionRecord {
-                id: r.get(0)?,
-                pattern_kind: r.get(1)?,
-                pattern_sha256: r.get(2)?,
-                occurrences: r.get(3)?,
-                rows: RedactedRows::default(),
-                steps_rebuilt: r.get(5)?,
-                turns_fenced: r.get(6)?,
-                at: r.get(7)?,
-            },
-            r.get::<_, String>(4)?,
-        ))
-    })?;
-    rows.map(|row| {
-        let (mut record, counts) = row?;
-        record.rows = serde_json::from_str(&counts)?;
-        Ok(record)
-    })
-    .collect()
-}
-
-/// The newest redaction of `row_id` in `tbl` that recorded a hash.
-pub(crate) fn redaction_mark(
-    conn: &Connection,
-    tbl: &str,
-    row_id: i64,
-) -> Result<Option<RedactionMark>> {
-    conn.prepare_cached(
-        "SELECT r.id, r.at, x.sha256 FROM redacted_rows x JOIN redactions r \
-             ON r.id = x.redaction_id WHERE x.tbl = ?1 AND x.row_id = ?2 AND x.sha256 IS NOT NULL \
-             ORDER BY x.redaction_id DESC LIMIT 1",
-    )?
-    .query_row(params![tbl, row_id], |r| {
-        Ok(RedactionMark {
-            redaction_id: r.get(0)?,
-            at: r.get(1)?,
-            sha256: r.get(2)?,
-        })
-    })
-    .optional()
-}
-
-/// True when a redaction changed row `row_id` of `tbl`.
-pub(crate) fn row_redacted(conn: &Connection, tbl: &str, row_id: i64) -> Result<bool> {
-    conn.prepare_cached("SELECT 1 FROM redacted_rows WHERE tbl = ?1 AND row_id = ?2")?
-        .exists(params![tbl, row_id])
-}
-
-/// The newest redaction of a session (its id), 0 when none: what a kept
-/// context and a summary in flight were read under.
-pub(crate) fn session_redaction(conn: &Connection, session_id: SessionId) -> Result<i64> {
-    conn.prepare_cached(SESSION_REDACTION_SQL)?
-        .query_row([session_id], |r| r.get(0))
-}
-
-const SESSION_REDACTION_SQL: &str =
-    "SELECT coalesce(max(id), 0) FROM redactions WHERE session_id = ?1";
-
-/// Queues [`session_redaction`]'s read (see [`Connection::prefetch`]).
-pub(crate) fn prefetch_session_redaction(conn: &Connection, session_id: SessionId) -> Result<()> {
-    conn.prefetch(SESSION_REDACTION_SQL, [session_id])
-}
-
-/// True when turn `turn_id`'s input read `input` before a redaction changed it.
-pub(crate) fn input_before_redaction(conn: &Connection, turn_id: i64, input: &str) -> Result<bool> {
-    conn.prepare_cached(
-        "SELECT 1 FROM redacted_rows WHERE tbl = 'turns' AND row_id = ?1 AND sha256 = ?2",
-    )?
-    .exists(params![turn_id, sha256_hex(input.as_bytes())])
-}
-
 /// What an executed step rebuilds to, and whether that is the hash it is
 /// checked against (the newest redaction's, or the one it recorded).
 fn rebuilt_before(conn: &Connection, step: StepId) -> Result<(String, bool)> {
@@ -564,18 +426,18 @@ pub(crate) fn redact(
     // only: an executed step's bytes are built from rows that never change
     // but by a redaction, so these hold while the session's newest
     // redaction is the same when the lock is taken.
-    let (seen_redaction, mut before) = super::in_read_tx(conn, |c| {
+    let (seen_redaction, mut before) = crate::store::in_read_tx(conn, |c| {
         let mut before = HashMap::new();
         if scan(c, sid, pattern)?.0.is_empty() {
             return Ok((-1, before)); // nothing to rebuild for (checked again below)
         }
-        for id in super::executed_step_ids(c, Some(sid))? {
+        for id in crate::store::executed_step_ids(c, Some(sid))? {
             before.insert(id, rebuilt_before(c, id)?);
         }
         Ok((session_redaction(c, sid)?, before))
     })?;
     let tx = conn.write_tx()?;
-    super::get_session(&tx, sid)?;
+    crate::store::get_session(&tx, sid)?;
     if session_redaction(&tx, sid)? != seen_redaction {
         before.clear();
     }
@@ -597,7 +459,7 @@ pub(crate) fn redact(
     }
 
     // Steps executed since the read above, rebuilt now.
-    let steps = super::executed_step_ids(&tx, Some(sid))?;
+    let steps = crate::store::executed_step_ids(&tx, Some(sid))?;
     for id in &steps {
         if !before.contains_key(id) {
             before.insert(*id, rebuilt_before(&tx, *id)?);
@@ -683,7 +545,7 @@ pub(crate) fn redact(
         (None, false)
     } else {
         tx.commit()?;
-        (Some(redaction_id), super::checkpoint(conn)?)
+        (Some(redaction_id), crate::store::checkpoint(conn)?)
     };
     Ok(Redacted {
         redaction_id,
