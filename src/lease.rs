@@ -7,7 +7,7 @@ use crate::store::Connection;
 use crate::store::Store;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tracing::debug;
 
 /// What renews one lease: `Ok(false)` when it was lost.
@@ -20,7 +20,8 @@ type Renew = Arc<dyn Fn(&mut Connection) -> crate::error::Result<bool> + Send + 
 /// and renews each lease `period` after its last renewal (or its start), so
 /// a lease is renewed every `period` to `1.5 × period`; it stops renewing a
 /// lease reported lost, renews nothing once the store's file is gone, and
-/// ends once its runner is dropped.
+/// ends once its runner is dropped. Its time is the store's clock
+/// ([`crate::Clock`]): with a manual one, renewals happen as it is moved.
 pub(crate) struct Renewals {
     inner: Arc<RenewalsInner>,
 }
@@ -34,7 +35,8 @@ struct RenewalsInner {
 #[derive(Default)]
 struct Leases {
     next: u64,
-    kept: HashMap<u64, (Renew, Instant)>,
+    /// Each lease's renewal, and when it is due (ms, by the store's clock).
+    kept: HashMap<u64, (Renew, i64)>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -47,7 +49,9 @@ pub(crate) struct Kept {
 
 impl Drop for Kept {
     fn drop(&mut self) {
-        lock(&self.inner.leases).kept.remove(&self.id);
+        if lock(&self.inner.leases).kept.remove(&self.id).is_some() {
+            self.inner.store.lease_kept(-1);
+        }
     }
 }
 
@@ -77,8 +81,9 @@ impl Renewals {
         let mut leases = lock(&self.inner.leases);
         let id = leases.next;
         leases.next += 1;
-        let due = Instant::now() + self.inner.period;
+        let due = self.inner.store.now_ms() + ms(self.inner.period);
         leases.kept.insert(id, (Arc::new(renew), due));
+        self.inner.store.lease_kept(1);
         if leases.task.as_ref().is_none_or(|t| t.is_finished()) {
             leases.task = Some(tokio::spawn(renew_all(Arc::downgrade(&self.inner))));
         }
@@ -97,20 +102,34 @@ impl Drop for Renewals {
     }
 }
 
-/// The renewal task of a [`Renewals`]: holds it only while it renews.
+fn ms(d: Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
+}
+
+/// The leases kept now (a test's look at what the renewal task would renew).
+#[cfg(test)]
+impl Renewals {
+    pub(crate) fn kept(&self) -> usize {
+        lock(&self.inner.leases).kept.len()
+    }
+}
+
+/// The renewal task of a [`Renewals`]: holds it only while it renews. It
+/// wakes every half period of the store's clock.
 async fn renew_all(renewals: std::sync::Weak<RenewalsInner>) {
-    let Some(period) = renewals.upgrade().map(|r| r.period) else {
+    let Some((period, clock)) = renewals
+        .upgrade()
+        .map(|r| (r.period, r.store.clock().clone()))
+    else {
         return;
     };
-    let mut tick = tokio::time::interval((period / 2).max(Duration::from_millis(1)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
+    let tick = (period / 2).max(Duration::from_millis(1));
     loop {
-        tick.tick().await;
+        clock.sleep(tick).await;
         let Some(r) = renewals.upgrade() else {
             return; // the runner is gone
         };
-        let now = Instant::now();
+        let now = clock.now_ms();
         let due: Vec<(u64, Renew)> = lock(&r.leases)
             .kept
             .iter()
@@ -129,11 +148,13 @@ async fn renew_all(renewals: std::sync::Weak<RenewalsInner>) {
             match renewed {
                 Ok(true) => {
                     if let Some((_, at)) = leases.kept.get_mut(&id) {
-                        *at = Instant::now() + r.period;
+                        *at = clock.now_ms() + ms(r.period);
                     }
                 }
                 Ok(false) => {
-                    leases.kept.remove(&id);
+                    if leases.kept.remove(&id).is_some() {
+                        r.store.lease_kept(-1);
+                    }
                 }
                 Err(e) => debug!(error = %e, "lease renewal failed; retrying"),
             }
@@ -157,16 +178,44 @@ mod tests {
         }
     }
 
-    /// One task renews every kept lease, each about once a period; a lease
-    /// reported lost is renewed no more, nor one whose guard is dropped; the
-    /// task ends with its renewals.
+    /// Waits (in real time, for a condition, never for time to pass) until
+    /// `f` holds.
+    async fn until(what: &str, f: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !f() {
+            assert!(std::time::Instant::now() < deadline, "never: {what}");
+            tokio::task::yield_now().await;
+            std::thread::yield_now();
+        }
+    }
+
+    /// Moves the clock by `step`, `n` times, each time waiting for the
+    /// renewal task to have done what was due and gone back to sleep.
+    async fn advance(clock: &crate::ManualClock, step: Duration, n: usize) {
+        for _ in 0..n {
+            let before = clock.sleeps_begun();
+            clock.advance(step);
+            until("the renewal task sleeps again", || {
+                clock.sleeps_begun() > before
+            })
+            .await;
+        }
+    }
+
+    /// One task renews every kept lease, once a period of the store's clock
+    /// (exactly: the clock is moved by hand); a lease reported lost is
+    /// renewed no more, nor one whose guard is dropped; the task ends with
+    /// its renewals.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn one_task_renews_every_kept_lease_until_it_is_dropped_or_lost() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path().join("r.db")).unwrap();
+        let clock = crate::ManualClock::now();
+        let opts = crate::StoreOptions::default().with_clock(Arc::new(clock.clone()));
+        let store = Store::open_with(dir.path().join("r.db"), opts).unwrap();
         let metrics = tokio::runtime::Handle::current().metrics();
         let tasks = metrics.num_alive_tasks();
-        let renewals = Renewals::new(&store, Duration::from_millis(60)); // every 20 ms
+        // Leases of 60 ms: renewed every 20 ms, looked at every 10 ms.
+        let renewals = Renewals::new(&store, Duration::from_millis(60));
         let (kept, lost, dropped) = (Arc::default(), Arc::default(), Arc::default());
         let guards: Vec<Kept> = (0..8)
             .map(|_| renewals.keep(counter(&kept, true)))
@@ -179,11 +228,10 @@ mod tests {
             "one task for ten leases"
         );
         drop(gone);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let n = kept.load(Ordering::SeqCst);
-        // 200 ms: at most 10 renewals each (never sooner than 20 ms apart),
-        // about 7 on a quiet machine; at least 2 on a loaded one.
-        assert!((8 * 2..=8 * 10).contains(&n), "{n} renewals of 8 leases");
+        until("the task's first sleep", || clock.sleeps_begun() >= 1).await;
+        // 200 ms of the clock: each lease renewed at 20, 40, ..., 200.
+        advance(&clock, Duration::from_millis(10), 20).await;
+        assert_eq!(kept.load(Ordering::SeqCst), 8 * 10, "renewals of 8 leases");
         assert_eq!(
             lost.load(Ordering::SeqCst),
             1,
@@ -191,16 +239,17 @@ mod tests {
         );
         assert_eq!(dropped.load(Ordering::SeqCst), 0, "a dropped one never");
         drop(guards);
-        tokio::time::sleep(Duration::from_millis(40)).await;
-        let after = kept.load(Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(kept.load(Ordering::SeqCst), after, "renewed after the drop");
-        drop(renewals);
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        advance(&clock, Duration::from_millis(10), 10).await;
         assert_eq!(
-            metrics.num_alive_tasks(),
-            tasks,
-            "the task ends with its runner"
+            kept.load(Ordering::SeqCst),
+            8 * 10,
+            "renewed after the drop"
         );
+        assert_eq!(renewals.kept(), 0, "nothing left to renew");
+        drop(renewals);
+        until("the task ends with its runner", || {
+            metrics.num_alive_tasks() == tasks
+        })
+        .await;
     }
 }

@@ -76,6 +76,7 @@ pub mod admin;
 mod backend_kind;
 #[cfg(all(feature = "harness", unix))]
 pub mod chaos;
+pub mod clock;
 pub mod compaction;
 mod context;
 #[cfg(feature = "harness")]
@@ -108,6 +109,7 @@ pub mod tools;
 mod unwind;
 pub mod verify;
 
+pub use clock::{Clock, ManualClock, SystemClock};
 #[cfg(feature = "tiktoken")]
 pub use compaction::TiktokenCounter;
 pub use compaction::{

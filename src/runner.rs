@@ -509,7 +509,7 @@ impl Runner {
     pub async fn recoverable_turns(&self) -> Result<Vec<TurnRow>> {
         let gone = self.gone_check();
         let rows = self.inner.store.call(store::running_turns).await?;
-        let now = store::now_ms();
+        let now = self.inner.store.now_ms();
         Ok(rows
             .into_iter()
             .filter(|t| {

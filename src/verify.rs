@@ -251,7 +251,7 @@ pub fn verify_with(conn: &Connection, effect_checks: &[&dyn EffectCheck]) -> Res
     ));
 
     notes.extend(compacting_often(&compactions));
-    notes.extend(stalled_turns(conn, store::now_ms())?);
+    notes.extend(stalled_turns(conn, conn.now_ms())?);
     Ok(Report {
         ok: checks.iter().all(|c| c.ok),
         checks,

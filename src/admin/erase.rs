@@ -3,7 +3,7 @@
 
 use crate::error::Result;
 use crate::ids::SessionId;
-use crate::store::{checkpoint, next_id, now_ms, Connection, SessionRow};
+use crate::store::{checkpoint, next_id, Connection, SessionRow};
 use rusqlite::params;
 
 /// What deleting a session removed.
@@ -100,7 +100,7 @@ pub(crate) fn delete_session(
             sid,
             crate::message::sha256_hex(session.external_id.as_bytes()),
             rows.to_string(),
-            now_ms(),
+            tx.now_ms(),
             floors.0,
             floors.1,
             floors.2
@@ -181,7 +181,9 @@ impl crate::Store {
     /// The sessions with no turn begun within `idle_for` (nor created within
     /// it), oldest first: what [`crate::Store::prune`] deletes now.
     pub async fn idle_sessions(&self, idle_for: std::time::Duration) -> Result<Vec<IdleSession>> {
-        let before = now_ms().saturating_sub(idle_for.as_millis().min(i64::MAX as u128) as i64);
+        let before = self
+            .now_ms()
+            .saturating_sub(idle_for.as_millis().min(i64::MAX as u128) as i64);
         self.call(move |c| idle(c, before)).await
     }
 
@@ -190,7 +192,9 @@ impl crate::Store {
     /// [`crate::Store::delete_session`] does; a session that became active
     /// meanwhile is left. Returns what it deleted.
     pub async fn prune(&self, idle_for: std::time::Duration) -> Result<Vec<Deleted>> {
-        let before = now_ms().saturating_sub(idle_for.as_millis().min(i64::MAX as u128) as i64);
+        let before = self
+            .now_ms()
+            .saturating_sub(idle_for.as_millis().min(i64::MAX as u128) as i64);
         self.call(move |c| {
             let mut out = Vec::new();
             for (session, _) in idle_sessions(c, before)? {

@@ -18,8 +18,8 @@
 use crate::error::{Error, Result};
 use crate::ids::{SessionId, StepId};
 use crate::message::sha256_hex;
-use crate::store::{now_ms, RedactedRows, SessionRow, REDACTION_MARKER};
 use crate::store::{session_redaction, Connection};
+use crate::store::{RedactedRows, SessionRow, REDACTION_MARKER};
 use rusqlite::params;
 use std::collections::HashMap;
 
@@ -523,7 +523,7 @@ pub(crate) fn redact(
             serde_json::to_string(&rows)?,
             rebuilt.len() as i64,
             turns_fenced,
-            now_ms()
+            tx.now_ms()
         ],
     )?
     .ok_or(rusqlite::Error::QueryReturnedNoRows)?;

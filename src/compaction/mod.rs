@@ -533,7 +533,7 @@ impl Compactor {
         let rows = self
             .store
             .read(move |c| {
-                let now = store::now_ms();
+                let now = c.now_ms();
                 let mut out = Vec::new();
                 for row in store::pending_compactions(c)? {
                     if !store::held_by_live_other(&row, &owner, now, &dead) {
@@ -797,7 +797,7 @@ impl Compactor {
                             }
                             CompactionStatus::Failed => Some(ClaimOutcome::Failed(row)),
                             CompactionStatus::Pending
-                                if store::held_by_live_other(&row, &me, store::now_ms(), &dead) =>
+                                if store::held_by_live_other(&row, &me, c.now_ms(), &dead) =>
                             {
                                 Some(ClaimOutcome::HeldByLiveOther(row))
                             }
@@ -1415,6 +1415,6 @@ impl Facts for StoreFacts<'_> {
 
     fn held_by_live_other(&mut self, row: &CompactionRow) -> bool {
         let dead = self.compactor.gone_check();
-        store::held_by_live_other(row, &self.compactor.owner, store::now_ms(), &dead)
+        store::held_by_live_other(row, &self.compactor.owner, self.c.now_ms(), &dead)
     }
 }

@@ -2,7 +2,7 @@
 //! transaction, as a runner would have left them. Not for production use.
 
 use super::db::Connection;
-use super::{now_ms, write_tx};
+use super::write_tx;
 use crate::error::Result;
 use crate::ids::SessionId;
 use crate::message::{sha256_hex, ModelResponse, ResponseBlock, Usage};
@@ -40,7 +40,7 @@ pub fn seed_history(conn: &mut Connection, session_id: SessionId, shape: &SeedSh
         [session_id],
         |r| r.get(0),
     )?;
-    let now = now_ms();
+    let now = super::now_ms();
     for k in 0..shape.turns {
         let idx = start + k;
         let turn_id = tx.prepare_cached(concat!(

@@ -2,7 +2,7 @@
 
 use super::db::{Connection, OptionalExtension};
 use super::rows::*;
-use super::{now_ms, write_tx};
+use super::write_tx;
 use crate::error::{Error, Result};
 use crate::ids::{CompactionId, SessionId};
 use rusqlite::params;
@@ -190,7 +190,7 @@ pub(crate) fn claim_compaction(
     owner_is_dead: &dyn Fn(&str) -> bool,
 ) -> Result<ClaimOutcome> {
     let tx = write_tx(conn)?;
-    let now = now_ms();
+    let now = tx.now_ms();
     // The new row comes back with the insert (one request); a row already
     // there is read.
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -284,7 +284,7 @@ pub(crate) fn enqueue_compaction(
              FROM turns t WHERE t.session_id = ?1 AND t.idx = ?2 \
              ON CONFLICT (session_id, up_to_turn_index) DO NOTHING"),
         )?
-        .execute(params![session_id, boundary, trigger_tokens, now_ms()])?;
+        .execute(params![session_id, boundary, trigger_tokens, tx.now_ms()])?;
     tx.commit()?;
     Ok(n == 1)
 }
@@ -326,7 +326,7 @@ pub(crate) fn renew_compaction_lease(
     let n = tx.execute(
         "UPDATE compactions SET lease_expires_at = ?1 \
          WHERE id = ?2 AND status = 'pending' AND lease_owner = ?3",
-        params![now_ms() + ttl_ms, id, owner],
+        params![tx.now_ms() + ttl_ms, id, owner],
     )?;
     tx.commit()?;
     Ok(n == 1)
@@ -372,7 +372,7 @@ pub(crate) fn complete_compaction(
                 stats.input_tokens,
                 stats.output_tokens,
                 stats.summary_calls,
-                now_ms(),
+                tx.now_ms(),
                 id,
                 crate::message::sha256_hex(summary.as_bytes()),
                 stats.pins_live,

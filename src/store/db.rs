@@ -26,6 +26,9 @@ pub use crate::backend_kind::BackendKind;
 /// one inside the step's [`Transaction`].
 pub struct Connection {
     pub(crate) backend: Backend,
+    /// The store's clock (the system's for a connection opened outside a
+    /// store: a read-only snapshot).
+    pub(crate) clock: std::sync::Arc<dyn crate::clock::Clock>,
 }
 
 pub(crate) enum Backend {
@@ -74,6 +77,7 @@ impl From<super::pg::PgConn> for Connection {
     fn from(c: super::pg::PgConn) -> Connection {
         Connection {
             backend: Backend::Postgres(c),
+            clock: crate::clock::default_clock(),
         }
     }
 }
@@ -82,11 +86,17 @@ impl From<rusqlite::Connection> for Connection {
     fn from(c: rusqlite::Connection) -> Connection {
         Connection {
             backend: Backend::Sqlite(c),
+            clock: crate::clock::default_clock(),
         }
     }
 }
 
 impl Connection {
+    /// Milliseconds since the epoch, by the store's clock.
+    pub(crate) fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
     /// The database behind this connection.
     pub fn kind(&self) -> BackendKind {
         match &self.backend {

@@ -3,7 +3,6 @@
 
 use super::db::{Connection, OptionalExtension, Transaction};
 use super::leases::*;
-use super::now_ms;
 use super::rows::*;
 use crate::error::{Error, Result};
 use crate::ids::{InvocationId, StepId};
@@ -57,7 +56,7 @@ fn write_invocation(
     tail: &str,
     want_id: bool,
 ) -> Result<Option<i64>> {
-    let now = now_ms();
+    let now = tx.now_ms();
     let finished_at = result.map(|_| now);
     let sql = format!(
         "INSERT INTO tool_invocations (step_id, position, tool_call_id, tool_name, arguments, \
@@ -120,7 +119,7 @@ pub(crate) fn finish_invocation(
     };
     let n = tx
         .prepare_cached(sql)?
-        .execute(params![status, result, now_ms(), id])?;
+        .execute(params![status, result, tx.now_ms(), id])?;
     if n == 0 {
         // Completed by someone else under our feet: only possible if our lease was lost.
         return Err(Error::LeaseLost {

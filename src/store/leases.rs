@@ -3,7 +3,7 @@
 
 use super::db::{Connection, OptionalExtension, Transaction};
 use super::rows::*;
-use super::{now_ms, write_tx};
+use super::write_tx;
 use crate::error::{Error, Result};
 use crate::ids::TurnId;
 use rusqlite::params;
@@ -60,7 +60,7 @@ pub(super) fn check_lease(tx: &Transaction<'_>, lease: &Lease, renew_below: i64)
             params![lease.turn_id, lease.owner, lease.epoch],
             lease.lost(),
         )?;
-        let now = now_ms();
+        let now = tx.now_ms();
         return tx.execute_later(
             "UPDATE turns SET lease_expires_at = ?1 \
              WHERE id = ?2 AND lease_owner = ?3 AND lease_epoch = ?4 AND status = 'running' \
@@ -98,7 +98,7 @@ pub(super) fn check_lease(tx: &Transaction<'_>, lease: &Lease, renew_below: i64)
             epoch: lease.epoch,
         });
     };
-    let now = now_ms();
+    let now = tx.now_ms();
     if expires.is_none_or(|e| e - now < renew_below) {
         tx.prepare_cached("UPDATE turns SET lease_expires_at = ?1 WHERE id = ?2")?
             .execute(params![now + lease.ttl_ms, lease.turn_id])?;
@@ -113,7 +113,7 @@ pub(super) fn take_lease(
     ttl_ms: i64,
     owner_is_dead: &dyn Fn(&str) -> bool,
 ) -> Result<Lease> {
-    let now = now_ms();
+    let now = tx.now_ms();
     let (holder, expires_at) = (turn.lease_owner.as_deref(), turn.lease_expires_at);
     if super::lease_held_by_live_other(holder, expires_at, owner, now, owner_is_dead) {
         return Err(Error::LeaseHeld {

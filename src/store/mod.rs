@@ -148,6 +148,10 @@ pub struct StoreOptions {
     pub key: Option<Key>,
     /// Who checkpoints the WAL into the file; see [`Checkpoints`].
     pub checkpoints: Checkpoints,
+    /// The clock the store reads and waits on: leases, timestamps, idle
+    /// sessions. Default: [`crate::SystemClock`]; a test of expiry gives a
+    /// [`crate::ManualClock`] and moves it.
+    pub clock: Arc<dyn crate::clock::Clock>,
 }
 
 /// The WAL size past which a [`Checkpoints::OffTheStep`] checkpoint
@@ -201,6 +205,11 @@ pub enum Blocking {
 }
 
 impl StoreOptions {
+    /// Sets the store's clock. Default: the system's.
+    pub fn with_clock(mut self, clock: Arc<dyn crate::clock::Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
     /// Sets who checkpoints the WAL. Default: [`Checkpoints::OffTheStep`].
     pub fn with_checkpoints(mut self, c: Checkpoints) -> Self {
         self.checkpoints = c;
@@ -247,6 +256,7 @@ impl Default for StoreOptions {
             blocking: Blocking::default(),
             key: None,
             checkpoints: Checkpoints::default(),
+            clock: crate::clock::default_clock(),
         }
     }
 }
@@ -268,6 +278,12 @@ pub struct Store {
     file: Arc<FileIdentity>,
     /// Times a call handed its work off the calling worker (see `inline`).
     handoffs: Arc<std::sync::atomic::AtomicU64>,
+    /// The clock the store reads (see [`StoreOptions::clock`]).
+    clock: Arc<dyn crate::clock::Clock>,
+    /// Leases the renewal tasks of this store's runners keep renewing.
+    leases_kept: Arc<std::sync::atomic::AtomicI64>,
+    /// Calls on tokio's blocking pool not yet ended.
+    in_flight: Arc<std::sync::atomic::AtomicI64>,
     /// The WAL's size, watched for [`Checkpoints::OffTheStep`] (None: SQLite
     /// checkpoints on commit, or the store is on a server).
     wal: Option<Arc<WalWatch>>,
@@ -535,6 +551,7 @@ impl Store {
         });
         let (pool, closer) = pool::build(
             pool::Connect::Sqlite(manager),
+            opts.clock.clone(),
             opts.max_connections,
             // Longer than busy_timeout, so a connection wait never fires first.
             busy + Duration::from_secs(5),
@@ -554,6 +571,9 @@ impl Store {
             })
         });
         Ok(Store {
+            clock: opts.clock.clone(),
+            leases_kept: Default::default(),
+            in_flight: Default::default(),
             wal,
             pool,
             backend: BackendKind::Sqlite,
@@ -599,11 +619,15 @@ impl Store {
             target.migrate(target.connect()?)?;
             let (pool, closer) = pool::build(
                 pool::Connect::Postgres(pg::Manager(target.clone())),
+                opts.clock.clone(),
                 opts.max_connections,
                 opts.busy_timeout + Duration::from_secs(5),
                 opts.busy_timeout,
             )?;
             Ok(Store {
+                clock: opts.clock.clone(),
+                leases_kept: Default::default(),
+                in_flight: Default::default(),
                 wal: None,
                 pool,
                 backend: BackendKind::Postgres,
@@ -684,6 +708,31 @@ impl Store {
         out
     }
 
+    /// Milliseconds since the epoch, by the store's clock.
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// The store's clock.
+    pub fn clock(&self) -> &Arc<dyn crate::clock::Clock> {
+        &self.clock
+    }
+
+    /// A lease kept (+1) or let go (-1) by a renewal task of this store.
+    pub(crate) fn lease_kept(&self, by: i64) {
+        self.leases_kept
+            .fetch_add(by, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Leases the runners of this store (their turns and their compactors'
+    /// claims, in this process) keep renewing now: 0 once every turn and
+    /// claim has ended, however it ended (a dropped future included).
+    #[cfg(feature = "harness")]
+    #[doc(hidden)]
+    pub fn leases_kept(&self) -> i64 {
+        self.leases_kept.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// WAL checkpoints this store ran under [`Checkpoints::OffTheStep`].
     #[doc(hidden)]
     pub fn wal_checkpoints(&self) -> u64 {
@@ -705,9 +754,28 @@ impl Store {
         if self.blocking == Blocking::InPlace && inline::on_multi_thread_runtime() {
             return tokio::task::block_in_place(move || store.with_conn(f));
         }
-        tokio::task::spawn_blocking(move || store.with_conn(f))
-            .await
-            .map_err(|e| Error::Task(e.to_string()))?
+        // Counted until the work ends: it goes on when the awaiting future
+        // is dropped.
+        store
+            .in_flight
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tokio::task::spawn_blocking(move || {
+            let out = store.with_conn(f);
+            store
+                .in_flight
+                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            out
+        })
+        .await
+        .map_err(|e| Error::Task(e.to_string()))?
+    }
+
+    /// Store calls handed to tokio's blocking pool and not yet ended (one
+    /// whose caller's future was dropped included).
+    #[cfg(feature = "harness")]
+    #[doc(hidden)]
+    pub fn calls_in_flight(&self) -> i64 {
+        self.in_flight.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// As [`Store::call`], for a call that is short unless it waits: a
@@ -845,10 +913,8 @@ pub(crate) fn lease_held_by_live_other(
     }
 }
 
-/// Milliseconds since the Unix epoch.
+/// Milliseconds since the Unix epoch, by the system's clock. A store's own
+/// time is its clock's ([`Store::now_ms`]): what its rows and leases read.
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    crate::clock::system_now_ms()
 }

@@ -3,7 +3,6 @@
 
 use super::db::{Connection, OptionalExtension};
 use super::history::{load_history, HistoryTurn};
-use super::now_ms;
 use crate::error::Result;
 use crate::ids::SessionId;
 use crate::message::{ModelResponse, ResponseBlock};
@@ -112,7 +111,7 @@ fn record_all(
     let mut values: std::collections::HashSet<&str> = std::collections::HashSet::new();
     let mut slots: std::collections::HashMap<&str, (Option<i64>, &str)> =
         std::collections::HashMap::new();
-    let now = now_ms();
+    let now = conn.now_ms();
     let mut written = 0;
     for (i, ((source, f), found)) in facts.iter().zip(found).enumerate() {
         let supersedes = match found {

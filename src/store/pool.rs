@@ -38,6 +38,7 @@ pub(crate) enum Connect {
 /// the [`Closer`] its store's handles share.
 pub(crate) fn build(
     connect: Connect,
+    clock: Arc<dyn crate::clock::Clock>,
     max_size: u32,
     connection_timeout: Duration,
     patience: Duration,
@@ -56,6 +57,7 @@ pub(crate) fn build(
     let local_file = matches!(connect, Connect::Sqlite(_));
     let manager = Manager {
         connect,
+        clock,
         _alive: Token::new(&held),
         held,
     };
@@ -141,6 +143,8 @@ impl Drop for Closer {
 /// Makes the pool's connections, each counted.
 pub(crate) struct Manager {
     connect: Connect,
+    /// The store's, given to every connection.
+    clock: Arc<dyn crate::clock::Clock>,
     held: Arc<Held>,
     _alive: Token,
 }
@@ -177,11 +181,12 @@ impl r2d2::ManageConnection for Manager {
     fn connect(&self) -> Result<Pooled> {
         #[cfg(test)]
         self.held.hooks.before_connect();
-        let conn = match &self.connect {
+        let mut conn = match &self.connect {
             Connect::Sqlite(m) => Connection::from(m.connect()?),
             #[cfg(feature = "postgres")]
             Connect::Postgres(m) => Connection::from(m.0.connect()?),
         };
+        conn.clock = self.clock.clone();
         #[cfg(test)]
         self.held.hooks.connected();
         Ok(Pooled {

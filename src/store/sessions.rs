@@ -2,7 +2,7 @@
 
 use super::db::{Connection, OptionalExtension};
 use super::rows::*;
-use super::{now_ms, write_tx};
+use super::write_tx;
 use crate::error::{Error, Result};
 use crate::ids::SessionId;
 use rusqlite::params;
@@ -68,7 +68,7 @@ pub(crate) fn create_session(
             super::next_id!("sessions"),
             ", ?1, ?2, ?3, ?4, ?5) ON CONFLICT (external_id) DO NOTHING"
         ),
-        params![external_id, model, system_prompt, config, now_ms()],
+        params![external_id, model, system_prompt, config, tx.now_ms()],
     )?;
     let row = find_session(&tx, external_id)?.expect("row exists after insert");
     tx.commit()?;

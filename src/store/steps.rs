@@ -4,7 +4,7 @@ use super::db::{Connection, OptionalExtension, Transaction};
 use super::leases::*;
 use super::rows::*;
 use super::turns::*;
-use super::{now_ms, write_tx};
+use super::write_tx;
 use crate::error::{Error, Result};
 use crate::ids::{CompactionId, StepId, TurnId};
 use rusqlite::params;
@@ -74,7 +74,7 @@ pub(crate) fn claim_step(conn: &mut Connection, lease: &Lease) -> Result<StepRow
             Some(s) if s.status != StepStatus::Completed => s,
             other => {
                 let idx = other.map_or(0, |s| s.idx + 1);
-                insert_step(&tx, lease.turn_id, idx, now_ms())?;
+                insert_step(&tx, lease.turn_id, idx, tx.now_ms())?;
                 last_step(&tx, lease.turn_id)?.expect("row exists after insert")
             }
         };
@@ -121,7 +121,7 @@ pub(crate) fn write_response(tx: &Transaction<'_>, lease: &Lease, r: &Responded)
             r.output_tokens,
             r.context_tokens,
             r.estimated,
-            now_ms(),
+            tx.now_ms(),
             r.step_id,
             crate::render_format::RenderFormat::CURRENT.as_i64(),
             r.summary_wait_ms,
@@ -145,7 +145,7 @@ pub(crate) fn complete_step(
     step_idx: i64,
     final_output: Option<&str>,
 ) -> Result<Option<TurnRow>> {
-    let now = now_ms();
+    let now = tx.now_ms();
     tx.execute_later(
         "UPDATE steps SET status = 'completed', completed_at = ?1 \
          WHERE id = ?2 AND status = 'responded'",

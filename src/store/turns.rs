@@ -4,7 +4,7 @@ use super::db::{Connection, OptionalExtension, Transaction};
 use super::leases::*;
 use super::rows::*;
 use super::sessions::*;
-use super::{now_ms, write_tx};
+use super::write_tx;
 use crate::error::{Error, Result};
 use crate::ids::{CompactionId, SessionId, StepId, TurnId};
 use rusqlite::params;
@@ -115,7 +115,7 @@ pub(crate) fn begin_turn<R>(
             running_idx: running,
         });
     }
-    let now = now_ms();
+    let now = tx.now_ms();
     let id = tx.insert_returning_id(
         concat!(
             "INSERT INTO turns (id, session_id, idx, input, status, lease_owner, lease_epoch, \
@@ -193,7 +193,7 @@ pub(crate) fn fail_turn(
     let failed = (|| {
         let tx = write_tx(conn)?;
         fence(&tx, lease)?;
-        let now = now_ms();
+        let now = tx.now_ms();
         if let Some(step_id) = step_id {
             tx.execute(
                 "UPDATE steps SET status = 'failed', error = ?1, completed_at = ?2 \

@@ -73,30 +73,52 @@ fn leases(store: &Store) -> Vec<(String, i64, Option<i64>)> {
         .unwrap()
 }
 
-/// After a drop: nothing renews any lease over three heartbeat periods.
-async fn assert_no_renewals(store: &Store, what: &str, after: Duration) {
-    // A blocking store call started before the drop may still commit once
-    // (on PostgreSQL, a call on the blocking pool, a few round trips).
-    let settle = if on_postgres() { 250 } else { 40 };
-    tokio::time::sleep(Duration::from_millis(settle)).await;
-    let before = leases(store);
-    tokio::time::sleep(TTL).await;
+/// After a drop: nothing is left for a renewal task to renew (every lease
+/// the dropped call kept was let go as it was dropped), and no lease in the
+/// store is renewed while the store's clock moves three lease lengths on. A
+/// store call started before the drop goes on on the blocking pool (a lease
+/// taken, a renewal; on PostgreSQL a few round trips) and may commit once:
+/// it is let end first, and it writes an expiry from the clock before the
+/// move, so any expiry past the moved clock's time is a renewal after it.
+async fn assert_no_renewals(s: &Setup, what: &str, after: Duration) {
     assert_eq!(
-        leases(store),
-        before,
-        "{what}: renewed after a drop at {after:?}"
+        s.store.leases_kept(),
+        0,
+        "{what}: a lease still kept after a drop at {after:?}"
     );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while s.store.calls_in_flight() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: a store call never ended"
+        );
+        tokio::task::yield_now().await;
+    }
+    let moved = s.store.now_ms() + (TTL * 3).as_millis() as i64;
+    s.clock.advance(TTL * 3);
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    for (kind, id, expires) in leases(&s.store) {
+        assert!(
+            expires.is_none_or(|e| e < moved),
+            "{what}: {kind} {id}'s lease renewed after a drop at {after:?}"
+        );
+    }
 }
 
 struct Setup {
     _dir: tempfile::TempDir,
     store: Store,
+    /// The store's clock: moved by hand.
+    clock: abridge::ManualClock,
     session: abridge::store::SessionRow,
 }
 
 async fn setup() -> Setup {
     let (dir, path) = temp_db();
-    let store = open(&path);
+    let clock = abridge::ManualClock::now();
+    let store = open_with_clock(&path, &clock);
     let r = runner(&store, "setup", false, None);
     let sid = demo_session(&r, SEED, 0).await;
     for t in 0..HISTORY {
@@ -110,6 +132,7 @@ async fn setup() -> Setup {
     Setup {
         _dir: dir,
         store,
+        clock,
         session,
     }
 }
@@ -131,7 +154,7 @@ where
         let after = Duration::from_millis(ms);
         if tokio::time::timeout(after, fut).await.is_err() {
             drops += 1;
-            assert_no_renewals(&s.store, what, after).await;
+            assert_no_renewals(&s, what, after).await;
         }
         let s = tokio::time::timeout(Duration::from_secs(10), finish(s))
             .await

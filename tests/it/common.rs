@@ -118,6 +118,35 @@ pub fn abridge_cmd() -> std::process::Command {
     c
 }
 
+/// As [`open`], with the store reading `clock` (a test of leases or expiry
+/// moves it instead of sleeping).
+pub fn open_with_clock(path: &Path, clock: &abridge::ManualClock) -> Store {
+    let opts = store_options().with_clock(Arc::new(clock.clone()));
+    let store = Store::open_with(db_for(path), opts).unwrap();
+    store
+        .with_conn(abridge::store::demo::create_demo_tables)
+        .unwrap();
+    store
+}
+
+/// Moves `clock` by `step`, `n` times; after each move waits (for a
+/// condition, in real time) until a task woken by it has gone back to sleep
+/// on the clock: the store's renewal task, whose sleeps are `step` long.
+pub async fn advance_clock(clock: &abridge::ManualClock, step: Duration, n: usize) {
+    for _ in 0..n {
+        let before = clock.sleeps_begun();
+        clock.advance(step);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while clock.sleeps_begun() <= before {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "nothing slept on the clock again"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
 pub fn open(path: &Path) -> Store {
     let store = store_at(path);
     store

@@ -269,7 +269,8 @@ fn a_delete_racing_a_running_turn_in_another_process_refuses_its_next_write() {
 }
 
 /// `prune` deletes exactly the sessions its dry run lists: those with no
-/// turn begun within the age; a session active since is kept.
+/// turn begun within the age; a session active since is kept. Idleness is
+/// by the store's clock, moved 600 ms past the demo's run without a sleep.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prune_deletes_exactly_what_its_dry_run_lists() {
     let dir = tempfile::tempdir().unwrap();
@@ -279,8 +280,9 @@ async fn prune_deletes_exactly_what_its_dry_run_lists() {
     })
     .await
     .unwrap();
-    let store = Store::open(common::db_for(&db)).unwrap();
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    let clock = abridge::ManualClock::starting_at(abridge::store::now_ms() + 600);
+    let opts = abridge::StoreOptions::default().with_clock(std::sync::Arc::new(clock.clone()));
+    let store = Store::open_with(common::db_for(&db), opts).unwrap();
     // Session demo-42-2 becomes active again.
     let runner = abridge::demo::demo_runner(
         &store,

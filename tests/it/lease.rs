@@ -105,7 +105,7 @@ fn lease_expired(store: &abridge::Store, turn_id: abridge::TurnId) -> bool {
             )
         })
         .unwrap();
-    exp.is_some_and(|e| e < abridge::store::now_ms())
+    exp.is_some_and(|e| e < store.now_ms())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -232,11 +232,13 @@ async fn turns_left_running_by_a_crash_are_listed_and_resumed() {
 /// Turns parked in their model calls for several times their lease's
 /// length keep their leases: the runner's renewal task renews every running
 /// turn's lease (one task for all of them), so another runner is refused
-/// throughout, and each turn completes once the call returns.
+/// throughout, and each turn completes once the call returns. The store's
+/// clock is moved by hand: four lease lengths pass without a sleep.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turns_longer_than_their_lease_keep_it_by_the_runners_heartbeat() {
     let (_d, path) = temp_db();
-    let store = open(&path);
+    let clock = abridge::ManualClock::now();
+    let store = open_with_clock(&path, &clock);
     let parked = Gated::new();
     let holder = runner(&store, parked.clone(), "holder", 150, true);
     let other = runner(&store, Arc::new(quick()), "other", 150, true);
@@ -260,13 +262,16 @@ async fn turns_longer_than_their_lease_keep_it_by_the_runners_heartbeat() {
         })
         .unwrap();
     assert_eq!(turns.len(), 3);
-    // Four lease lengths in all, looking every 50 ms.
-    for _ in 0..12 {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    // Four lease lengths of the clock in all (150 ms leases, renewed every
+    // 50 ms, looked at every 25 ms: one move of the clock each).
+    let started = store.now_ms();
+    for _ in 0..24 {
+        advance_clock(&clock, Duration::from_millis(25), 1).await;
         for &t in &turns {
             assert!(!lease_expired(&store, t), "turn {t:?}'s lease ran out");
         }
     }
+    assert_eq!(store.now_ms() - started, 600);
     for &t in &turns {
         match other.resume_turn(t).await {
             Err(Error::LeaseHeld { owner, .. }) => assert_eq!(owner, "holder"),
