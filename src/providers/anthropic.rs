@@ -47,7 +47,8 @@ impl Anthropic {
     }
 
     /// Anthropic with the key in `ANTHROPIC_API_KEY`, at `ANTHROPIC_BASE_URL`
-    /// when set.
+    /// when set (the API's root, as Anthropic's SDKs read it: see
+    /// [`super::anthropic_base_url`]).
     pub fn from_env() -> crate::Result<Anthropic> {
         let (options, key) = super::anthropic_env()?;
         Anthropic::new(options, key)

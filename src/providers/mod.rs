@@ -90,32 +90,60 @@ impl std::fmt::Display for ApiKey {
     }
 }
 
-/// OpenAI's key (`OPENAI_API_KEY`) and base URL (`OPENAI_BASE_URL`, else
-/// OpenAI's own), for the OpenAI clients' `from_env`.
+/// OpenAI's key (`OPENAI_API_KEY`) and base URL (`OPENAI_BASE_URL`, read by
+/// [`openai_base_url`]; else OpenAI's own), for the OpenAI clients' `from_env`.
 #[cfg(feature = "openai")]
 pub(crate) fn openai_env() -> Result<(HttpOptions, ApiKey)> {
-    env_options(
-        "OPENAI_API_KEY",
-        "OPENAI_BASE_URL",
-        OpenAiChat::DEFAULT_BASE_URL,
-    )
+    let key = ApiKey::from_env("OPENAI_API_KEY")?;
+    let base = std::env::var("OPENAI_BASE_URL")
+        .ok()
+        .filter(|b| !b.trim().is_empty())
+        .map_or_else(
+            || OpenAiChat::DEFAULT_BASE_URL.to_string(),
+            |b| openai_base_url(&b),
+        );
+    Ok((HttpOptions::new(base), key))
 }
 
 /// Anthropic's key (`ANTHROPIC_API_KEY`) and base URL (`ANTHROPIC_BASE_URL`,
-/// else Anthropic's own), for the Anthropic clients' `from_env`.
+/// read by [`anthropic_base_url`]; else Anthropic's own), for the Anthropic
+/// clients' `from_env`.
 #[cfg(feature = "anthropic")]
 pub(crate) fn anthropic_env() -> Result<(HttpOptions, ApiKey)> {
-    env_options(
-        "ANTHROPIC_API_KEY",
-        "ANTHROPIC_BASE_URL",
-        Anthropic::DEFAULT_BASE_URL,
-    )
+    let key = ApiKey::from_env("ANTHROPIC_API_KEY")?;
+    let base = std::env::var("ANTHROPIC_BASE_URL")
+        .ok()
+        .filter(|b| !b.trim().is_empty())
+        .map_or_else(
+            || Anthropic::DEFAULT_BASE_URL.to_string(),
+            |b| anthropic_base_url(&b),
+        );
+    Ok((HttpOptions::new(base), key))
 }
 
-fn env_options(key: &str, base: &str, default: &str) -> Result<(HttpOptions, ApiKey)> {
-    let key = ApiKey::from_env(key)?;
-    let base = std::env::var(base).unwrap_or_else(|_| default.to_string());
-    Ok((HttpOptions::new(base), key))
+/// The base URL the Anthropic clients send to (`{base}/messages`), from a
+/// value of `ANTHROPIC_BASE_URL` as Anthropic's own SDKs read it: the API's
+/// root (`https://api.anthropic.com`, a proxy's `https://proxy.example`), to
+/// which they add `/v1/messages`. A value that already ends in `/v1` is
+/// taken as it is (it used to be the only form abridge read); a trailing `/`
+/// is dropped.
+pub fn anthropic_base_url(root: &str) -> String {
+    let root = root.trim().trim_end_matches('/');
+    if root.ends_with("/v1") {
+        root.to_string()
+    } else {
+        format!("{root}/v1")
+    }
+}
+
+/// The base URL the OpenAI clients send to (`{base}/chat/completions`,
+/// `{base}/responses`), from a value of `OPENAI_BASE_URL` as OpenAI's own
+/// SDKs read it: the URL the paths are added to, `/v1` included when the
+/// server has it (`https://api.openai.com/v1`; a local server's
+/// `http://localhost:8000/v1`, or one that serves `/chat/completions` at its
+/// root). Taken as it is, less a trailing `/`.
+pub fn openai_base_url(base: &str) -> String {
+    base.trim().trim_end_matches('/').to_string()
 }
 
 /// Phrases with which providers and the servers that speak their APIs say a

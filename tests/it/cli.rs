@@ -260,6 +260,21 @@ fn manual_compact_from_the_command_line() {
         "off",
         "--json",
     ]);
+    // The preview says what it would fold as a person reads it (no range
+    // syntax, no id the user never saw).
+    let preview = ok(&[
+        "compact",
+        "--db",
+        db.to_str().unwrap(),
+        "--session",
+        "demo-42-0",
+        "--dry-run",
+    ]);
+    assert!(
+        preview.contains("would fold turns 0 to 5 into one summary"),
+        "{preview}"
+    );
+    assert!(!preview.contains("..="), "{preview}");
     let out = ok(&[
         "compact",
         "--db",
@@ -351,7 +366,19 @@ fn bad_input_exits_non_zero_with_one_clear_line() {
 
 #[test]
 fn every_verb_has_help_with_an_example() {
-    for verb in ["demo", "inspect", "replay", "compact", "export", "verify"] {
+    // Every verb `abridge --help` lists (the worker verbs the harness runs
+    // itself are hidden from it).
+    let top = ok(&["--help"]);
+    let verbs: Vec<&str> = top
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|v| *v != "help")
+        .collect();
+    assert!(verbs.len() >= 15, "{verbs:?}");
+    for verb in verbs {
         let out = ok(&[verb, "--help"]);
         assert!(out.contains("Example"), "{verb}: {out}");
     }
@@ -972,4 +999,19 @@ fn inspect_shows_the_cached_input_share_from_the_stored_usage() {
         )),
         "{detail}"
     );
+}
+
+/// An argument left out is named in the one line the command prints, and a
+/// usage error exits 2, as docs/cli.md says.
+#[test]
+fn a_missing_argument_is_named_and_a_usage_error_exits_2() {
+    let err = fails(&["replay", "--db", "x.db"], "--step");
+    assert!(err.contains("not provided"), "{err}");
+    for args in [
+        &["replay", "--db", "x.db"][..],
+        &["replay", "--db", "x.db", "--step", "0"],
+        &["no-such-verb"],
+    ] {
+        assert_eq!(abridge(args).status.code(), Some(2), "{args:?}");
+    }
 }

@@ -403,6 +403,22 @@ fn delete_and_prune_from_the_command_line() {
     ]))
     .unwrap();
     assert_eq!(dry.as_array().unwrap().len(), 2);
+    // Said for a person: how long idle, and since when (UTC), no raw ms.
+    let said = run(&["prune", "--db", d, "--idle-for", "0s", "--dry-run"]);
+    let listed: Vec<&str> = said
+        .lines()
+        .filter(|l| l.starts_with("would delete"))
+        .collect();
+    assert_eq!(listed.len(), 2, "{said}");
+    for line in listed {
+        assert!(line.contains(", idle for "), "{line}");
+        let since = line.rsplit("since ").next().unwrap();
+        assert!(
+            since.len() == 20 && since.ends_with('Z') && since.as_bytes()[10] == b'T',
+            "{line}"
+        );
+        assert!(!line.ends_with(" ms"), "{line}");
+    }
     let text = run(&["prune", "--db", d, "--idle-for", "0s"]);
     assert!(text.contains("2 sessions deleted"), "{text}");
     let again = Command::new(env!("CARGO_BIN_EXE_abridge"))

@@ -993,3 +993,65 @@ fn reasoning_blocks_go_only_to_the_provider_that_takes_them() {
     assert_eq!(kinds, ["thinking", "thinking", "text"]);
     assert_eq!(content[0]["signature"], "sig");
 }
+
+/// `ANTHROPIC_BASE_URL` and `OPENAI_BASE_URL` mean what the providers' own
+/// SDKs take them to mean: Anthropic's is the API's root (`/v1/messages` is
+/// added; a value ending in `/v1` is taken as it is), OpenAI's is the URL
+/// the paths are added to (with `/v1` when the server has it, as given).
+/// Each form, with and without a trailing `/v1` (and `/`), against a server
+/// that records the path it was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn base_urls_mean_what_the_providers_sdks_take_them_to_mean() {
+    use abridge::providers::{anthropic_base_url, openai_base_url};
+    use abridge::{Message, ModelRequest, Role};
+    let fake = serve(|seen| {
+        let body = if seen.path.ends_with("/messages") {
+            json!({"content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
+                   "usage": {"input_tokens": 1, "output_tokens": 1}})
+        } else {
+            json!({"choices": [{"message": {"role": "assistant", "content": "ok"},
+                                "finish_reason": "stop"}]})
+        };
+        (200, vec![], body)
+    })
+    .await;
+    let root = fake.base.trim_end_matches("/v1").to_string();
+    let request = ModelRequest {
+        model: "m".into(),
+        messages: Arc::new(vec![Message::text(Role::User, "hi")]),
+        tools: Vec::new(),
+        max_output_tokens: None,
+    };
+    let mut sent = Vec::new();
+    for value in [
+        root.clone(),
+        format!("{root}/"),
+        fake.base.clone(),
+        format!("{}/", fake.base),
+    ] {
+        let options = HttpOptions::new(anthropic_base_url(&value));
+        let client = Anthropic::new(options, ApiKey::new("k")).unwrap();
+        client.complete(&request).await.unwrap();
+        sent.push(("anthropic", value));
+    }
+    for value in [fake.base.clone(), format!("{}/", fake.base), root.clone()] {
+        let options = HttpOptions::new(openai_base_url(&value));
+        let client = OpenAiChat::new(options, Some(ApiKey::new("k"))).unwrap();
+        client.complete(&request).await.unwrap();
+        sent.push(("openai", value));
+    }
+    let paths: Vec<String> = fake.seen().into_iter().map(|s| s.path).collect();
+    assert_eq!(
+        paths,
+        [
+            "/v1/messages",
+            "/v1/messages",
+            "/v1/messages",
+            "/v1/messages",
+            "/v1/chat/completions",
+            "/v1/chat/completions",
+            "/chat/completions",
+        ],
+        "{sent:?}"
+    );
+}

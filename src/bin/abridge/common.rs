@@ -147,3 +147,10 @@ pub fn read_only<T>(
 ) -> abridge::Result<T> {
     abridge::store::read_only_keyed(db, key()?.as_ref(), read)
 }
+
+/// A time in ms since the epoch as the UTC date and time, to the second
+/// (`2026-11-28T14:02:11Z`).
+pub fn utc(ms: i64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_seconds(t).to_string()
+}

@@ -100,13 +100,17 @@ fn preview(
         );
         return Ok(ExitCode::SUCCESS);
     }
+    let turns = match (p.folds_from_turn, p.boundary) {
+        (a, b) if a == b => format!("turn {a}"),
+        (a, b) => format!("turns {a} to {b}"),
+    };
     println!(
-        "would fold turns {}..={}{} into one summary (nothing written)",
-        p.folds_from_turn,
-        p.boundary,
-        p.previous_compaction.map_or(String::new(), |id| format!(
-            " and compaction {id}'s summary"
-        ))
+        "would fold {turns}{} into one summary (nothing written)",
+        if p.previous_compaction.is_some() {
+            " and the previous summary"
+        } else {
+            ""
+        }
     );
     println!(
         "tokens: {} before, about {} after (offline summariser; the summary is capped at {} chars plus the pinned facts)",

@@ -129,10 +129,14 @@ pub async fn prune(args: PruneArgs) -> Result<ExitCode, Failure> {
         if args.json {
             print_json(&idle);
         } else {
+            let now = abridge::store::now_ms();
             for s in &idle {
                 println!(
-                    "would delete session {} (id {}), idle since {} ms",
-                    s.external_id, s.session_id, s.last_activity
+                    "would delete session {} (id {}), idle for {}, since {}",
+                    s.external_id,
+                    s.session_id,
+                    abridge::text::human_duration_ms(now - s.last_activity),
+                    crate::common::utc(s.last_activity),
                 );
             }
             println!("{} sessions idle for {}", idle.len(), args.idle_for);

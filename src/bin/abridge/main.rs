@@ -127,6 +127,10 @@ enum Cmd {
     #[command(after_help = "Example:\n  abridge verify --db abridge-demo.db --json")]
     Verify(verify::Args),
     /// Migrate a store written by an older abridge to this build's schema.
+    #[command(
+        after_help = "Examples:\n  abridge upgrade --db agent.db\n  abridge upgrade --db postgres://postgres@127.0.0.1/agents?schema=team_a\n\n\
+        A file or a PostgreSQL store is upgraded in one transaction; the store opens as it was if any step fails."
+    )]
     Upgrade(upgrade::Args),
 }
 
@@ -189,12 +193,22 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => e.exit(),
         Err(e) => {
-            // One line, like every other error; --help has the rest.
+            // One line, like every other error; --help has the rest. What
+            // clap says before its usage (the first line, and for a missing
+            // argument the lines naming it) is kept.
             let text = e.to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments");
+            let said: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .take_while(|l| !l.is_empty() && !l.starts_with("Usage:"))
+                .collect();
+            let said = match said.join(" ") {
+                s if s.is_empty() => "invalid arguments".to_string(),
+                s => s,
+            };
             eprintln!(
                 "abridge: error: {} (see --help)",
-                first.trim_start_matches("error: ")
+                said.trim_start_matches("error: ")
             );
             return ExitCode::from(2);
         }
