@@ -354,7 +354,7 @@ mod encrypted {
         );
         let store = Store::open_with(&image, keyed(&key)).unwrap();
         let turns: i64 = store
-            .with_conn(|c| Ok(c.query_row("SELECT count(*) FROM turns", [], |r| r.get(0))?))
+            .with_conn(|c| c.query_row("SELECT count(*) FROM turns", [], |r| r.get(0)))
             .unwrap();
         assert_eq!(turns, 3);
     }
@@ -401,7 +401,7 @@ mod encrypted {
         let _ = std::fs::remove_file(format!("{}-shm", image.display()));
         let store = Store::open_with(&image, keyed(&new)).unwrap();
         let turns: i64 = store
-            .with_conn(|c| Ok(c.query_row("SELECT count(*) FROM turns", [], |r| r.get(0))?))
+            .with_conn(|c| c.query_row("SELECT count(*) FROM turns", [], |r| r.get(0)))
             .unwrap();
         assert_eq!(turns, 3);
         common::assert_verified(&store);
@@ -487,7 +487,11 @@ fn the_first_keyed_opens_of_a_process_made_at_once_all_succeed() {
     let exe = std::env::current_exe().unwrap();
     let child = || {
         Command::new(&exe)
-            .args(["--exact", "first_keyed_opens_child", "--ignored"])
+            .args([
+                "--exact",
+                "encryption::first_keyed_opens_child",
+                "--ignored",
+            ])
             .args(["--nocapture", "--test-threads=1"])
             .env("ABRIDGE_FIRST_OPENS_DB", &db)
             .stdout(std::process::Stdio::piped())
