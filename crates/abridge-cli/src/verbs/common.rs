@@ -1,0 +1,156 @@
+//! What every verb shares: the error type that names a session as typed,
+//! and output helpers.
+
+use abridge::store::Connection;
+use abridge::store::Location;
+use abridge::store::{Key, StoreOptions};
+use abridge::{Error, Store};
+
+/// An error of a verb, with the session as the user typed it when the verb
+/// was about one (errors never show a session by its row id alone).
+pub struct Failure {
+    session: Option<String>,
+    error: Error,
+}
+
+impl Failure {
+    pub fn session(typed: &str, error: Error) -> Failure {
+        Failure {
+            session: Some(typed.to_string()),
+            error,
+        }
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Failure {
+        Failure {
+            session: None,
+            error,
+        }
+    }
+}
+
+impl From<serde_json::Error> for Failure {
+    fn from(e: serde_json::Error) -> Failure {
+        Error::from(e).into()
+    }
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(e: std::io::Error) -> Failure {
+        Error::from(e).into()
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.session, &self.error) {
+            // These name the key as typed already.
+            (_, Error::UnknownSession(_) | Error::AmbiguousSession { .. }) | (None, _) => {
+                write!(f, "{}", self.error)
+            }
+            (Some(s), e) => write!(f, "session {s}: {e}"),
+        }
+    }
+}
+
+/// Fails unless a database file is at `db` (a verb that must not create one);
+/// for a PostgreSQL URL, unless its schema holds a store.
+pub fn must_exist(db: &Location) -> abridge::Result<()> {
+    let db = match db {
+        Location::Postgres(_) => return abridge::store::read_only_version(db).map(|_| ()),
+        Location::File(path) => path,
+    };
+    abridge::store::check_path(db)?;
+    if db.exists() {
+        Ok(())
+    } else {
+        Err(Error::NotFound { path: db.into() })
+    }
+}
+
+pub fn print_json(v: &impl serde::Serialize) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+/// The model of the verbs that only summarise (`compact`, `serve`, with the
+/// offline summariser): they never run a step. Holds the verb's name.
+pub struct NoModel(pub &'static str);
+
+#[abridge::async_trait]
+impl abridge::ModelClient for NoModel {
+    async fn complete(
+        &self,
+        _: &abridge::ModelRequest,
+    ) -> Result<abridge::ModelResponse, abridge::ModelError> {
+        Err(abridge::ModelError::Permanent(format!(
+            "abridge {} runs no model steps",
+            self.0
+        )))
+    }
+}
+
+/// One line for a compaction a verb made or finished: `compaction ID of
+/// session EXT up to turn B: STATUS (tokens A -> B, N pinned facts carried)`.
+pub fn compaction_line(row: &abridge::store::CompactionRow, session: &str) -> String {
+    format!(
+        "compaction {} of session {} up to turn {}: {} (tokens {} -> {}, {} pinned facts carried)",
+        row.id,
+        session,
+        row.up_to_turn_index,
+        row.status,
+        row.tokens_before.unwrap_or(0),
+        row.tokens_after.unwrap_or(0),
+        row.pins_live.unwrap_or(0),
+    )
+}
+
+/// The environment variable holding an encrypted store's key.
+pub const KEY_VAR: &str = "ABRIDGE_KEY";
+
+/// The environment variable holding the key `abridge rekey` gives the copy.
+pub const NEW_KEY_VAR: &str = "ABRIDGE_NEW_KEY";
+
+/// The key of an encrypted store, from `ABRIDGE_KEY` (a passphrase, or
+/// `x'` and 64 hex digits and `'` for a raw key); None when it is unset or
+/// empty. Read from the environment, not a flag, so it is in neither the
+/// shell's history nor the process list.
+pub fn key() -> abridge::Result<Option<Key>> {
+    key_from(KEY_VAR)
+}
+
+/// A key from the environment variable `var` (see [`key`]).
+pub fn key_from(var: &str) -> abridge::Result<Option<Key>> {
+    match std::env::var(var) {
+        Ok(k) if !k.is_empty() => Ok(Some(Key::passphrase(k)?)),
+        Ok(_) | Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err(Error::Config(format!("{KEY_VAR} is not valid UTF-8")))
+        }
+    }
+}
+
+/// Opens (creating if missing) the store at `db`, with the key of `ABRIDGE_KEY`.
+pub fn open_store(db: &Location) -> abridge::Result<Store> {
+    let opts = match key()? {
+        Some(k) => StoreOptions::default().with_key(k),
+        None => StoreOptions::default(),
+    };
+    Store::open_with(db, opts)
+}
+
+/// [`abridge::store::read_only`], with the key of `ABRIDGE_KEY`.
+pub fn read_only<T>(
+    db: &Location,
+    read: impl FnMut(&Connection) -> abridge::Result<T>,
+) -> abridge::Result<T> {
+    abridge::store::read_only_keyed(db, key()?.as_ref(), read)
+}
+
+/// A time in ms since the epoch as the UTC date and time, to the second
+/// (`2026-11-28T14:02:11Z`).
+pub fn utc(ms: i64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_seconds(t).to_string()
+}

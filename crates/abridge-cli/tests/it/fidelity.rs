@@ -1,0 +1,726 @@
+//! G8 and what summaries keep: pinned facts, the guard, supersession, the
+//! fidelity workload's targets.
+
+use crate::common;
+
+use abridge::compaction::{ExtractiveSummariser, Summariser, SummaryRequest, SummaryResponse};
+use abridge::pins::{Fact, FactKind};
+use abridge::{
+    CompactionConfig, EventKind, FaultPoint, ModelClient, ModelError, ModelRequest, ModelResponse,
+    ResponseBlock, Runner, RunnerConfig, Store, Threshold, Tool, ToolCall, ToolError, ToolSpec,
+    Tools, Usage,
+};
+use abridge_testkit::fidelity::{self, Which};
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The test that fails without the guard: a summariser that keeps 300
+/// characters, one that ignores the previous summary, and the offline one
+/// all leave every fact in view at the last step after many compactions,
+/// and `verify` (G8 included) passes. Without the guard the same lossy runs
+/// lose most facts (asserted, so the workload can tell).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g8_the_guard_keeps_every_fact_whatever_the_summariser() {
+    for which in Which::ALL {
+        let (_d, path) = common::temp_db();
+        let o = fidelity::run(&path, which, true).await.unwrap();
+        assert!(
+            o.compactions >= 10,
+            "{which:?}: {} compactions",
+            o.compactions
+        );
+        assert_eq!(o.visible, o.facts, "{which:?} lost {:?}", o.lost);
+        // The ids from tools are mentioned in passing: the newest
+        // `pins_window` (100) of them stay live, older ones leave.
+        assert!(
+            o.tool_ids_visible >= 100.min(o.tool_ids),
+            "{which:?}: {}/{} ids from tools visible",
+            o.tool_ids_visible,
+            o.tool_ids
+        );
+        assert!(o.verified, "{which:?}: verify failed");
+    }
+    for which in [Which::Lossy, Which::IgnoresPrevious] {
+        let (_d, path) = common::temp_db();
+        let o = fidelity::run(&path, which, false).await.unwrap();
+        assert!(
+            o.visible_share() < 0.5,
+            "{which:?} without the guard kept {}/{}: the workload no longer tells",
+            o.visible,
+            o.facts
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_offline_summariser_keeps_nine_facts_in_ten_with_their_sentence_without_the_guard() {
+    let (_d, path) = common::temp_db();
+    let o = fidelity::run(&path, Which::Offline, false).await.unwrap();
+    assert!(o.compactions >= 10, "{} compactions", o.compactions);
+    assert!(
+        o.sentence_share() >= 0.9,
+        "{}/{} with their sentence; lost {:?}",
+        o.with_sentence,
+        o.facts,
+        o.lost
+    );
+}
+
+/// Answers every turn with one sentence; a turn asking for "logs" calls the
+/// `logs` tool first.
+struct Plain;
+
+#[abridge::async_trait]
+impl ModelClient for Plain {
+    async fn complete(&self, req: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        let last = serde_json::to_string(&req.messages.last().unwrap().content).unwrap();
+        let block = if last.contains("logs please") {
+            ResponseBlock::ToolUse {
+                id: "l1".into(),
+                name: "logs".into(),
+                input: json!({}),
+                raw_input: None,
+            }
+        } else {
+            ResponseBlock::Text {
+                text: "Noted, thank you.".into(),
+            }
+        };
+        Ok(ModelResponse {
+            blocks: vec![block],
+            usage: Usage::default(),
+            ..Default::default()
+        })
+    }
+}
+
+/// 12,000 chars of log whose last lines name failed transactions: far past
+/// the 2,000-char cap a summariser's transcript puts on a tool result.
+struct Logs;
+
+#[abridge::async_trait]
+impl Tool for Logs {
+    async fn call(&self, _: &ToolCall) -> Result<Value, ToolError> {
+        let mut s = "ok line of no interest\n".repeat(520);
+        for i in 0..3 {
+            s.push_str(&format!("failed txn=tx_late_{i}9\n"));
+        }
+        Ok(Value::String(s))
+    }
+}
+
+/// A summariser that keeps nothing but a fixed sentence.
+struct Forgets;
+
+#[abridge::async_trait]
+impl Summariser for Forgets {
+    async fn summarise(&self, _: &SummaryRequest) -> Result<SummaryResponse, ModelError> {
+        Ok(SummaryResponse {
+            text: "The user talked about an order.".into(),
+            usage: Usage::default(),
+        })
+    }
+}
+
+fn runner(store: &Store, summariser: Arc<dyn Summariser>, cfg: CompactionConfig) -> Runner {
+    runner_with_logs(store, Logs, summariser, cfg)
+}
+
+/// The `Plain` model with `tool` as its `logs` tool.
+fn runner_with_logs(
+    store: &Store,
+    tool: impl Tool + 'static,
+    summariser: Arc<dyn Summariser>,
+    cfg: CompactionConfig,
+) -> Runner {
+    let spec = ToolSpec {
+        name: "logs".into(),
+        description: "logs".into(),
+        input_schema: json!({"type": "object"}),
+    };
+    Runner::builder(store.clone(), Arc::new(Plain))
+        .tools(Tools::new().idempotent(spec, tool))
+        .summariser_arc(summariser)
+        .config(RunnerConfig::default().with_owner("fidelity-test"))
+        .compaction(cfg)
+        .build()
+        .unwrap()
+}
+
+/// `input` with background text that states no fact, so that a turn is
+/// large enough for its summary (and the pinned facts) to shrink it (G7).
+fn padded(input: &str) -> String {
+    format!(
+        "{input} {}",
+        "here is some more background about the weather and the garden, nothing of note. "
+            .repeat(8)
+    )
+}
+
+/// A new session of `r` that has run `inputs`, each padded, as its turns.
+async fn padded_session(r: &Runner, inputs: &[&str]) -> abridge::store::SessionRow {
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    for input in inputs {
+        r.run_turn(s.id, &padded(input)).await.unwrap();
+    }
+    s
+}
+
+fn small_threshold() -> CompactionConfig {
+    CompactionConfig::default().with_compact_at(Threshold::Tokens(150))
+}
+
+async fn newest_summary(store: &Store, sid: abridge::SessionId) -> abridge::store::CompactionRow {
+    store
+        .compactions(sid)
+        .await
+        .unwrap()
+        .into_iter()
+        .rev()
+        .find(|c| c.status == abridge::store::CompactionStatus::Completed)
+        .expect("a completed compaction")
+}
+
+#[tokio::test]
+async fn a_newer_value_supersedes_the_older_one_and_the_block_says_so() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(common::db_for(&path)).unwrap();
+    let r = runner(&store, Arc::new(Forgets), small_threshold());
+    let s = padded_session(
+        &r,
+        &[
+            "My budget is 1,000 EUR.",
+            "Please change my budget to 1,250 EUR.",
+            "That is all for now, thanks a lot for your help with this.",
+            "One more thing: nothing else, just saying hello again today.",
+        ],
+    )
+    .await;
+    let pins = store.pins(s.id).await.unwrap();
+    let budget: Vec<_> = pins
+        .iter()
+        .filter(|p| p.slot.as_deref() == Some("budget"))
+        .collect();
+    assert_eq!(budget.len(), 2, "{pins:#?}");
+    assert_eq!(budget[1].supersedes, Some(budget[0].id));
+    let live = store
+        .with_conn(move |c| {
+            abridge::inspect::live_pins(c, s.id, i64::MAX, abridge::pins::DEFAULT_PINS_WINDOW)
+        })
+        .unwrap();
+    assert!(live.iter().any(|p| p.value == "1,250 EUR"));
+    assert!(!live.iter().any(|p| p.value == "1,000 EUR"), "{live:#?}");
+    let row = newest_summary(&store, s.id).await;
+    let summary = row.summary.unwrap();
+    assert!(
+        summary.contains("- [turn 1] budget: 1,250 EUR (replaces 1,000 EUR)"),
+        "{summary}"
+    );
+    assert!(summary.starts_with("The user talked about an order."));
+    assert!(row.pins_added.unwrap() >= 1);
+    common::assert_all_steps_rebuild(&store);
+}
+
+#[tokio::test]
+async fn a_host_pin_is_carried_by_the_next_compaction() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(common::db_for(&path)).unwrap();
+    let r = runner(&store, Arc::new(Forgets), small_threshold());
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    r.run_turn(s.id, &padded("hello there")).await.unwrap();
+    let at = r
+        .pin(s.id, Fact::host(Some("gift wrap"), "wrap it in blue paper"))
+        .await
+        .unwrap();
+    assert_eq!(at, 1, "counts as stated before the next turn");
+    assert!(r.pin(s.id, Fact::host(None, "  ")).await.is_err());
+    for _ in 0..3 {
+        r.run_turn(s.id, &padded("and some more")).await.unwrap();
+    }
+    let row = newest_summary(&store, s.id).await;
+    assert!(row.up_to_turn_index >= 1);
+    assert!(row
+        .summary
+        .unwrap()
+        .contains("gift wrap: wrap it in blue paper"),);
+    let pins = store.pins(s.id).await.unwrap();
+    assert!(pins.iter().any(|p| p.kind == FactKind::Host));
+}
+
+/// Pins are written in the transaction that finishes the turn: a crash just
+/// before it leaves none, and the resumed turn writes each once.
+#[tokio::test]
+async fn facts_are_pinned_once_in_the_transaction_that_finishes_the_turn() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(common::db_for(&path)).unwrap();
+    let crashing = Runner::builder(store.clone(), Arc::new(Plain))
+        .config(RunnerConfig::default().with_owner("crashing"))
+        .fault_hook(common::fail_at(FaultPoint::BeforeStepComplete, 1))
+        .build()
+        .unwrap();
+    let s = crashing.create_session("s", "gpt-4o", "sys").await.unwrap();
+    let err = crashing
+        .run_turn(s.id, "My e-mail is ana@example.org.")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, abridge::Error::Injected(_)), "{err}");
+    assert!(store.pins(s.id).await.unwrap().is_empty());
+    let turn = store.turns(s.id).await.unwrap().remove(0);
+    let fresh = Runner::builder(store.clone(), Arc::new(Plain))
+        .config(RunnerConfig::default().with_owner("crashing"))
+        .build()
+        .unwrap();
+    fresh.resume_turn(turn.id).await.unwrap();
+    let pins = store.pins(s.id).await.unwrap();
+    assert_eq!(
+        pins.iter().filter(|p| p.value == "ana@example.org").count(),
+        1,
+        "{pins:#?}"
+    );
+}
+
+#[tokio::test]
+async fn ids_past_the_tool_result_cap_are_pinned_and_carried() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(common::db_for(&path)).unwrap();
+    let r = runner(&store, Arc::new(ExtractiveSummariser), small_threshold());
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    r.run_turn(s.id, "logs please").await.unwrap();
+    for _ in 0..2 {
+        r.run_turn(s.id, &padded("thanks")).await.unwrap();
+    }
+    let pins = store.pins(s.id).await.unwrap();
+    let summary = newest_summary(&store, s.id).await.summary.unwrap();
+    for i in 0..3 {
+        let id = format!("tx_late_{i}9");
+        assert!(pins.iter().any(|p| p.value == id), "{id} not pinned");
+        assert!(summary.contains(&id), "{id} not carried: {summary}");
+    }
+}
+
+#[tokio::test]
+async fn pins_over_budget_are_all_kept_and_reported() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(common::db_for(&path)).unwrap();
+    let mut cfg = small_threshold();
+    cfg.pins_budget_chars = 40;
+    let r = runner(&store, Arc::new(Forgets), cfg);
+    let mut events = r.subscribe();
+    let s = padded_session(
+        &r,
+        &[
+            "My order number is ORD-1 and my postal code is 75001.",
+            "Send it to ana@example.org and bill FR-776-AB please.",
+            "Nothing else for today, thank you very much for your help.",
+            "Bye for now, I will come back tomorrow with more questions.",
+        ],
+    )
+    .await;
+    let summary = newest_summary(&store, s.id).await.summary.unwrap();
+    for v in ["ORD-1", "75001", "ana@example.org", "FR-776-AB"] {
+        assert!(summary.contains(v), "{v} dropped: {summary}");
+    }
+    let mut over = 0;
+    while let Ok(e) = events.try_recv() {
+        if let EventKind::PinsOverBudget { chars, budget, .. } = e.kind {
+            assert!(chars > budget);
+            over += 1;
+        }
+    }
+    assert!(over >= 1, "no PinsOverBudget event");
+}
+
+/// Records its requests; answers without the facts the first time and with
+/// whatever it is asked to include the second.
+struct Reasked {
+    calls: AtomicUsize,
+    requests: Mutex<Vec<SummaryRequest>>,
+}
+
+#[abridge::async_trait]
+impl Summariser for Reasked {
+    async fn summarise(&self, r: &SummaryRequest) -> Result<SummaryResponse, ModelError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.requests.lock().unwrap().push(r.clone());
+        let text = if r.rules.contains("leaves out facts") {
+            format!(
+                "{} Also: ORD-77 and 90210.",
+                r.previous.clone().unwrap_or_default()
+            )
+        } else {
+            "The user has an order.".to_string()
+        };
+        Ok(SummaryResponse {
+            text,
+            usage: Usage::default(),
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_summariser_is_asked_once_more_for_the_facts_it_left_out() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(common::db_for(&path)).unwrap();
+    let mut cfg = small_threshold();
+    cfg.reask_missing_pins = true;
+    let summariser = Arc::new(Reasked {
+        calls: AtomicUsize::new(0),
+        requests: Mutex::default(),
+    });
+    let r = runner(&store, summariser.clone(), cfg);
+    let s = padded_session(
+        &r,
+        &[
+            "My order number is ORD-77 and my postal code is 90210.",
+            "Nothing else for today, thank you very much for your help.",
+        ],
+    )
+    .await;
+    let row = newest_summary(&store, s.id).await;
+    assert_eq!(
+        row.summary.as_deref(),
+        Some("The user has an order. Also: ORD-77 and 90210.")
+    );
+    assert_eq!(row.pins_added, Some(0), "the second answer carried both");
+    assert_eq!(row.summary_calls, 2);
+    let reqs = summariser.requests.lock().unwrap();
+    assert!(reqs[1].rules.contains("ORD-77") && reqs[1].rules.contains("90210"));
+}
+
+/// `verify` catches a completed summary that lacks a live pin (written past
+/// the guard, with the schema's protections lifted).
+#[tokio::test]
+async fn verify_reports_a_summary_that_lost_a_pin() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(common::db_for(&path)).unwrap();
+    let r = runner(&store, Arc::new(Forgets), small_threshold());
+    let s = padded_session(
+        &r,
+        &[
+            "My loyalty card is LC-4471-XZ.",
+            "Nothing else for today, thank you very much for your help.",
+        ],
+    )
+    .await;
+    let row = newest_summary(&store, s.id).await;
+    let report = store.verify(Vec::new()).await.unwrap();
+    let g8 = report
+        .checks
+        .iter()
+        .find(|c| c.name.starts_with("G8"))
+        .unwrap();
+    assert!(g8.ok && g8.checked >= 1, "{g8:?}");
+    drop(r);
+    store
+        .with_conn(move |c| {
+            c.execute_batch(if common::on_postgres() {
+                "DROP TRIGGER compactions_completed_never_change ON compactions"
+            } else {
+                "DROP TRIGGER compactions_completed_never_change"
+            })?;
+            let text = "The user talked about an order.";
+            c.execute(
+                "UPDATE compactions SET summary = ?1, summary_sha256 = ?2 WHERE id = ?3",
+                (text, abridge::message::sha256_hex(text.as_bytes()), row.id),
+            )?;
+            Ok(())
+        })
+        .unwrap();
+    let report = store.verify(Vec::new()).await.unwrap();
+    let g8 = report
+        .checks
+        .iter()
+        .find(|c| c.name.starts_with("G8"))
+        .unwrap();
+    assert!(!g8.ok);
+    assert!(g8.violations[0].contains("LC-4471-XZ"), "{g8:?}");
+}
+
+/// The documented target (docs/fidelity.md, "No thrash"): the first step
+/// after a compaction sends at most 60% of the threshold; after one made in
+/// the background (read a turn or more later, with the turns that ran while
+/// it was made), less than the soft threshold (80%), so that reading it does
+/// not start the next one. Every compaction of the demo workload (3 sessions
+/// x 40 turns, threshold 4,000, background compaction on) meets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_compaction_of_the_demo_leaves_the_context_under_the_target() {
+    let (_d, path) = common::temp_db();
+    let opts = abridge_testkit::demo::DemoOptions {
+        db: common::db_for(&path),
+        ..Default::default()
+    };
+    let report = abridge_testkit::demo::run_demo(&opts, |_| {})
+        .await
+        .unwrap();
+    assert!(report.compactions_completed >= 10);
+    let threshold = 4_000;
+    let store = Store::open(common::db_for(&path)).unwrap();
+    // (A summary made in the background after the session's last turn has
+    // no step that read it.)
+    let after: Vec<(i64, bool, Option<i64>)> = store
+        .with_conn(|c| {
+            let mut st = c.prepare(
+                "SELECT c.id, c.background, (SELECT s.context_tokens FROM steps s \
+                 WHERE s.compaction_id = c.id ORDER BY s.id LIMIT 1) \
+                 FROM compactions c WHERE c.status = 'completed'",
+            )?;
+            let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+        .unwrap();
+    let mut background = 0;
+    for (id, in_background, tokens) in after {
+        let Some(tokens) = tokens else { continue };
+        let share = if in_background { 80 } else { 60 };
+        background += usize::from(in_background);
+        assert!(
+            tokens * 100 < threshold * share || (!in_background && tokens * 100 == threshold * 60),
+            "compaction {id}: the next step sent {tokens} tokens, over {share}% of {threshold}"
+        );
+    }
+    assert!(background > 0, "the demo compacts in the background");
+    let report = store.verify(Vec::new()).await.unwrap();
+    assert!(report.notes.is_empty(), "{:?}", report.notes);
+}
+
+/// Writes a summary close to the threshold: every compaction leaves no room.
+struct Bloated;
+
+#[abridge::async_trait]
+impl Summariser for Bloated {
+    async fn summarise(&self, r: &SummaryRequest) -> Result<SummaryResponse, ModelError> {
+        Ok(SummaryResponse {
+            text: "background without any detail. ".repeat(r.max_chars / 32),
+            usage: Usage::default(),
+        })
+    }
+}
+
+#[tokio::test]
+async fn compacting_in_consecutive_turns_is_reported_by_an_event_and_verify() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(common::db_for(&path)).unwrap();
+    let mut cfg = CompactionConfig::default()
+        .with_compact_at(Threshold::Tokens(400))
+        .with_background(None);
+    cfg.max_summary_share = Some(1.0);
+    let r = runner(&store, Arc::new(Bloated), cfg);
+    let mut events = r.subscribe();
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    for _ in 0..6 {
+        r.run_turn(s.id, &padded("more")).await.unwrap();
+    }
+    let mut often = 0;
+    while let Ok(e) = events.try_recv() {
+        if let EventKind::CompactingOften {
+            boundary,
+            previous_boundary,
+        } = e.kind
+        {
+            assert_eq!(boundary, previous_boundary + 1);
+            often += 1;
+        }
+    }
+    assert!(often >= 2, "{often} CompactingOften events");
+    let report = store.verify(Vec::new()).await.unwrap();
+    assert!(report.ok, "no guarantee is broken");
+    assert_eq!(report.notes.len(), 1, "{:?}", report.notes);
+    assert!(report.notes[0].contains("one turn after the previous one"));
+}
+
+/// `keep_recent_tokens` keeps the newest turns whose stored text fits it,
+/// beside `keep_last_turns`, and the same boundary at every step of a turn.
+#[tokio::test]
+async fn keep_recent_tokens_keeps_the_newest_turns_that_fit() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(common::db_for(&path)).unwrap();
+    // A padded turn stores ~690 chars of input and 17 of answer: ~180 tokens.
+    let cfg = CompactionConfig::default()
+        .with_compact_at(Threshold::Tokens(700))
+        .with_keep_recent_tokens(400)
+        .with_background(None); // read by the step that claimed it
+    let r = runner(&store, Arc::new(ExtractiveSummariser), cfg);
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    for _ in 0..8 {
+        r.run_turn(s.id, &padded("more")).await.unwrap();
+    }
+    let rows = store.compactions(s.id).await.unwrap();
+    assert!(!rows.is_empty());
+    let turns = store.turns(s.id).await.unwrap();
+    for c in &rows {
+        // The step that claimed it ran in some turn t; turns b+1..t-1 (two of
+        // ~180 tokens) stayed verbatim.
+        let readers = store
+            .with_conn({
+                let id = c.id;
+                move |conn| {
+                    conn.query_row(
+                        "SELECT min(t.idx) FROM steps s JOIN turns t ON t.id = s.turn_id \
+                         WHERE s.compaction_id = ?1",
+                        [id],
+                        |r| r.get::<_, i64>(0),
+                    )
+                }
+            })
+            .unwrap();
+        assert_eq!(
+            readers - c.up_to_turn_index,
+            3,
+            "compaction up to {} first read in turn {readers} ({} turns)",
+            c.up_to_turn_index,
+            turns.len()
+        );
+    }
+}
+
+/// The pins live at a boundary are read through an index: a slot changed in
+/// every one of 300 turns costs the read no more than one changed 30 times
+/// (SQLite virtual-machine steps, counted by a progress handler).
+#[tokio::test]
+async fn reading_the_live_pins_does_not_walk_every_value_a_slot_had() {
+    let (_d, path) = common::temp_db();
+    // SQLite's virtual machine steps are what it counts: an SQLite store.
+    let store = Store::open(&path).unwrap();
+    let r = Runner::builder(store.clone(), Arc::new(Plain))
+        .config(RunnerConfig::default().with_owner("slots"))
+        .compaction(CompactionConfig::default().with_compact_at(Threshold::Off))
+        .build()
+        .unwrap();
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    let cost = |store: &Store| {
+        let sid = s.id;
+        store
+            .with_conn(move |c| {
+                let steps = Arc::new(AtomicUsize::new(0));
+                let counter = steps.clone();
+                c.as_sqlite().unwrap().progress_handler(
+                    10,
+                    Some(move || {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        false
+                    }),
+                )?;
+                let live = abridge::inspect::live_pins(
+                    c,
+                    sid,
+                    i64::MAX,
+                    abridge::pins::DEFAULT_PINS_WINDOW,
+                )?;
+                c.as_sqlite()
+                    .unwrap()
+                    .progress_handler(0, None::<fn() -> bool>)?;
+                assert_eq!(
+                    live.iter()
+                        .filter(|p| p.slot.as_deref() == Some("size"))
+                        .count(),
+                    1
+                );
+                Ok(steps.load(Ordering::SeqCst))
+            })
+            .unwrap()
+    };
+    let mut at_30 = 0;
+    for t in 0..300 {
+        r.run_turn(s.id, &format!("My size is EU {t}."))
+            .await
+            .unwrap();
+        if t == 29 {
+            at_30 = cost(&store);
+            assert!(at_30 > 0);
+        }
+    }
+    let at_300 = cost(&store);
+    assert!(
+        at_300 <= at_30 + 2,
+        "reading the live pins took {at_300} progress ticks at 300 values, {at_30} at 30"
+    );
+}
+
+/// Numbers each call: a new id every time.
+struct Counter(AtomicUsize);
+
+#[abridge::async_trait]
+impl Tool for Counter {
+    async fn call(&self, _: &ToolCall) -> Result<Value, ToolError> {
+        let n = self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(Value::String(format!("created ticket TK-{n:04}X")))
+    }
+}
+
+/// Facts found in tool results stay live only while among the newest
+/// `pins_window`: a tool-heavy session keeps a bounded summary, the newest
+/// ids are carried, older ones leave, and G8 (checked against the window the
+/// compaction recorded) holds.
+#[tokio::test]
+async fn facts_mentioned_in_passing_are_live_within_a_window_so_the_summary_stays_bounded() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(common::db_for(&path)).unwrap();
+    let mut cfg = small_threshold();
+    cfg.pins_window = 3;
+    let r = runner_with_logs(&store, Counter(AtomicUsize::new(0)), Arc::new(Forgets), cfg);
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    r.run_turn(s.id, &padded("My loyalty card is LC-4471-XZ."))
+        .await
+        .unwrap();
+    for _ in 0..12 {
+        r.run_turn(s.id, &padded("logs please")).await.unwrap();
+    }
+    let row = newest_summary(&store, s.id).await;
+    assert_eq!(row.pins_window, Some(3));
+    let summary = row.summary.unwrap();
+    assert!(
+        summary.contains("LC-4471-XZ"),
+        "the user's fact stays: {summary}"
+    );
+    let newest = row.up_to_turn_index as usize; // one ticket per turn 1..
+    for n in (newest - 3)..newest {
+        assert!(
+            summary.contains(&format!("TK-{n:04}X")),
+            "TK-{n:04}X: {summary}"
+        );
+    }
+    assert!(!summary.contains("TK-0000X"), "an old id stayed: {summary}");
+    let report = store.verify(Vec::new()).await.unwrap();
+    assert!(report.ok, "{report:#?}");
+}
+
+/// 2 MB of tool result listing 150,000 ids.
+struct Flood;
+
+#[abridge::async_trait]
+impl Tool for Flood {
+    async fn call(&self, _: &ToolCall) -> Result<Value, ToolError> {
+        let ids: Vec<String> = (0..150_000).map(|i| format!("id{i:06}x")).collect();
+        Ok(Value::String(ids.join(" ")))
+    }
+}
+
+/// A tool result listing 150,000 ids pins at most `MAX_PINS_PER_TURN` of
+/// them, the user's facts first; the turn completes and verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_ids_in_one_result_pins_a_bounded_number() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(common::db_for(&path)).unwrap();
+    let r = runner_with_logs(
+        &store,
+        Flood,
+        Arc::new(ExtractiveSummariser),
+        CompactionConfig::default().with_compact_at(Threshold::Off),
+    );
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    r.run_turn(s.id, "My e-mail is ana@example.org, logs please")
+        .await
+        .unwrap();
+    let pins = store.pins(s.id).await.unwrap();
+    assert_eq!(
+        pins.len(),
+        1_000,
+        "MAX_PINS_PER_TURN: {:?}",
+        pins.iter()
+            .filter(|p| p.source != abridge::pins::FactSource::Tool)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(pins[0].value, "ana@example.org");
+    assert!(store.verify(Vec::new()).await.unwrap().ok);
+}

@@ -1,0 +1,26 @@
+//! What abridge's command, test suites and benchmarks run on top of the
+//! engine. Not published; nothing here is part of the engine's API.
+//!
+//! - [`demo`]: the deterministic customer-support workload behind
+//!   `abridge demo` (its scripted model, tools and summariser).
+//! - [`demo_tables`]: the demo's own host tables (the effects its tools
+//!   apply) and the effect check `verify` runs on them.
+//! - [`chaos`] (Unix): the kill/race/fault harness behind `abridge chaos`,
+//!   with the deliberately broken runners of the `broken-*` features.
+//! - [`fidelity`]: the workload measuring what summaries keep.
+//! - [`seed`]: bulk history for benchmarks, written as a runner would have.
+//! - [`sabotage`]: which deliberately broken behaviour this build's runners
+//!   have (none unless a `broken-*` feature is on).
+
+#![warn(missing_docs)]
+
+#[cfg(unix)]
+pub mod chaos;
+pub mod demo;
+pub mod demo_tables;
+pub mod fidelity;
+pub mod sabotage;
+
+/// Bulk history for benchmarks, written as a runner would have (the
+/// engine's, under its `testing` feature: it writes rows as the engine does).
+pub use abridge::testing::seed;
