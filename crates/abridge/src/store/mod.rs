@@ -32,68 +32,83 @@
 //! This file holds the [`Store`] itself: options, opening, the blocking
 //! bridge.
 
-mod audit;
-mod compactions;
-mod db;
-mod erasures;
-mod history;
-mod inline;
-pub(crate) use inline::may_block;
-#[cfg(feature = "postgres")]
-mod dialect;
-mod invocations;
-mod key;
-mod leases;
+mod backend;
 mod location;
-pub use location::{is_url, Location};
-#[cfg(feature = "postgres")]
-pub(crate) mod pg;
-mod pins;
-mod pool;
-mod redactions;
-mod rows;
 mod schema;
-mod sessions;
 mod snapshot;
-mod steps;
-mod turns;
-mod tx;
+mod tables;
 
-pub use compactions::{ClaimOutcome, CompactionStats};
+// The rooms' modules, by the paths the engine names them with.
+pub(crate) use backend::{db, inline, key, pool, tx};
+#[cfg(feature = "postgres")]
+pub(crate) use backend::{dialect, pg};
+pub(crate) use tables::{history, leases, pins, rows, sessions, turns};
+
+// The backend.
 pub use db::{
     BackendKind, ColumnIndex, Connection, MappedRows, OptionalExtension, Params, Row, Rows,
     Savepoint, Statement, Transaction,
 };
-pub(crate) use erasures::*;
-pub use history::{HistoryStep, HistoryTurn};
-#[cfg(feature = "postgres")]
-pub use pg::SCHEMA_PG_SQL;
-pub(crate) use redactions::*;
-pub use redactions::{RedactedRows, RedactionMark, RedactionRecord, REDACTION_MARKER};
-pub use rows::*;
-
-pub(crate) use audit::*;
-pub use audit::{finished_turns, SessionCounts};
-pub(crate) use compactions::*;
-pub(crate) use history::*;
-pub(crate) use invocations::*;
+pub(crate) use inline::may_block;
 #[cfg(any(test, feature = "testing"))]
 pub(crate) use key::connect;
 pub(crate) use key::{apply_key, map_keyed_err, set_key};
 pub use key::{encryption_available, rekey_copy, Key};
-pub use leases::Lease;
-pub(crate) use leases::*;
-pub(crate) use pins::*;
+#[cfg(feature = "postgres")]
+pub use pg::SCHEMA_PG_SQL;
+pub(crate) use tx::{in_read_tx, write_tx};
+
+// Where a store lives, its schema, its read-only snapshots.
+pub use location::{is_url, Location};
 use schema::{check_file, map_open_err, migrate, retry_busy};
 pub use schema::{check_path, Migration, MIGRATIONS, PG_BASELINE, SCHEMA_SQL, SCHEMA_VERSION};
-pub(crate) use sessions::*;
 pub use snapshot::{
     open_read_only, open_read_only_keyed, read_only, read_only_keyed, read_only_version,
     read_only_version_keyed,
 };
-pub(crate) use steps::*;
-pub(crate) use turns::*;
-pub(crate) use tx::{in_read_tx, write_tx};
+
+// The tables: each family's rows, statements and functions.
+pub(crate) use tables::audit::{
+    all_compactions, duplicate_boundaries, executed_step_ids, integrity_check,
+    invocation_anomalies, invocation_count, session_counts, steps_reading_non_completed,
+};
+#[cfg(any(test, feature = "testing"))]
+pub(crate) use tables::audit::{background_totals, run_totals, summary_waits, takeovers};
+pub use tables::audit::{finished_turns, SessionCounts};
+pub(crate) use tables::compactions::{
+    claim_compaction, compaction_at, complete_compaction, enqueue_compaction, fail_compaction,
+    get_compaction, held_by_live_other, latest_completed, list_compactions, newest_pending,
+    note_compaction_error, pending_compactions, prefetch_compaction_at, prefetch_latest_completed,
+    renew_compaction_lease, retry_compaction, Claim,
+};
+pub use tables::compactions::{ClaimOutcome, CompactionStats};
+pub(crate) use tables::erasures::{checkpoint, deletions_left_behind, next_id, was_deleted};
+pub(crate) use tables::history::{load_history, load_range, prefetch_range};
+pub use tables::history::{HistoryStep, HistoryTurn};
+pub(crate) use tables::invocations::{
+    finish_invocation, list_invocations, run_transactional, start_invocation, NewInvocation,
+};
+pub use tables::leases::Lease;
+pub(crate) use tables::leases::{explain_lost, fenced_tx, renew_lease};
+pub(crate) use tables::pins::{list_pins, live_pins, pin_host_fact, pin_turn, prefetch_live_pins};
+pub(crate) use tables::redactions::{
+    input_before_redaction, list_redactions, prefetch_session_redaction, redaction_mark,
+    row_redacted, session_redaction,
+};
+pub use tables::redactions::{RedactedRows, RedactionMark, RedactionRecord, REDACTION_MARKER};
+pub use tables::rows::{
+    CompactionRow, CompactionStatus, Effect, InvocationRow, InvocationStatus, SessionRow, StepRow,
+    StepStatus, TurnRow, TurnStatus,
+};
+pub(crate) use tables::sessions::{create_session, find_session, get_session, list_sessions};
+pub(crate) use tables::steps::{
+    claim_step, complete_step, get_step, last_step, list_steps, step_read, write_response,
+    Responded,
+};
+pub(crate) use tables::turns::{
+    acquire_lease, begin_turn, fail_turn, get_turn, latest_context_tokens, list_turns,
+    prefetch_latest_context_tokens, recent_window_boundary, running_turns,
+};
 
 use crate::error::{Error, Result};
 use crate::ids::SessionId;

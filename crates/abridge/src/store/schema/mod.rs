@@ -9,7 +9,7 @@ use std::time::Duration;
 
 /// The schema of version 1, applied on first open; the numbered
 /// [`MIGRATIONS`] follow it.
-pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
+pub const SCHEMA_SQL: &str = include_str!("../../../schema.sql");
 
 /// One schema change after version 1: its SQLite form, its PostgreSQL form,
 /// and what runs after its SQL in the same transaction.
@@ -75,7 +75,7 @@ pub const MIGRATIONS: &[Migration] = &[
 /// `abridge_schema` stamp on PostgreSQL): the last migration's.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].version;
 
-pub(super) fn map_open_err(path: &Path, e: rusqlite::Error) -> Error {
+pub(crate) fn map_open_err(path: &Path, e: rusqlite::Error) -> Error {
     match e.sqlite_error_code() {
         Some(rusqlite::ErrorCode::NotADatabase) => Error::NotADatabase {
             path: path.to_path_buf(),
@@ -123,7 +123,7 @@ pub fn check_path(path: &Path) -> Result<()> {
 /// The version and the table count are read in one statement, so one snapshot:
 /// another process migrating the same new file in between cannot make it look
 /// like a foreign database.
-pub(super) fn check_file(conn: &Connection, path: &Path) -> Result<i64> {
+pub(crate) fn check_file(conn: &Connection, path: &Path) -> Result<i64> {
     let (version, tables, ours): (i64, i64, i64) = conn
         .query_row(
             "SELECT (SELECT user_version FROM pragma_user_version), \
@@ -150,7 +150,7 @@ pub(super) fn check_file(conn: &Connection, path: &Path) -> Result<i64> {
 }
 
 /// Retries `f` while SQLite says busy or locked, until `timeout` has passed.
-pub(super) fn retry_busy<T>(
+pub(crate) fn retry_busy<T>(
     timeout: Duration,
     mut f: impl FnMut() -> rusqlite::Result<T>,
 ) -> rusqlite::Result<T> {
@@ -170,7 +170,7 @@ pub(super) fn retry_busy<T>(
     }
 }
 
-pub(super) fn migrate(conn: &mut super::db::Connection, path: &Path) -> Result<()> {
+pub(crate) fn migrate(conn: &mut crate::store::db::Connection, path: &Path) -> Result<()> {
     let tx = conn.write_tx()?;
     // Re-check inside the write lock: another process may have migrated first.
     let version = check_file(tx.sqlite("the schema check")?, path)?;
@@ -188,10 +188,10 @@ pub(super) fn migrate(conn: &mut super::db::Connection, path: &Path) -> Result<(
 }
 
 /// Runs a migration's hook inside its transaction.
-pub(super) fn run_hook(conn: &super::db::Connection, hook: Option<Hook>) -> Result<()> {
+pub(crate) fn run_hook(conn: &crate::store::db::Connection, hook: Option<Hook>) -> Result<()> {
     match hook {
         None => Ok(()),
-        Some(Hook::BackfillPins) => super::pins::backfill(conn).map(|_| ()),
+        Some(Hook::BackfillPins) => crate::store::pins::backfill(conn).map(|_| ()),
     }
 }
 

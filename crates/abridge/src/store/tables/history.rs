@@ -3,9 +3,9 @@
 //! Three range queries, whatever the history's length: the turns, their
 //! completed steps, and those steps' finished tool invocations.
 
-use super::db::Connection;
 use crate::error::Result;
 use crate::ids::{SessionId, StepId, TurnId};
+use crate::store::db::Connection;
 use rusqlite::params;
 
 /// A completed step as the message builder sees it.

@@ -3,9 +3,9 @@
 //! makes freed bytes go. Deleting and pruning sessions is administration
 //! (`crate::admin::erase`).
 
-use super::db::Connection;
 use crate::error::Result;
 use crate::ids::SessionId;
+use crate::store::db::Connection;
 
 /// The SQL expression of the id a new row of `table` takes: past both its
 /// highest id and the floor of the newest erasure (floors only grow: each
@@ -29,7 +29,7 @@ pub(crate) use next_id;
 /// row versions' space is freed for reuse (the server's own write-ahead log
 /// and its retention are the server's to manage).
 pub(crate) fn checkpoint(conn: &Connection) -> Result<bool> {
-    if conn.kind() == super::BackendKind::Postgres {
+    if conn.kind() == crate::store::BackendKind::Postgres {
         conn.execute_batch(
             "VACUUM sessions, turns, steps, tool_invocations, compactions, pins, redacted_rows",
         )?;

@@ -881,15 +881,15 @@ pub(crate) fn get<T: FromSql>(row: &tokio_postgres::Row, i: usize) -> rusqlite::
     })
 }
 
-pub(crate) use super::dialect::translate;
+pub(crate) use crate::store::dialect::translate;
 
 /// Most prepared statements a connection keeps per cache (the engine's, a
 /// host's); a full cache is emptied, and its statements prepared again as
 /// they are next used.
 pub(crate) const STATEMENT_CACHE_CAP: usize = 256;
 
-/// The PostgreSQL schema at [`super::SCHEMA_VERSION`], applied at once.
-pub const SCHEMA_PG_SQL: &str = include_str!("../../schema_pg.sql");
+/// The PostgreSQL schema at [`crate::store::SCHEMA_VERSION`], applied at once.
+pub const SCHEMA_PG_SQL: &str = include_str!("../../../schema_pg.sql");
 
 /// A store on a server: how to connect, the schema its tables live in, the
 /// key of its advisory write lock, and how to name it (without a password).
@@ -1022,10 +1022,10 @@ impl Target {
     /// abridge's.
     ///
     /// A store older than the build gets every migration above its version
-    /// from [`super::MIGRATIONS`] (their PostgreSQL forms and hooks) in the
+    /// from [`crate::store::MIGRATIONS`] (their PostgreSQL forms and hooks) in the
     /// same transaction, as a file does.
     pub(crate) fn migrate(&self, conn: PgConn) -> Result<i64> {
-        let conn = super::db::Connection::from(conn);
+        let conn = crate::store::db::Connection::from(conn);
         let pg = conn.pg();
         pg.begin_write()?;
         let r = self.migrate_in_tx(&conn);
@@ -1035,7 +1035,7 @@ impl Target {
         Ok(v)
     }
 
-    fn migrate_in_tx(&self, c: &super::db::Connection) -> Result<i64> {
+    fn migrate_in_tx(&self, c: &crate::store::db::Connection) -> Result<i64> {
         let conn = c.pg();
         // The queued BEGIN and lock go first: what follows uses the client.
         conn.flush()?;
@@ -1053,17 +1053,17 @@ impl Target {
             )?;
         }
         let found = match read_version(conn, self)? {
-            Some(v) if v > super::SCHEMA_VERSION => {
+            Some(v) if v > crate::store::SCHEMA_VERSION => {
                 return Err(Error::SchemaTooNew {
                     found: v,
-                    supported: super::SCHEMA_VERSION,
+                    supported: crate::store::SCHEMA_VERSION,
                 })
             }
-            Some(v) if v < super::PG_BASELINE => {
+            Some(v) if v < crate::store::PG_BASELINE => {
                 return Err(Error::Config(format!(
                     "{}: schema version {v} is older than any PostgreSQL store ({})",
                     self.display,
-                    super::PG_BASELINE
+                    crate::store::PG_BASELINE
                 )))
             }
             Some(v) => v,
@@ -1071,14 +1071,17 @@ impl Target {
                 wait(conn.client.batch_execute(SCHEMA_PG_SQL))?;
                 wait(conn.client.execute(
                     "INSERT INTO abridge_schema (version) VALUES ($1)",
-                    &[&super::PG_BASELINE],
+                    &[&crate::store::PG_BASELINE],
                 ))?;
-                super::PG_BASELINE
+                crate::store::PG_BASELINE
             }
         };
         // The same list as a file's: every version above the store's, its
         // PostgreSQL form and its stamp, in this one transaction.
-        for m in super::MIGRATIONS.iter().filter(|m| m.version > found) {
+        for m in crate::store::MIGRATIONS
+            .iter()
+            .filter(|m| m.version > found)
+        {
             let sql = m.postgres.ok_or_else(|| {
                 Error::Config(format!(
                     "migration {} has no PostgreSQL form (a build error)",
@@ -1086,13 +1089,13 @@ impl Target {
                 ))
             })?;
             wait(conn.client.batch_execute(sql))?;
-            super::schema::run_hook(c, m.hook)?;
+            crate::store::schema::run_hook(c, m.hook)?;
             wait(conn.client.execute(
                 "INSERT INTO abridge_schema (version) VALUES ($1)",
                 &[&m.version],
             ))?;
         }
-        Ok(super::SCHEMA_VERSION)
+        Ok(crate::store::SCHEMA_VERSION)
     }
 
     /// The schema version of an existing store, read without writing.
@@ -1100,10 +1103,10 @@ impl Target {
         let v = read_version(conn, self)?.ok_or_else(|| Error::NotFound {
             path: self.display.clone().into(),
         })?;
-        if v > super::SCHEMA_VERSION {
+        if v > crate::store::SCHEMA_VERSION {
             return Err(Error::SchemaTooNew {
                 found: v,
-                supported: super::SCHEMA_VERSION,
+                supported: crate::store::SCHEMA_VERSION,
             });
         }
         Ok(v)
@@ -1141,8 +1144,8 @@ fn read_version(conn: &PgConn, target: &Target) -> Result<Option<i64>> {
 /// are in place in the store's schema: every trigger of [`SCHEMA_PG_SQL`]
 /// present and enabled, every unique index present and valid. `["ok"]`, or
 /// one line per rule missing.
-pub(crate) fn rules_in_place(conn: &super::Connection) -> Result<Vec<String>> {
-    use super::OptionalExtension;
+pub(crate) fn rules_in_place(conn: &crate::store::Connection) -> Result<Vec<String>> {
+    use crate::store::OptionalExtension;
     let mut problems = Vec::new();
     let names = |kw: &str| -> Vec<String> {
         SCHEMA_PG_SQL

@@ -213,7 +213,7 @@ pub fn rekey_copy(
     if !encryption_available() {
         return Err(Error::EncryptionUnavailable);
     }
-    super::check_path(to)?;
+    crate::store::check_path(to)?;
     if to.exists() {
         return Err(Error::Config(format!(
             "{} exists: the copy goes to a new file, never over one",
@@ -223,7 +223,7 @@ pub fn rekey_copy(
     // A WAL beside the target belongs to some other file: the copy would
     // be read with it.
     for side in ["-wal", "-shm"] {
-        let s = super::snapshot::sidecar(to, side);
+        let s = crate::store::snapshot::sidecar(to, side);
         if s.exists() {
             return Err(Error::Config(format!(
                 "{} exists beside {}: it belongs to another file; remove it first",
@@ -234,16 +234,16 @@ pub fn rekey_copy(
     }
     // Written under a name of its own, then renamed into place: a rekey
     // killed midway leaves only that file, which the next run replaces.
-    let partial = super::snapshot::sidecar(to, ".rekey-partial");
+    let partial = crate::store::snapshot::sidecar(to, ".rekey-partial");
     for side in ["", "-wal", "-shm", "-journal"] {
-        let _ = std::fs::remove_file(super::snapshot::sidecar(&partial, side));
+        let _ = std::fs::remove_file(crate::store::snapshot::sidecar(&partial, side));
     }
     // Checks the source (a store, this version, the key) without writing.
-    super::read_only_keyed(from, from_key, |_| Ok(()))?;
-    let conn = Connection::open(from).map_err(|e| super::schema::map_open_err(from, e))?;
+    crate::store::read_only_keyed(from, from_key, |_| Ok(()))?;
+    let conn = Connection::open(from).map_err(|e| crate::store::schema::map_open_err(from, e))?;
     apply_key(&conn, from_key)?;
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
-    super::create_private(&partial)?;
+    crate::store::create_private(&partial)?;
     let copied = (|| -> Result<()> {
         let target = partial
             .to_str()
@@ -256,7 +256,7 @@ pub fn rekey_copy(
         tx.query_row("SELECT sqlcipher_export('rekeyed')", [], |_| Ok(()))?;
         tx.execute_batch(&format!(
             "PRAGMA rekeyed.user_version = {}",
-            super::SCHEMA_VERSION
+            crate::store::SCHEMA_VERSION
         ))?;
         tx.commit()?;
         conn.execute_batch("DETACH DATABASE rekeyed")?;
@@ -267,7 +267,7 @@ pub fn rekey_copy(
         return Err(e);
     }
     drop(conn);
-    super::read_only_keyed(&partial, to_key, |_| Ok(()))?;
+    crate::store::read_only_keyed(&partial, to_key, |_| Ok(()))?;
     // No replacing rename: `to` may have appeared meanwhile.
     if to.exists() {
         let _ = std::fs::remove_file(&partial);
@@ -277,5 +277,5 @@ pub fn rekey_copy(
         )));
     }
     std::fs::rename(&partial, to)?;
-    super::read_only_keyed(to, to_key, |_| Ok(()))
+    crate::store::read_only_keyed(to, to_key, |_| Ok(()))
 }

@@ -1,10 +1,10 @@
 //! Store calls run on the calling worker thread itself, with no hand-off.
 //!
-//! [`Blocking::InPlace`](super::Blocking::InPlace) used to wrap every store
+//! [`Blocking::InPlace`](crate::store::Blocking::InPlace) used to wrap every store
 //! call in tokio's `block_in_place`, which hands the worker's core (its queue
 //! of tasks) to another thread before the call and takes it back after: two
 //! thread wake-ups a call, more than the SQL of a short step costs. A step's
-//! own calls ([`Store::call_inline`](super::Store::call_inline)) now run on
+//! own calls ([`Store::call_inline`](crate::store::Store::call_inline)) now run on
 //! the worker as they are, and hand the core off only at the two things in
 //! them that can take long:
 //!
@@ -17,9 +17,9 @@
 //! Everything else in such a call is a few indexed statements and the bytes of
 //! one step: tens to hundreds of microseconds, less than the hand-off.
 
-use super::pool::Checkout;
-use super::Connection;
 use crate::error::Result;
+use crate::store::pool::Checkout;
+use crate::store::Connection;
 use std::cell::{Cell, RefCell};
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};

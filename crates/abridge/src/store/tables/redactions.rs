@@ -2,10 +2,10 @@
 //! summary's redaction mark, a session's redactions, whether a row was
 //! redacted. Making a redaction is administration (`crate::admin::redact`).
 
-use super::db::{Connection, OptionalExtension};
 use crate::error::Result;
 use crate::ids::SessionId;
 use crate::message::sha256_hex;
+use crate::store::db::{Connection, OptionalExtension};
 use rusqlite::params;
 
 /// What every redacted occurrence is replaced by.

@@ -14,8 +14,8 @@
 //! a store shares one [`Closer`]; the last handle's drop waits until that
 //! count is zero, so when it returns the store's connections are closed.
 
-use super::db::{self, Connection};
 use crate::error::Result;
+use crate::store::db::{self, Connection};
 use r2d2_sqlite::SqliteConnectionManager;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -31,7 +31,7 @@ pub(crate) type Checkout = r2d2::PooledConnection<Manager>;
 pub(crate) enum Connect {
     Sqlite(SqliteConnectionManager),
     #[cfg(feature = "postgres")]
-    Postgres(super::pg::Manager),
+    Postgres(crate::store::pg::Manager),
 }
 
 /// Builds the pool (opening its connections, as r2d2's `build` does) and
@@ -244,17 +244,17 @@ pub(crate) mod tests {
     }
 
     impl Hooks {
-        pub(super) fn before_connect(&self) {
+        pub(crate) fn before_connect(&self) {
             self.connects_started.fetch_add(1, Ordering::SeqCst);
             let ms = self.connect_delay_ms.load(Ordering::SeqCst);
             if ms > 0 {
                 std::thread::sleep(Duration::from_millis(ms));
             }
         }
-        pub(super) fn connected(&self) {
+        pub(crate) fn connected(&self) {
             self.connects_finished.fetch_add(1, Ordering::SeqCst);
         }
-        pub(super) fn report_broken(&self) -> bool {
+        pub(crate) fn report_broken(&self) -> bool {
             self.broken_once.swap(false, Ordering::SeqCst)
         }
     }

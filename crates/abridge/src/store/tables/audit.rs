@@ -1,9 +1,9 @@
 //! Counts and checks over whole tables, for `inspect` and `verify`.
 
-use super::db::Connection;
-use super::rows::*;
 use crate::error::Result;
 use crate::ids::{CompactionId, InvocationId, SessionId, StepId};
+use crate::store::db::Connection;
+use crate::store::rows::*;
 use rusqlite::params;
 
 /// Counts for one session.
@@ -204,8 +204,8 @@ pub(crate) fn invocation_count(conn: &Connection) -> Result<i64> {
 /// `PRAGMA integrity_check`: the lines it reports ("ok" when sound).
 pub(crate) fn integrity_check(conn: &Connection) -> Result<Vec<String>> {
     #[cfg(feature = "postgres")]
-    if conn.kind() == super::BackendKind::Postgres {
-        return super::pg::rules_in_place(conn);
+    if conn.kind() == crate::store::BackendKind::Postgres {
+        return crate::store::pg::rules_in_place(conn);
     }
     let mut st = conn.prepare("PRAGMA integrity_check")?;
     let rows = st.query_map([], |r| r.get(0))?;

@@ -1,7 +1,7 @@
 //! Row structs: one per table, exactly as stored. Domain logic lives elsewhere.
 
-use super::db::Row;
 use crate::ids::{CompactionId, InvocationId, SessionId, StepId, TurnId};
+use crate::store::db::Row;
 use serde::Serialize;
 
 macro_rules! status_enum {

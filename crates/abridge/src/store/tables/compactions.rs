@@ -1,10 +1,10 @@
 //! Compaction rows: claim, lease, complete, fail (G1, G2).
 
-use super::db::{Connection, OptionalExtension};
-use super::rows::*;
-use super::write_tx;
 use crate::error::{Error, Result};
 use crate::ids::{CompactionId, SessionId};
+use crate::store::db::{Connection, OptionalExtension};
+use crate::store::rows::*;
+use crate::store::write_tx;
 use rusqlite::params;
 use std::sync::OnceLock;
 
@@ -167,7 +167,7 @@ pub(crate) struct Claim<'a> {
 /// row per boundary, ever (G1). A pending row whose lease expired, or whose
 /// holder `owner_is_dead` says is dead, is taken over (attempts + 1).
 /// Whether a pending row is held by someone else whose lease is live (see
-/// [`super::lease_held_by_live_other`]): such a row is waited for, any other
+/// [`crate::store::lease_held_by_live_other`]): such a row is waited for, any other
 /// pending row may be taken over.
 pub(crate) fn held_by_live_other(
     row: &CompactionRow,
@@ -175,7 +175,7 @@ pub(crate) fn held_by_live_other(
     now: i64,
     owner_is_dead: &dyn Fn(&str) -> bool,
 ) -> bool {
-    super::lease_held_by_live_other(
+    crate::store::lease_held_by_live_other(
         row.lease_owner.as_deref(),
         row.lease_expires_at,
         owner,
@@ -205,7 +205,7 @@ pub(crate) fn claim_compaction(
                'pending', ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9 \
              FROM turns t WHERE t.session_id = ?1 AND t.idx = ?2 \
              ON CONFLICT (session_id, up_to_turn_index) DO NOTHING RETURNING {}",
-            super::next_id!("compactions"),
+            crate::store::next_id!("compactions"),
             CompactionRow::COLUMNS
         )
     });
@@ -277,7 +277,7 @@ pub(crate) fn enqueue_compaction(
         .prepare_cached(
             concat!("INSERT INTO compactions (id, session_id, up_to_turn_index, up_to_turn_id, previous_id, \
              status, trigger, attempts, trigger_tokens, created_at, background) \
-             SELECT ", super::next_id!("compactions"), ", ?1, ?2, t.id, \
+             SELECT ", crate::store::next_id!("compactions"), ", ?1, ?2, t.id, \
                (SELECT id FROM compactions WHERE session_id = ?1 AND status = 'completed' \
                 AND up_to_turn_index < ?2 ORDER BY up_to_turn_index DESC LIMIT 1), \
                'pending', 'auto', 0, ?3, ?4, 1 \

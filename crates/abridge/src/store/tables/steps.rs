@@ -1,12 +1,12 @@
 //! Steps: claimed, given their model response, completed (claiming the next).
 
-use super::db::{Connection, OptionalExtension, Transaction};
-use super::leases::*;
-use super::rows::*;
-use super::turns::*;
-use super::write_tx;
 use crate::error::{Error, Result};
 use crate::ids::{CompactionId, StepId, TurnId};
+use crate::store::db::{Connection, OptionalExtension, Transaction};
+use crate::store::leases::*;
+use crate::store::rows::*;
+use crate::store::turns::*;
+use crate::store::write_tx;
 use rusqlite::params;
 
 /// What step `idx` of `turn_id` read: the compaction (None: none, or no such

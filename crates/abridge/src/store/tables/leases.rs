@@ -1,11 +1,11 @@
 //! Turn leases: taking one (a new turn, a takeover), fencing every write of
 //! a leased turn by its epoch, renewing it.
 
-use super::db::{Connection, OptionalExtension, Transaction};
-use super::rows::*;
-use super::write_tx;
 use crate::error::{Error, Result};
 use crate::ids::TurnId;
+use crate::store::db::{Connection, OptionalExtension, Transaction};
+use crate::store::rows::*;
+use crate::store::write_tx;
 use rusqlite::params;
 
 /// A held turn lease: the right to write one turn's steps while `epoch` is current.
@@ -52,8 +52,8 @@ pub(crate) fn fence(tx: &Transaction<'_>, lease: &Lease) -> Result<()> {
 /// request, and a lease no longer held refuses that request and the whole
 /// transaction ([`Error::LeaseLost`]; [`explain_lost`] tells a deleted turn
 /// from a taken-over one afterwards). SQLite answers at once, so it reads.
-pub(super) fn check_lease(tx: &Transaction<'_>, lease: &Lease, renew_below: i64) -> Result<()> {
-    if tx.kind() == super::BackendKind::Postgres {
+pub(crate) fn check_lease(tx: &Transaction<'_>, lease: &Lease, renew_below: i64) -> Result<()> {
+    if tx.kind() == crate::store::BackendKind::Postgres {
         tx.execute_later_or(
             "SELECT 1 FROM turns \
              WHERE id = ?1 AND lease_owner = ?2 AND lease_epoch = ?3 AND status = 'running'",
@@ -106,7 +106,7 @@ pub(super) fn check_lease(tx: &Transaction<'_>, lease: &Lease, renew_below: i64)
     Ok(())
 }
 
-pub(super) fn take_lease(
+pub(crate) fn take_lease(
     tx: &Transaction<'_>,
     turn: &TurnRow,
     owner: &str,
@@ -115,7 +115,7 @@ pub(super) fn take_lease(
 ) -> Result<Lease> {
     let now = tx.now_ms();
     let (holder, expires_at) = (turn.lease_owner.as_deref(), turn.lease_expires_at);
-    if super::lease_held_by_live_other(holder, expires_at, owner, now, owner_is_dead) {
+    if crate::store::lease_held_by_live_other(holder, expires_at, owner, now, owner_is_dead) {
         return Err(Error::LeaseHeld {
             turn_id: turn.id,
             owner: crate::owner::owner_name(holder.unwrap_or_default()).to_string(),

@@ -1,8 +1,8 @@
 //! Transactions: every write is IMMEDIATE; a step's reads share one read
 //! transaction.
 
-use super::db::{Connection, Transaction};
 use crate::error::Result;
+use crate::store::db::{Connection, Transaction};
 
 /// Runs `f`'s reads in one read transaction: one snapshot for all of them, and
 /// SQLite takes its file and WAL-index locks once instead of once per statement

@@ -1,11 +1,11 @@
 //! Tool invocations: claimed before an outside call, run inside the step's
 //! transaction for a transactional tool, finished with the result the model sees.
 
-use super::db::{Connection, OptionalExtension, Transaction};
-use super::leases::*;
-use super::rows::*;
 use crate::error::{Error, Result};
 use crate::ids::{InvocationId, StepId};
+use crate::store::db::{Connection, OptionalExtension, Transaction};
+use crate::store::leases::*;
+use crate::store::rows::*;
 use rusqlite::params;
 
 /// A tool call to record.
@@ -20,7 +20,7 @@ pub(crate) struct NewInvocation<'a> {
     pub idempotency_key: &'a str,
 }
 
-pub(super) fn insert_or_get_invocation(
+pub(crate) fn insert_or_get_invocation(
     tx: &Transaction<'_>,
     inv: &NewInvocation<'_>,
 ) -> Result<(InvocationRow, bool)> {

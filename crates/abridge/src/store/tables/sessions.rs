@@ -1,10 +1,10 @@
 //! Sessions: created once per external id, read by id or external id.
 
-use super::db::{Connection, OptionalExtension};
-use super::rows::*;
-use super::write_tx;
 use crate::error::{Error, Result};
 use crate::ids::SessionId;
+use crate::store::db::{Connection, OptionalExtension};
+use crate::store::rows::*;
+use crate::store::write_tx;
 use rusqlite::params;
 
 pub(crate) fn get_session(conn: &Connection, id: SessionId) -> Result<SessionRow> {
@@ -16,7 +16,7 @@ pub(crate) fn get_session(conn: &Connection, id: SessionId) -> Result<SessionRow
     .optional()?
     .map_or_else(
         || {
-            Err(if super::was_deleted(conn, id)? {
+            Err(if crate::store::was_deleted(conn, id)? {
                 Error::SessionDeleted { session_id: id }
             } else {
                 Error::UnknownSession(id.to_string())
@@ -65,7 +65,7 @@ pub(crate) fn create_session(
         concat!(
             "INSERT INTO sessions (id, external_id, model, system_prompt, config, created_at) \
              VALUES (",
-            super::next_id!("sessions"),
+            crate::store::next_id!("sessions"),
             ", ?1, ?2, ?3, ?4, ?5) ON CONFLICT (external_id) DO NOTHING"
         ),
         params![external_id, model, system_prompt, config, tx.now_ms()],

@@ -1,12 +1,12 @@
 //! Turns: begun (with their lease and step 0), listed, completed or failed.
 
-use super::db::{Connection, OptionalExtension, Transaction};
-use super::leases::*;
-use super::rows::*;
-use super::sessions::*;
-use super::write_tx;
 use crate::error::{Error, Result};
 use crate::ids::{CompactionId, SessionId, StepId, TurnId};
+use crate::store::db::{Connection, OptionalExtension, Transaction};
+use crate::store::leases::*;
+use crate::store::rows::*;
+use crate::store::sessions::*;
+use crate::store::write_tx;
 use rusqlite::params;
 
 pub(crate) fn get_turn(conn: &Connection, id: TurnId) -> Result<TurnRow> {
@@ -82,7 +82,9 @@ pub(crate) fn begin_turn<R>(
             TurnRow::from_row,
         )?;
         // A redacted input is recognised by the hash of what it was.
-        if existing.input != input && !super::input_before_redaction(&tx, existing.id.0, input)? {
+        if existing.input != input
+            && !crate::store::input_before_redaction(&tx, existing.id.0, input)?
+        {
             return Err(Error::TurnConflict {
                 session_id,
                 idx,
@@ -120,7 +122,7 @@ pub(crate) fn begin_turn<R>(
         concat!(
             "INSERT INTO turns (id, session_id, idx, input, status, lease_owner, lease_epoch, \
              lease_expires_at, created_at) VALUES (",
-            super::next_id!("turns"),
+            crate::store::next_id!("turns"),
             ", ?1, ?2, ?3, 'running', ?4, 1, ?5, ?6)"
         ),
         params![session_id, idx, input, owner, now + ttl_ms, now],
@@ -156,7 +158,7 @@ pub(crate) fn begin_turn<R>(
 
 /// Completes the leased turn with `output` and releases its lease, inside the
 /// caller's fenced transaction; returns the finished row.
-pub(super) fn complete_turn(
+pub(crate) fn complete_turn(
     tx: &Transaction<'_>,
     lease: &Lease,
     turn: &TurnRow,
@@ -208,7 +210,7 @@ pub(crate) fn fail_turn(
     )?;
         if let Some(extractor) = pins {
             let turn = get_turn(&tx, lease.turn_id)?;
-            super::pins::pin_turn(&tx, turn.session_id, turn.idx, extractor, None)?;
+            crate::store::pins::pin_turn(&tx, turn.session_id, turn.idx, extractor, None)?;
         }
         tx.commit()
     })();
@@ -288,7 +290,7 @@ pub(crate) fn acquire_lease(
 
 /// Claims step `idx` of a turn as `running` inside the caller's transaction; a
 /// row already there is left as it is.
-pub(super) fn insert_step(tx: &Transaction<'_>, turn_id: TurnId, idx: i64, now: i64) -> Result<()> {
+pub(crate) fn insert_step(tx: &Transaction<'_>, turn_id: TurnId, idx: i64, now: i64) -> Result<()> {
     tx.execute_later(
         "INSERT INTO steps (turn_id, idx, status, created_at) VALUES (?1, ?2, 'running', ?3) \
          ON CONFLICT (turn_id, idx) DO NOTHING",

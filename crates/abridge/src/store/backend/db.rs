@@ -34,7 +34,7 @@ pub struct Connection {
 pub(crate) enum Backend {
     Sqlite(rusqlite::Connection),
     #[cfg(feature = "postgres")]
-    Postgres(super::pg::PgConn),
+    Postgres(crate::store::pg::PgConn),
 }
 
 impl std::fmt::Debug for Connection {
@@ -62,7 +62,7 @@ impl Connection {
 impl Connection {
     /// The PostgreSQL client of a connection known to be one (the
     /// PostgreSQL backend's own code).
-    pub(crate) fn pg(&self) -> &super::pg::PgConn {
+    pub(crate) fn pg(&self) -> &crate::store::pg::PgConn {
         match &self.backend {
             Backend::Postgres(c) => c,
             Backend::Sqlite(_) => {
@@ -73,8 +73,8 @@ impl Connection {
 }
 
 #[cfg(feature = "postgres")]
-impl From<super::pg::PgConn> for Connection {
-    fn from(c: super::pg::PgConn) -> Connection {
+impl From<crate::store::pg::PgConn> for Connection {
+    fn from(c: crate::store::pg::PgConn) -> Connection {
         Connection {
             backend: Backend::Postgres(c),
             clock: crate::clock::default_clock(),
@@ -176,7 +176,7 @@ impl Connection {
             #[cfg(feature = "postgres")]
             Backend::Postgres(c) => c.prepare(sql, true)?.execute_later(
                 &params.values(),
-                or.map(|or| Box::new(or) as super::pg::Refusal),
+                or.map(|or| Box::new(or) as crate::store::pg::Refusal),
             ),
         }
     }
@@ -483,7 +483,7 @@ pub struct Statement<'c> {
 enum StmtInner<'c> {
     Sqlite(SqliteStmt<'c>),
     #[cfg(feature = "postgres")]
-    Postgres(super::pg::PgStatement<'c>),
+    Postgres(crate::store::pg::PgStatement<'c>),
 }
 
 enum SqliteStmt<'c> {
@@ -668,7 +668,7 @@ impl<'a> Row<'a> {
         match &self.inner {
             RowInner::Sqlite(r) => r.get(idx),
             #[cfg(feature = "postgres")]
-            RowInner::Postgres(r) => super::pg::get(r, idx.position(r)?),
+            RowInner::Postgres(r) => crate::store::pg::get(r, idx.position(r)?),
         }
     }
 }

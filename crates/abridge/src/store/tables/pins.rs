@@ -1,12 +1,12 @@
 //! Pinned facts: recorded with the turn that states them, read back live at a
 //! boundary (the newest value of each slot).
 
-use super::db::{Connection, OptionalExtension};
-use super::history::{load_history, HistoryTurn};
 use crate::error::Result;
 use crate::ids::SessionId;
 use crate::message::{ModelResponse, ResponseBlock};
 use crate::pins::{Fact, FactKind, FactSource, Pin, PinExtractor, MAX_PINS_PER_TURN};
+use crate::store::db::{Connection, OptionalExtension};
+use crate::store::history::{load_history, HistoryTurn};
 use rusqlite::params;
 
 const PIN_COLUMNS: &str = "p.id, p.turn_index, p.kind, p.slot, p.value, p.sentence, p.source, \
@@ -256,7 +256,7 @@ pub(crate) fn pin_turn(
         })
         .sum();
     if bytes > LONG_EXTRACTION_BYTES {
-        super::may_block(extract);
+        crate::store::may_block(extract);
     } else {
         extract();
     }
@@ -343,7 +343,7 @@ pub(crate) fn list_pins(conn: &Connection, session_id: SessionId) -> Result<Vec<
 
 /// Pins the finished turns of a store written before pins existed (run by the
 /// migration to version 3, with the built-in extractor).
-pub(super) fn backfill(conn: &Connection) -> Result<usize> {
+pub(crate) fn backfill(conn: &Connection) -> Result<usize> {
     let turns: Vec<(SessionId, i64)> = {
         let mut st = conn.prepare(
             "SELECT session_id, idx FROM turns WHERE status IN ('completed', 'failed') \

@@ -1,0 +1,16 @@
+//! The tables, one file per family: each holds its statements and the
+//! functions over them (`rows` the row structs and status enums they read
+//! into). Only these files, the schema and administration write SQL.
+
+pub(crate) mod audit;
+pub(crate) mod compactions;
+pub(crate) mod erasures;
+pub(crate) mod history;
+pub(crate) mod invocations;
+pub(crate) mod leases;
+pub(crate) mod pins;
+pub(crate) mod redactions;
+pub(crate) mod rows;
+pub(crate) mod sessions;
+pub(crate) mod steps;
+pub(crate) mod turns;
