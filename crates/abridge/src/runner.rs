@@ -8,7 +8,7 @@
 //! is fenced by the turn's lease, so a runner whose lease was taken over cannot
 //! write anything more.
 
-use crate::compaction::{CompactionConfig, Compactor, Decision, ExtractiveSummariser, Summariser};
+use crate::compaction::{CompactionConfig, Compactor, ExtractiveSummariser, Plan, Summariser};
 use crate::context::{Context, ContextCache};
 use crate::error::{Error, Result};
 use crate::events::{Event, EventKind, EventSink, Subject};
@@ -140,21 +140,23 @@ struct Remedies {
     elided: i64,
 }
 
-/// The work of a step to execute.
-enum Work {
-    /// Nothing to wait for: the compaction it reads and its messages, built;
-    /// with a row claimed for a background summary, to spawn.
-    Ready(
-        Option<CompactionRow>,
-        Context,
-        Option<Box<crate::compaction::BackgroundClaim>>,
-    ),
-    /// As `Ready`, with the row at (boundary, measure) to claim for a
-    /// background summary (inside `prepare` only).
-    Background(Option<CompactionRow>, Context, i64, Option<i64>),
-    /// A compaction is due first (then the context is built, eliding the
-    /// results of the turn's first steps as its previous step did).
-    Compact(Decision, Option<Context>, i64),
+/// The work of a step to execute: what its compaction plan says must
+/// happen first, and its context.
+struct Work {
+    /// Carried out by the compactor before the model call.
+    plan: Plan,
+    /// Built already when the plan let the step read its compaction now.
+    context: StepContext,
+}
+
+/// A step's context, as far as `prepare` could build it.
+enum StepContext {
+    /// Built on the compaction the plan lets the step read now.
+    Built(Context),
+    /// To build on the compaction the plan's resolution returns: from the
+    /// turn's previous context (if kept), eliding the results of the turn's
+    /// first steps as its previous step did.
+    After(Option<Context>, i64),
 }
 
 /// How a turn ended.
@@ -893,24 +895,6 @@ impl Runner {
                 (step, found)
             }
         };
-        // A background compaction is claimed in this same blocking call (its
-        // own short write transaction, after the read), and summarised by a
-        // task the step spawns.
-        let found = match found {
-            Ok(Work::Background(read, ctx, boundary, measure)) => {
-                let claimed = compactor
-                    .claim_background(c, session.id, boundary, measure)?
-                    .map(Box::new);
-                compactor.say_if_often(
-                    &Subject::of(session, Some(turn.idx)),
-                    boundary,
-                    measure,
-                    read.as_ref(),
-                );
-                Ok(Work::Ready(read, ctx, claimed))
-            }
-            other => other,
-        };
         match found {
             Ok(work) => Ok(Prepared::Run(step, Box::new(work))),
             Err(e) => Ok(Prepared::Fail(step, e)),
@@ -941,26 +925,16 @@ impl Runner {
                 (Some(read), elided)
             }
         };
-        let decision = match compactor.decide(c, session, turn.idx, step.idx, prior) {
-            Ok(d) => d,
+        let plan = match compactor.plan(c, session, turn.idx, step.idx, prior) {
+            Ok(p) => p,
             Err(e) if e.is_resumable() => return Err(e),
             Err(e) => return Ok(Err(e)),
         };
-        Ok(Ok(match decision {
-            Decision::Read(row) => {
-                let ctx = Context::advance(ctx, c, session, row.as_ref(), at, elided)?;
-                Work::Ready(row, ctx, None)
-            }
-            Decision::Background {
-                boundary,
-                measure,
-                read,
-            } => {
-                let ctx = Context::advance(ctx, c, session, read.as_ref(), at, elided)?;
-                Work::Background(read, ctx, boundary, measure)
-            }
-            other => Work::Compact(other, ctx, elided),
-        }))
+        let context = match plan.read_now() {
+            Some(row) => StepContext::Built(Context::advance(ctx, c, session, row, at, elided)?),
+            None => StepContext::After(ctx, elided),
+        };
+        Ok(Ok(Work { plan, context }))
     }
 
     /// Runs a claimed step up to its model response: compaction if one is due,
@@ -976,39 +950,31 @@ impl Runner {
         let (step_id, step_idx) = (step.id, step.idx);
         let subject = || Subject::of(session, Some(turn.idx));
         let mut summary_wait_ms = None;
-        let (mut compaction, mut ctx) = match work {
-            Work::Ready(row, ctx, claimed) => {
-                if let Some(claimed) = claimed {
-                    self.inner.compactor.spawn_background(&subject(), *claimed);
-                }
-                (row, ctx)
-            }
-            // Turned into `Ready` by `prepare`.
-            Work::Background(row, ctx, ..) => (row, ctx),
-            Work::Compact(decision, ctx, elided) => {
-                // The hook where compaction runs: the step reads only what it
-                // returns, and waits for it.
-                let began = std::time::Instant::now();
-                let boundary = decision.boundary().unwrap_or_default(); // a claim names one
-                let row = self
-                    .inner
-                    .compactor
-                    .act(&subject(), turn.idx, decision)
-                    .await?;
-                let waited_ms = began.elapsed().as_millis().min(i64::MAX as u128) as i64;
-                summary_wait_ms = Some(waited_ms);
-                self.tell(session, Some(turn.idx), || EventKind::WaitedForSummary {
-                    step_id,
-                    boundary,
-                    waited_ms,
-                });
-                let (s, at, r) = (session.clone(), (turn.idx, step_idx), row.clone());
-                let ctx = self
-                    .inner
+        // The hook where compaction runs: the step reads only what the
+        // compactor returns, and waits for it when it must.
+        let Work { plan, context } = work;
+        let resolved = self
+            .inner
+            .compactor
+            .resolve(&subject(), turn.idx, plan)
+            .await?;
+        if let Some((boundary, waited_ms)) = resolved.waited {
+            summary_wait_ms = Some(waited_ms);
+            self.tell(session, Some(turn.idx), || EventKind::WaitedForSummary {
+                step_id,
+                boundary,
+                waited_ms,
+            });
+        }
+        let mut compaction = resolved.row;
+        let mut ctx = match context {
+            StepContext::Built(ctx) => ctx,
+            StepContext::After(ctx, elided) => {
+                let (s, at, r) = (session.clone(), (turn.idx, step_idx), compaction.clone());
+                self.inner
                     .store
                     .call(move |conn| Context::advance(ctx, conn, &s, r.as_ref(), at, elided))
-                    .await?;
-                (row, ctx)
+                    .await?
             }
         };
         crate::error::check_fault(

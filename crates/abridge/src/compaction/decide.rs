@@ -40,16 +40,6 @@ impl Decision {
             latest,
         }
     }
-
-    /// The boundary it names (None: nothing to compact).
-    pub(crate) fn boundary(&self) -> Option<i64> {
-        match self {
-            Decision::Read(_) => None,
-            Decision::Claim { boundary, .. } | Decision::Background { boundary, .. } => {
-                Some(*boundary)
-            }
-        }
-    }
 }
 
 /// The policy a decision applies, for one step of one turn.
@@ -666,6 +656,35 @@ mod tests {
             assert_eq!(got, want, "{what}");
         }
         assert!(n >= 24);
+    }
+
+    /// The deliberately broken build's knob (`Sabotage::read_drafts`) does
+    /// what it says: the draft another live runner holds is read, the very
+    /// G4 violation the chaos harness and the G4 tests must catch.
+    #[test]
+    fn the_read_drafts_sabotage_reads_the_draft_a_live_other_holds() {
+        let draft = row(9, 9, Pending);
+        let held = || {
+            with_at(
+                Table {
+                    held: true,
+                    ..measured(900)
+                },
+                draft.clone(),
+            )
+        };
+        assert_eq!(
+            decide(&policy(), &mut held()).unwrap(),
+            Decision::Read(None)
+        );
+        let broken = Policy {
+            read_drafts: true,
+            ..policy()
+        };
+        assert_eq!(
+            decide(&broken, &mut held()).unwrap(),
+            Decision::Read(Some(draft.clone()))
+        );
     }
 
     #[test]

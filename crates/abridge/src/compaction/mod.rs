@@ -8,6 +8,7 @@
 mod config;
 mod decide;
 mod offline;
+mod plan;
 pub mod planner;
 mod preview;
 mod summarise;
@@ -28,8 +29,8 @@ pub use summarise::{
 #[cfg(feature = "tiktoken")]
 pub use tiktoken::TiktokenCounter;
 
-pub(crate) use decide::Decision;
-use decide::{decide, Facts, Policy};
+use decide::{Decision, Facts};
+pub(crate) use plan::Plan;
 
 use crate::error::{Error, Result};
 use crate::events::{EventKind, EventSink, Subject};
@@ -117,7 +118,7 @@ pub struct Served {
 }
 
 /// A row claimed for a background summary, with the claim that holds it.
-pub(crate) struct BackgroundClaim {
+struct BackgroundClaim {
     row: CompactionRow,
     claim: ClaimGuard,
 }
@@ -214,30 +215,21 @@ impl Compactor {
         step_idx: i64,
     ) -> Result<Option<CompactionRow>> {
         let (this, s) = (self.clone(), session.clone());
-        let decision = self
+        let plan = self
             .store
             .read(move |c| {
                 this.prefetch_decision(c, &s, turn_idx, step_idx)?;
-                this.decide(c, &s, turn_idx, step_idx, None)
+                this.plan(c, &s, turn_idx, step_idx, None)
             })
             .await?;
-        self.act(&Subject::of(session, Some(turn_idx)), turn_idx, decision)
-            .await
+        let subject = Subject::of(session, Some(turn_idx));
+        Ok(self.resolve(&subject, turn_idx, plan).await?.row)
     }
 
-    /// The synchronous half of [`Compactor::ensure`]: reads what it needs (one
-    /// to three queries) and says whether there is anything to do. The runner
-    /// calls it inside the same blocking call that claims the step and builds
-    /// the messages, so a step below the threshold costs no extra round trip.
-    ///
-    /// `prior` is what the turn's previous step read (None for a turn's first
-    /// step): a turn keeps the compaction it began with, and a summary that
-    /// completed in the background since is read from the next turn on, or
-    /// at once when this step has reached the hard threshold.
-    /// Says which of [`Compactor::decide`]'s reads for step `step_idx` of
+    /// Says which of [`Compactor::plan`]'s reads for step `step_idx` of
     /// turn `turn_idx` follow (see [`crate::store::Connection::prefetch`]):
     /// the caller's next read takes them along, on PostgreSQL in one round
-    /// trip. A read that `decide` turns out not to need costs the server
+    /// trip. A read that the plan turns out not to need costs the server
     /// one indexed lookup, and no round trip.
     pub(crate) fn prefetch_decision(
         &self,
@@ -260,39 +252,9 @@ impl Compactor {
         Ok(())
     }
 
-    /// What must happen before step `step_idx` of `turn_idx`: [`decide()`]
-    /// over the store's facts (read as the decision asks for them) and this
-    /// compactor's policy.
-    pub(crate) fn decide(
-        &self,
-        c: &crate::store::Connection,
-        session: &SessionRow,
-        turn_idx: i64,
-        step_idx: i64,
-        prior: Option<Option<CompactionId>>,
-    ) -> Result<Decision> {
-        let policy = Policy {
-            turn_idx,
-            keep_last_turns: self.config.keep_last_turns,
-            keep_recent_tokens: self.config.keep_recent_tokens,
-            background: self.config.background,
-            on_failure: self.config.on_failure,
-            prior,
-            read_drafts: self.read_drafts,
-        };
-        let mut facts = StoreFacts {
-            compactor: self,
-            c,
-            session,
-            turn_idx,
-            step_idx,
-        };
-        decide(&policy, &mut facts)
-    }
-
     /// The asynchronous half: claims, summarises and completes when the decision
     /// says so; returns the completed compaction the step reads.
-    pub(crate) async fn act(
+    async fn act(
         &self,
         subject: &Subject,
         turn_idx: i64,
@@ -373,7 +335,7 @@ impl Compactor {
     }
 
     /// A new compaction one turn after the previous one: said in an event.
-    pub(crate) fn say_if_often(
+    fn say_if_often(
         &self,
         subject: &Subject,
         b: i64,
@@ -400,7 +362,7 @@ impl Compactor {
     /// compactor claims and summarises it ([`BackgroundWorker::Task`]; at most
     /// one task per session in this process), or the pending row is recorded
     /// for another process to serve ([`BackgroundWorker::Elsewhere`]).
-    pub(crate) async fn background(
+    async fn background(
         &self,
         subject: &Subject,
         boundary: i64,
@@ -419,11 +381,10 @@ impl Compactor {
         Ok(())
     }
 
-    /// The synchronous half of [`Compactor::background`], run on a connection
-    /// the caller holds (the runner: in the blocking call that completed the
-    /// previous step): claims the row for a task of this compactor, or queues
-    /// it for another process (then None).
-    pub(crate) fn claim_background(
+    /// The synchronous half of [`Compactor::background`], run on a store
+    /// connection: claims the row for a task of this compactor, or queues it
+    /// for another process (then None).
+    fn claim_background(
         &self,
         c: &mut crate::store::Connection,
         sid: SessionId,
@@ -470,7 +431,7 @@ impl Compactor {
 
     /// Summarises a claimed row in a task of this compactor (on the caller's
     /// tokio runtime).
-    pub(crate) fn spawn_background(&self, subject: &Subject, claimed: BackgroundClaim) {
+    fn spawn_background(&self, subject: &Subject, claimed: BackgroundClaim) {
         let BackgroundClaim { row, claim } = claimed;
         let (sid, boundary) = (row.session_id, row.up_to_turn_index);
         let (this, subject) = (self.clone(), subject.clone());
