@@ -51,9 +51,9 @@
 //! - [`message`]: provider-neutral messages, requests, responses; bytes and hashes.
 //! - [`render`]: the message renderer, a pure function (rows in, message array out).
 //! - [`replay`]: rebuilding an executed step's messages from the store (G3).
-//! - `context`: the message context a runner extends step by step (and keeps
+//! - [`runner`]: the durable turn/step runner, leases and fencing, tool
+//!   effect modes; the message context it extends step by step (and keeps
 //!   between turns), byte for byte what a full rebuild gives.
-//! - [`runner`]: the durable turn/step runner, leases and fencing, tool effect modes.
 //! - [`tools`]: the tool traits and registry.
 //! - [`model`]: the model client trait and its crash contract.
 //! - `providers` (features `openai`, `anthropic`): OpenAI Chat Completions
@@ -75,12 +75,10 @@ pub mod admin;
 mod backend_kind;
 pub mod clock;
 pub mod compaction;
-mod context;
 pub mod error;
 pub mod events;
 pub mod fault;
 pub mod ids;
-pub mod inspect;
 mod lease;
 mod legacy;
 pub mod message;
@@ -90,9 +88,10 @@ pub mod pins;
 mod platform;
 #[cfg(any(feature = "openai", feature = "anthropic"))]
 pub mod providers;
+mod read;
+pub use read::{inspect, replay, verify};
 pub mod render;
 mod render_format;
-pub mod replay;
 pub mod retry;
 pub mod runner;
 pub mod store;
@@ -101,7 +100,6 @@ pub mod testing;
 pub mod text;
 pub mod tools;
 mod unwind;
-pub mod verify;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 #[cfg(feature = "tiktoken")]

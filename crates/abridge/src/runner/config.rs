@@ -1,0 +1,209 @@
+//! The runner's settings and its builder.
+
+use super::*;
+
+/// Runner settings. Start from [`RunnerConfig::default`] and set fields (new
+/// fields may be added: the struct is `#[non_exhaustive]`).
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct RunnerConfig {
+    /// Lease owner identity. Default: [`crate::owner::process_owner`]`("abridge")`.
+    /// A stable identity lets a restarted host take over its own leases at once.
+    pub owner: String,
+    /// Turn lease; renewed by a heartbeat while the runner works. Default 30 s.
+    pub lease_ttl: Duration,
+    /// Steps per turn before the turn fails with [`Error::MaxSteps`]. Default 25.
+    pub max_steps: u32,
+    /// Attempts per step for transient model errors, and the delays between
+    /// them (doubling, capped, jittered). Default: 3 attempts, 500 ms doubling
+    /// to at most 30 s, 20 % jitter.
+    pub model_retry: RetryPolicy,
+    /// Timeout of one model call; the call is dropped (cancelled) when it
+    /// passes. Default 300 s.
+    pub model_timeout: Duration,
+    /// Take over a lease at once when its owner is a dead process on this machine.
+    /// Default true.
+    pub take_over_dead_local_owners: bool,
+    /// Bytes of message contexts kept between turns, one per session, least
+    /// recently used out. With its context kept, a turn's first step reads only
+    /// the rows written since the session's previous step instead of rebuilding
+    /// everything after the summary. Default 64 MiB; 0 keeps none.
+    pub context_cache_bytes: usize,
+    /// Let events and tracing output carry the texts providers and
+    /// summarisers send back in their errors (which can quote what they
+    /// were sent). Default false: events and logs carry ids, counts, sizes
+    /// and hashes, never message text or tool arguments; such a text shows
+    /// as its length and a hash (the stored turn error keeps it whole).
+    pub log_content: bool,
+    /// Compaction settings.
+    pub compaction: CompactionConfig,
+    /// Finds the facts a compaction must never lose (G8) when a turn is
+    /// stored. Default the built-in [`crate::pins::RuleExtractor`]; None
+    /// pins only what the host pins ([`Runner::pin`]).
+    pub pin_extractor: Option<Arc<dyn PinExtractor>>,
+    /// Crash-test knobs (fault injection, a frozen heartbeat); leave at the
+    /// default outside tests.
+    pub testing: TestKnobs,
+}
+
+impl std::fmt::Debug for RunnerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunnerConfig")
+            .field("owner", &self.owner)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("max_steps", &self.max_steps)
+            .field("compaction", &self.compaction)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunnerConfig {
+    /// Sets the lease owner name.
+    pub fn with_owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = owner.into();
+        self
+    }
+
+    /// Sets the compaction settings.
+    pub fn with_compaction(mut self, c: CompactionConfig) -> Self {
+        self.compaction = c;
+        self
+    }
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        RunnerConfig {
+            owner: crate::owner::process_owner("abridge"),
+            lease_ttl: Duration::from_secs(30),
+            max_steps: 25,
+            model_retry: RetryPolicy::default(),
+            model_timeout: Duration::from_secs(300),
+            take_over_dead_local_owners: true,
+            context_cache_bytes: 64 << 20,
+            log_content: false,
+            compaction: CompactionConfig::default(),
+            pin_extractor: Some(Arc::new(RuleExtractor)),
+            testing: TestKnobs::default(),
+        }
+    }
+}
+
+/// Builds a [`Runner`]. Each call sets its own part and no call undoes
+/// another, in any order: [`compaction`](Self::compaction) and
+/// [`fault_hook`](Self::fault_hook) win over the same parts of a
+/// [`config`](Self::config) given before or after them.
+pub struct RunnerBuilder {
+    pub(super) store: Store,
+    pub(super) model: Arc<dyn ModelClient>,
+    pub(super) tools: Tools,
+    pub(super) summariser: Option<Arc<dyn Summariser>>,
+    pub(super) cfg: RunnerConfig,
+    pub(super) compaction: Option<CompactionConfig>,
+    pub(super) fault_hook: Option<FaultHook>,
+    pub(super) models: Vec<String>,
+}
+
+impl RunnerBuilder {
+    /// The model ids the host will create sessions with: `build` refuses one
+    /// whose context window is unknown while the threshold is a fraction of
+    /// the window ([`Error::UnknownWindow`]), rather than the first
+    /// `create_session` with it.
+    pub fn models<I, S>(mut self, models: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.models.extend(models.into_iter().map(Into::into));
+        self
+    }
+
+    /// The tools offered to the model.
+    pub fn tools(mut self, tools: Tools) -> Self {
+        self.tools = tools;
+        self
+    }
+    /// The summariser. Default: the offline [`ExtractiveSummariser`].
+    pub fn summariser(mut self, s: impl Summariser + 'static) -> Self {
+        self.summariser = Some(Arc::new(s));
+        self
+    }
+    /// The summariser, shared.
+    pub fn summariser_arc(mut self, s: Arc<dyn Summariser>) -> Self {
+        self.summariser = Some(s);
+        self
+    }
+    /// Runner settings.
+    pub fn config(mut self, cfg: RunnerConfig) -> Self {
+        self.cfg = cfg;
+        self
+    }
+    /// Compaction settings (over those of any [`config`](Self::config)).
+    pub fn compaction(mut self, c: CompactionConfig) -> Self {
+        self.compaction = Some(c);
+        self
+    }
+    /// A fault hook, for crash tests (over that of any [`config`](Self::config)).
+    pub fn fault_hook(mut self, hook: FaultHook) -> Self {
+        self.fault_hook = Some(hook);
+        self
+    }
+    /// Validates the configuration and builds the runner.
+    pub fn build(self) -> Result<Runner> {
+        let mut cfg = self.cfg;
+        if let Some(c) = self.compaction {
+            cfg.compaction = c;
+        }
+        if let Some(h) = self.fault_hook {
+            cfg.testing.fault_hook = Some(h);
+        }
+        if cfg.max_steps == 0 {
+            return Err(Error::Config("max_steps must be > 0".into()));
+        }
+        cfg.model_retry.validate("model retry")?;
+        if cfg.lease_ttl < Duration::from_millis(10) {
+            return Err(Error::Config("lease_ttl must be at least 10 ms".into()));
+        }
+        if cfg.owner.is_empty() {
+            return Err(Error::Config("owner must not be empty".into()));
+        }
+        for model in &self.models {
+            cfg.compaction.check_model(model)?;
+        }
+        let events = EventSink::new(cfg.log_content);
+        // A store shared by several machines frees a lease held elsewhere
+        // only by its expiry (see holder_is_gone_shared).
+        let shared = self.store.backend() == crate::store::BackendKind::Postgres;
+        let dead: crate::compaction::GoneCheck = match (shared, cfg.take_over_dead_local_owners) {
+            (false, true) => |h, o| crate::owner::holder_is_gone(h, o, true),
+            (false, false) => |h, o| crate::owner::holder_is_gone(h, o, false),
+            (true, true) => |h, o| crate::owner::holder_is_gone_shared(h, o, true),
+            (true, false) => |h, o| crate::owner::holder_is_gone_shared(h, o, false),
+        };
+        let summariser = self
+            .summariser
+            .unwrap_or_else(|| Arc::new(ExtractiveSummariser));
+        let compactor = Compactor::new(
+            self.store.clone(),
+            summariser,
+            cfg.owner.clone(),
+            cfg.compaction.clone(),
+            cfg.testing.clone(),
+            events.clone(),
+            dead,
+        )?;
+        let renewals = crate::lease::Renewals::new(&self.store, cfg.lease_ttl);
+        Ok(Runner {
+            inner: Arc::new(Inner {
+                renewals,
+                store: self.store,
+                model: self.model,
+                tools: self.tools,
+                contexts: ContextCache::new(cfg.context_cache_bytes),
+                cfg,
+                compactor,
+                events,
+            }),
+        })
+    }
+}

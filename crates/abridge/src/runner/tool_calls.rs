@@ -1,0 +1,453 @@
+//! After the model response: the step's transaction (response, tools by
+//! effect mode, completion, the next step claimed) and the tools that run
+//! outside it.
+
+use super::*;
+
+impl Runner {
+    /// One blocking call, and ONE fenced transaction, that takes a step as far
+    /// as it can go without awaiting: writes the response (`persist`), records
+    /// the result of the async tool that just ran (`finished`, the call before
+    /// `from`), runs the transactional tool calls from `from` on, and either
+    /// stops at the next async tool call, committing with its invocation claimed
+    /// (everything before an outside effect is durable before it happens), or
+    /// completes the step and claims the next one (completes the turn, for a
+    /// final answer) and commits. The next step is then prepared in the same
+    /// call. A crash anywhere inside rolls back to the previous commit: a step
+    /// whose response is lost is called again (the model call is at-least-once),
+    /// a tool whose record is lost had no effect outside this transaction.
+    pub(super) async fn advance(
+        &self,
+        plan: &Arc<StepPlan>,
+        from: usize,
+        persist: Option<Responded>,
+        finished: Option<(InvocationId, (bool, String))>,
+    ) -> Result<Advanced> {
+        let (this, p) = (self.clone(), plan.clone());
+        let (advanced, happened) = self
+            .inner
+            .store
+            .call_inline(move |c| {
+                let mut happened = Vec::new();
+                let advanced = this
+                    .advance_blocking(c, &p, from, persist, finished, &mut happened)
+                    .map_err(|e| store::explain_lost(c, e))?;
+                Ok((advanced, happened))
+            })
+            .await?;
+        // Sent once what they report has committed.
+        if !happened.is_empty() {
+            let subject = Subject::of(&plan.session, Some(plan.turn.idx));
+            for kind in happened {
+                self.inner.events.emit(&subject, kind);
+            }
+        }
+        Ok(advanced)
+    }
+
+    /// The step's fenced transaction (a lease lost on a deleted turn is
+    /// told apart by the caller, once it has ended: `store::explain_lost`).
+    pub(super) fn advance_blocking(
+        &self,
+        c: &mut crate::store::Connection,
+        plan: &StepPlan,
+        from: usize,
+        persist: Option<Responded>,
+        finished: Option<(InvocationId, (bool, String))>,
+        happened: &mut Vec<EventKind>,
+    ) -> Result<Advanced> {
+        let hook = &self.inner.cfg.testing.fault_hook;
+        let lease = &plan.lease;
+        let n = plan.calls.len();
+        // Events only when someone listens (building them costs allocations).
+        let tell = self.inner.events.listened();
+        let tx = store::fenced_tx(c, lease)?;
+        let fresh = persist.is_some();
+        if let Some(r) = persist {
+            store::write_response(&tx, lease, &r)?;
+            crate::error::check_fault(hook, FaultPoint::AfterResponseWritten)?;
+            if tell {
+                happened.push(EventKind::StepResponded {
+                    step_id: plan.step_id,
+                    step: plan.step_idx,
+                    tool_calls: n,
+                    input_tokens: r.input_tokens,
+                    output_tokens: r.output_tokens,
+                });
+            }
+            // The very string stored, for what is built from this step's rows.
+            plan.written
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .response = Some(r.response_json);
+        }
+        if let Some((id, (ok, result))) = &finished {
+            let rerun = self.inner.cfg.testing.sabotage.rerun_completed_effects;
+            store::finish_invocation(&tx, lease, *id, *ok, result, rerun)?;
+            if from > 0 {
+                plan.wrote_result(from - 1, *ok, result);
+            }
+            if tell && from > 0 {
+                let call = plan.call(from - 1);
+                let effect = self.prepare_tool(&call).map_or(Effect::None, |t| t.1);
+                happened.push(EventKind::ToolCompleted {
+                    step_id: plan.step_id,
+                    invocation_id: *id,
+                    tool: call.name.clone(),
+                    effect,
+                    ok: *ok,
+                });
+            }
+        }
+        for pos in from..n {
+            if pos > 0 {
+                crate::error::check_fault(hook, FaultPoint::BetweenTools)?;
+            }
+            if let ToolStep::Outside {
+                tool,
+                row,
+                inserted,
+            } = self.tool_in_tx(&tx, plan, pos, fresh, tell, happened)?
+            {
+                // Everything so far is durable before the outside effect.
+                tx.commit()?;
+                return Ok(Advanced::Async {
+                    pos,
+                    tool,
+                    row,
+                    inserted,
+                });
+            }
+        }
+        crate::error::check_fault(hook, FaultPoint::BeforeStepComplete)?;
+        let final_output = (n == 0).then_some(plan.final_text.as_str());
+        let finished = store::complete_step(
+            &tx,
+            lease,
+            &plan.turn,
+            plan.step_id,
+            plan.step_idx,
+            final_output,
+        )?;
+        let mut ctx = plan.ctx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let step_completed = || EventKind::StepCompleted {
+            step_id: plan.step_id,
+            step: plan.step_idx,
+        };
+        // The step's rows as written here, when every one of them was: the
+        // next step's context and the turn's pins need not read them back.
+        let mut written = plan.written.lock().unwrap_or_else(|e| e.into_inner());
+        let done = written.step(plan.step_idx);
+        if let Some(turn) = finished {
+            let whole = match (written.turn.take(), done) {
+                (Some(mut steps), Some(done)) => {
+                    steps.push(done);
+                    Some(HistoryTurn {
+                        idx: plan.turn.idx,
+                        input: plan.turn.input.clone(),
+                        steps,
+                    })
+                }
+                _ => None,
+            };
+            drop(written);
+            self.pin_turn(&tx, &plan.session, plan.turn.idx, whole.as_ref())?;
+            tx.commit()?;
+            if tell {
+                happened.push(step_completed());
+            }
+            if let Some(ctx) = ctx {
+                self.inner.contexts.put(ctx); // for the session's next turn
+            }
+            return Ok(Advanced::Finished(turn, plan.final_text.clone()));
+        }
+        match done {
+            Some(done) => {
+                // On a failure the next step builds its context as usual.
+                if let Some(c) = &mut ctx {
+                    if c.extend_written(plan.turn.idx, &done).is_err() {
+                        ctx = None;
+                    }
+                }
+                if let Some(steps) = &mut written.turn {
+                    steps.push(done);
+                }
+            }
+            None => written.turn = None,
+        }
+        drop(written);
+        // The next step's reads go with this COMMIT (on PostgreSQL).
+        let next = tx.commit_then(|c| self.prepare(c, &plan.session, &plan.turn, lease, ctx))?;
+        if tell {
+            happened.push(step_completed());
+        }
+        Ok(Advanced::Next(Box::new(next?)))
+    }
+
+    /// Tool call `pos` of the step, inside the step's transaction: a refusal
+    /// or a transactional tool runs here (its write and result commit with the
+    /// step); an outside tool's invocation is claimed and handed back to run
+    /// once this transaction has committed; one completed before is skipped
+    /// (its stored result is reused, G5).
+    pub(super) fn tool_in_tx(
+        &self,
+        tx: &crate::store::Transaction<'_>,
+        plan: &StepPlan,
+        pos: usize,
+        fresh: bool,
+        tell: bool,
+        happened: &mut Vec<EventKind>,
+    ) -> Result<ToolStep> {
+        let hook = &self.inner.cfg.testing.fault_hook;
+        let rerun = self.inner.cfg.testing.sabotage.rerun_completed_effects;
+        let lease = &plan.lease;
+        let call = plan.call(pos);
+        let (ran, effect) = match self.prepare_tool(&call) {
+            Err(refusal) => {
+                // No tool runs: record the error result the model sees.
+                let inv = new_invocation(plan.step_id, pos, &call, Effect::None);
+                let body = Box::new(move |_: &crate::store::Transaction<'_>| Ok(Err(refusal)));
+                (
+                    store::run_transactional(tx, lease, &inv, body, tell, fresh, rerun)?,
+                    Effect::None,
+                )
+            }
+            Ok((ToolImpl::Transactional(tool), _)) => {
+                let inv = new_invocation(plan.step_id, pos, &call, Effect::Transactional);
+                let tc = call.clone();
+                let body = move |tx: &crate::store::Transaction<'_>| {
+                    // The tool's statements are the host's: on PostgreSQL they
+                    // reach the server as written.
+                    let run = || {
+                        std::panic::catch_unwind(AssertUnwindSafe(|| {
+                            tx.as_host(|| tool.call(tx, &tc))
+                        }))
+                    };
+                    let r = match tool.may_block() {
+                        true => crate::store::may_block(run),
+                        false => run(),
+                    };
+                    let out = match r {
+                        Ok(Ok(v)) => render_result(v),
+                        Ok(Err(e)) => Err(e.0),
+                        Err(p) => Err(format!("tool panicked: {}", panic_message(&p))),
+                    };
+                    crate::error::check_fault(hook, FaultPoint::InsideTransactionalTool)?;
+                    Ok(out)
+                };
+                let ran =
+                    store::run_transactional(tx, lease, &inv, Box::new(body), tell, fresh, rerun)?;
+                (ran, Effect::Transactional)
+            }
+            Ok((ToolImpl::Async(tool), effect)) => {
+                let inv = new_invocation(plan.step_id, pos, &call, effect);
+                let (row, inserted) = store::start_invocation(tx, &inv)?;
+                if row.status == InvocationStatus::Started || rerun {
+                    return Ok(ToolStep::Outside {
+                        tool,
+                        row,
+                        inserted,
+                    });
+                }
+                return Ok(ToolStep::Ran);
+            }
+        };
+        if let Some((_, ok, result)) = &ran {
+            plan.wrote_result(pos, *ok, result);
+        }
+        if let Some((Some(invocation_id), ok, _)) = ran {
+            happened.push(EventKind::ToolStarted {
+                step_id: plan.step_id,
+                tool: call.name.clone(),
+                effect,
+            });
+            happened.push(EventKind::ToolCompleted {
+                step_id: plan.step_id,
+                invocation_id,
+                tool: call.name.clone(),
+                effect,
+                ok,
+            });
+        }
+        Ok(ToolStep::Ran)
+    }
+
+    /// The registered tool for a call, or the refusal the model sees instead.
+    pub(super) fn prepare_tool(
+        &self,
+        call: &ToolCall,
+    ) -> std::result::Result<(ToolImpl, Effect), String> {
+        match self.inner.tools.get(&call.name) {
+            None => Err(format!("unknown tool: {}", call.name)),
+            Some(_) if !call.input.is_object() => Err(format!(
+                "malformed arguments for {}: expected a JSON object, got {}",
+                call.name,
+                crate::compaction::truncate_chars(&call.input.to_string(), 200)
+            )),
+            Some(r) => Ok((r.imp.clone(), r.effect)),
+        }
+    }
+
+    /// Calls an idempotent or at-most-once tool whose invocation is claimed;
+    /// returns (ok, result). At-most-once: a call that had started before (a
+    /// crash cut it) is not repeated; its outcome is reported as unknown.
+    pub(super) async fn run_async_tool(
+        &self,
+        plan: &StepPlan,
+        pos: usize,
+        tool: Arc<dyn crate::tools::Tool>,
+        row: &store::InvocationRow,
+        inserted: bool,
+    ) -> (bool, String) {
+        let mut call = plan.call(pos);
+        // A call that had started goes out again under the key it first had.
+        call.idempotency_key = row.idempotency_key.clone();
+        if row.effect == Effect::AtMostOnce && !inserted {
+            return (
+                false,
+                format!(
+                    "outcome unknown: the call to {} may or may not have taken effect \
+                     (the process stopped during it); it was not repeated",
+                    call.name
+                ),
+            );
+        }
+        match CatchUnwind(tool.call(&call)).await {
+            Ok(Ok(v)) => match render_result(v) {
+                Ok(text) => (true, text),
+                Err(text) => (false, text),
+            },
+            Ok(Err(e)) => (false, e.0),
+            Err(p) => (false, format!("tool panicked: {}", panic_message(&p))),
+        }
+    }
+}
+
+/// A step with its model response, as the blocking half needs it.
+pub(super) struct StepPlan {
+    pub(super) calls: Vec<(String, String, serde_json::Value)>,
+    /// The step's rows as this process writes them.
+    pub(super) written: std::sync::Mutex<Written>,
+    pub(super) final_text: String,
+    pub(super) session: SessionRow,
+    pub(super) turn: TurnRow,
+    pub(super) lease: Lease,
+    pub(super) step_id: StepId,
+    pub(super) step_idx: i64,
+    /// The session's message context, handed to the next step's `prepare`.
+    pub(super) ctx: std::sync::Mutex<Option<Context>>,
+}
+
+/// A step's rows as this process writes them, rendered later exactly as the
+/// stored rows are (`render::render_steps`): the response JSON and each
+/// call's result, None where it was written before (a resumed step), and the
+/// turn's earlier steps while this process wrote every one of them. Each
+/// string is the very one bound to the statement that stored it, so what is
+/// built from them is what a read of the rows gives (G3).
+pub(super) struct Written {
+    pub(super) response: Option<String>,
+    pub(super) results: Vec<Option<(String, String, bool)>>,
+    pub(super) turn: Option<Vec<HistoryStep>>,
+}
+
+impl Written {
+    /// The completed step `idx`, when all of it was written here.
+    pub(super) fn step(&mut self, idx: i64) -> Option<HistoryStep> {
+        if !self.results.iter().all(Option::is_some) {
+            return None;
+        }
+        Some(HistoryStep {
+            idx,
+            response: self.response.take()?,
+            results: self.results.drain(..).flatten().collect(),
+        })
+    }
+}
+
+impl StepPlan {
+    /// Records the result written for call `pos`.
+    pub(super) fn wrote_result(&self, pos: usize, ok: bool, result: &str) {
+        let mut w = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(slot), Some((id, _, _))) = (w.results.get_mut(pos), self.calls.get(pos)) {
+            *slot = Some((id.clone(), result.to_string(), !ok));
+        }
+    }
+
+    pub(super) fn call(&self, pos: usize) -> ToolCall {
+        let (id, name, input) = &self.calls[pos];
+        ToolCall {
+            session: self.session.external_id.clone(),
+            turn_idx: self.turn.idx,
+            step_idx: self.step_idx,
+            tool_call_id: id.clone(),
+            name: name.clone(),
+            input: input.clone(),
+            idempotency_key: idempotency_key(
+                &self.session.external_id,
+                (self.session.id.0, self.session.created_at),
+                self.turn.idx,
+                self.step_idx,
+                id,
+            ),
+        }
+    }
+}
+
+/// Why a turn's steps stopped short of a final answer.
+pub(super) enum Stop {
+    /// Handled already: the turn was failed (the error says why), or the error
+    /// leaves it running to be resumed.
+    Recorded(Error),
+    /// Not handled yet: fails the turn unless it is resumable.
+    Error(Error),
+}
+
+impl From<Error> for Stop {
+    fn from(e: Error) -> Stop {
+        Stop::Error(e)
+    }
+}
+
+/// Where [`Runner::advance`] stopped.
+pub(super) enum Advanced {
+    /// The async tool call at `pos` is to run; its invocation row is claimed.
+    Async {
+        pos: usize,
+        tool: Arc<dyn crate::tools::Tool>,
+        row: store::InvocationRow,
+        inserted: bool,
+    },
+    /// The step was the turn's last.
+    Finished(TurnRow, String),
+    /// The step is completed; the next one is prepared.
+    Next(Box<Prepared>),
+}
+
+/// What [`Runner::tool_in_tx`] did with a tool call.
+pub(super) enum ToolStep {
+    /// Ran in the step's transaction (or had run before): go on.
+    Ran,
+    /// An outside tool whose invocation is claimed: commit, then call it.
+    Outside {
+        tool: Arc<dyn crate::tools::Tool>,
+        row: store::InvocationRow,
+        inserted: bool,
+    },
+}
+
+pub(super) fn new_invocation<'a>(
+    step_id: StepId,
+    position: usize,
+    call: &'a ToolCall,
+    effect: Effect,
+) -> NewInvocation<'a> {
+    NewInvocation {
+        step_id,
+        position: position as i64,
+        tool_call_id: &call.tool_call_id,
+        tool_name: &call.name,
+        arguments: call.input.to_string(),
+        effect,
+        idempotency_key: &call.idempotency_key,
+    }
+}
