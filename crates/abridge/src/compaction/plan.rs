@@ -9,7 +9,7 @@
 //! [`resolve`]: Compactor::resolve
 
 use super::decide::{decide, Decision, Policy};
-use super::{Compactor, StoreFacts};
+use super::*;
 use crate::error::Result;
 use crate::events::Subject;
 use crate::ids::CompactionId;
@@ -118,5 +118,133 @@ impl Compactor {
                 })
             }
         }
+    }
+}
+
+impl Compactor {
+    /// Says which of [`Compactor::plan`]'s reads for step `step_idx` of
+    /// turn `turn_idx` follow (see [`crate::store::Connection::prefetch`]):
+    /// the caller's next read takes them along, on PostgreSQL in one round
+    /// trip. A read that the plan turns out not to need costs the server
+    /// one indexed lookup, and no round trip.
+    pub(crate) fn prefetch_decision(
+        &self,
+        c: &crate::store::Connection,
+        session: &SessionRow,
+        turn_idx: i64,
+        step_idx: i64,
+    ) -> Result<()> {
+        store::prefetch_latest_completed(c, session.id, turn_idx)?;
+        let Some(b) = planner::boundary(turn_idx, self.config.keep_last_turns) else {
+            return Ok(());
+        };
+        if self.config.keep_recent_tokens == 0 {
+            store::prefetch_compaction_at(c, session.id, b)?;
+        }
+        let window = self.config.context_window(&session.model);
+        if self.config.compact_at.tokens(window).is_some() {
+            store::prefetch_latest_context_tokens(c, session.id, turn_idx, step_idx)?;
+        }
+        Ok(())
+    }
+
+    /// The asynchronous half: claims, summarises and completes when the decision
+    /// says so; returns the completed compaction the step reads.
+    pub(super) async fn act(
+        &self,
+        subject: &Subject,
+        turn_idx: i64,
+        decision: Decision,
+    ) -> Result<Option<CompactionRow>> {
+        let sid = subject.session_id;
+        let (b, measure, latest) = match decision {
+            Decision::Read(row) => return Ok(row),
+            Decision::Background {
+                boundary,
+                measure,
+                read,
+            } => {
+                self.background(subject, boundary, measure, read.as_ref())
+                    .await?;
+                return Ok(read);
+            }
+            Decision::Claim {
+                boundary,
+                measure,
+                latest,
+            } => (boundary, measure, latest),
+        };
+        self.say_if_often(subject, b, measure, latest.as_ref());
+        let row = self
+            .claim_and_finish(subject, b, Trigger::Auto, None, measure, true)
+            .await;
+        match row {
+            Ok(_row) => {
+                crate::error::check_fault(&self.fault, FaultPoint::AfterCompactionComplete)?;
+                if self.read_drafts && _row.status != CompactionStatus::Completed {
+                    return Ok(Some(_row));
+                }
+                self.store
+                    .call(move |c| store::latest_completed(c, sid, turn_idx))
+                    .await
+            }
+            Err(Error::CompactionFailed { .. })
+                if self.config.on_failure == FailurePolicy::ProceedUncompacted =>
+            {
+                Ok(latest)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The store's answers to [`decide()`]'s questions, for one step.
+pub(super) struct StoreFacts<'a> {
+    pub(super) compactor: &'a Compactor,
+    pub(super) c: &'a crate::store::Connection,
+    pub(super) session: &'a SessionRow,
+    pub(super) turn_idx: i64,
+    pub(super) step_idx: i64,
+}
+
+impl Facts for StoreFacts<'_> {
+    fn latest_completed(&mut self) -> Result<Option<CompactionRow>> {
+        store::latest_completed(self.c, self.session.id, self.turn_idx)
+    }
+
+    fn compaction(&mut self, id: CompactionId) -> Result<CompactionRow> {
+        store::get_compaction(self.c, id)
+    }
+
+    fn recent_window_boundary(&mut self, after: i64, boundary: i64) -> Result<i64> {
+        store::recent_window_boundary(
+            self.c,
+            self.session.id,
+            self.turn_idx,
+            after,
+            boundary,
+            self.compactor.config.keep_recent_tokens,
+        )
+    }
+
+    fn threshold_tokens(&mut self) -> Option<u64> {
+        self.compactor.threshold_tokens(self.session, self.turn_idx)
+    }
+
+    fn latest_measure(&mut self) -> Result<Option<(i64, Option<CompactionId>)>> {
+        store::latest_context_tokens(self.c, self.session.id, self.turn_idx, self.step_idx)
+    }
+
+    fn compaction_at(&mut self, boundary: i64) -> Result<Option<CompactionRow>> {
+        store::compaction_at(self.c, self.session.id, boundary)
+    }
+
+    fn newest_pending(&mut self) -> Result<Option<CompactionRow>> {
+        store::newest_pending(self.c, self.session.id)
+    }
+
+    fn held_by_live_other(&mut self, row: &CompactionRow) -> bool {
+        let dead = self.compactor.gone_check();
+        store::held_by_live_other(row, &self.compactor.owner, self.c.now_ms(), &dead)
     }
 }
