@@ -220,7 +220,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(f) => {
             eprintln!("abridge: error: {f}");
-            ExitCode::FAILURE
+            f.exit_code()
         }
     }
 }

@@ -137,7 +137,12 @@ pub enum Error {
     /// An SQLite error. `SQLITE_BUSY` past the busy timeout lands here and is
     /// worth a retry; constraint violations are bugs or tampering.
     #[error("sqlite: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Sqlite(rusqlite::Error),
+
+    /// A query that must return a row returned none, on either backend (see
+    /// [`crate::store::OptionalExtension`] for the query that may).
+    #[error("no row: the query returned none")]
+    NoRow,
 
     /// A PostgreSQL error (the `postgres` feature). A lost connection, a
     /// serialization failure or a deadlock is worth a retry; a constraint
@@ -440,6 +445,16 @@ pub enum Error {
     Task(String),
 }
 
+/// An SQLite error, with "no row" as the engine's own kind ([`Error::NoRow`]),
+/// as on PostgreSQL.
+impl From<rusqlite::Error> for Error {
+    fn from(e: rusqlite::Error) -> Error {
+        match e {
+            rusqlite::Error::QueryReturnedNoRows => Error::NoRow,
+            e => Error::Sqlite(e),
+        }
+    }
+}
 impl Error {
     /// The text this error carries from outside abridge (a provider's or a
     /// summariser's message), which can quote a conversation's content;

@@ -55,11 +55,10 @@ pub struct Args {
 /// Runs the verb.
 pub async fn run(args: Args) -> Result<ExitCode, Failure> {
     if crate::common::key()?.is_some() {
-        return Err(abridge::Error::Config(format!(
+        return Err(Failure::usage(format!(
             "the chaos harness runs on plain stores (its workers open them without a key): unset {}",
             crate::common::KEY_VAR
-        ))
-        .into());
+        )));
     }
     let Args {
         db,

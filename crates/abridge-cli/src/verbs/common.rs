@@ -6,18 +6,41 @@ use abridge::store::Location;
 use abridge::store::{Key, StoreOptions};
 use abridge::{Error, Store};
 
-/// An error of a verb, with the session as the user typed it when the verb
-/// was about one (errors never show a session by its row id alone).
+/// An error of a verb: the engine's (with the session as the user typed it
+/// when the verb was about one: errors never show a session by its row id
+/// alone), or the command line's own, a usage error (arguments that do not
+/// go together, a value out of range), which exits 2 as clap's do.
 pub struct Failure {
     session: Option<String>,
-    error: Error,
+    kind: Kind,
+}
+
+enum Kind {
+    Engine(Error),
+    Usage(String),
 }
 
 impl Failure {
     pub fn session(typed: &str, error: Error) -> Failure {
         Failure {
             session: Some(typed.to_string()),
-            error,
+            kind: Kind::Engine(error),
+        }
+    }
+
+    /// A usage error of the command line: said as is, exit status 2.
+    pub fn usage(message: impl Into<String>) -> Failure {
+        Failure {
+            session: None,
+            kind: Kind::Usage(message.into()),
+        }
+    }
+
+    /// The exit status: 2 for a usage error, 1 for any other.
+    pub fn exit_code(&self) -> std::process::ExitCode {
+        match self.kind {
+            Kind::Usage(_) => std::process::ExitCode::from(2),
+            Kind::Engine(_) => std::process::ExitCode::FAILURE,
         }
     }
 }
@@ -26,7 +49,7 @@ impl From<Error> for Failure {
     fn from(error: Error) -> Failure {
         Failure {
             session: None,
-            error,
+            kind: Kind::Engine(error),
         }
     }
 }
@@ -45,10 +68,14 @@ impl From<std::io::Error> for Failure {
 
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (&self.session, &self.error) {
+        let error = match &self.kind {
+            Kind::Usage(message) => return write!(f, "{message} (see --help)"),
+            Kind::Engine(e) => e,
+        };
+        match (&self.session, error) {
             // These name the key as typed already.
             (_, Error::UnknownSession(_) | Error::AmbiguousSession { .. }) | (None, _) => {
-                write!(f, "{}", self.error)
+                write!(f, "{error}")
             }
             (Some(s), e) => write!(f, "session {s}: {e}"),
         }

@@ -5,7 +5,6 @@ use crate::common::{must_exist, print_json, Failure};
 use abridge::admin::{Deleted, Pattern};
 use abridge::store::Location;
 use abridge::store::REDACTION_MARKER;
-use abridge::Error;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -49,10 +48,10 @@ pub struct PruneArgs {
 }
 
 /// `30d` as 30 days; `s`, `m`, `h`, `d`, `w`.
-pub fn parse_age(s: &str) -> abridge::Result<Duration> {
+pub fn parse_age(s: &str) -> Result<Duration, Failure> {
     let s = s.trim();
     let bad = || {
-        Error::Config(format!(
+        Failure::usage(format!(
             "{s:?} is not an age: a whole number and a unit (s, m, h, d, w), as 30d"
         ))
     };

@@ -3,7 +3,6 @@
 use crate::common::Failure;
 use abridge::inspect::{self, ExportFormat};
 use abridge::store::Location;
-use abridge::Error;
 use std::process::ExitCode;
 
 /// Arguments of `abridge export`.
@@ -31,9 +30,9 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         "markdown" | "md" => ExportFormat::Markdown,
         "jsonl" => ExportFormat::Jsonl,
         other => {
-            return Err(
-                Error::Config(format!("unknown format {other:?}: use markdown or jsonl")).into(),
-            )
+            return Err(Failure::usage(format!(
+                "unknown format {other:?}: use markdown or jsonl"
+            )))
         }
     };
     let text = crate::common::read_only(&db, |c| inspect::export(c, &session, format))

@@ -2,7 +2,7 @@
 
 use crate::common::Failure;
 use abridge::store::Location;
-use abridge::{Error, Threshold};
+use abridge::Threshold;
 use abridge_cli::report::{self, ReportOptions};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -39,12 +39,12 @@ pub struct Args {
 pub async fn run(args: Args) -> Result<ExitCode, Failure> {
     let soft = match (args.compact_at, args.soft_share) {
         (_, Some(s)) if !(s > 0.0 && s < 1.0) => {
-            return Err(Error::Config(format!("--soft-share must be in (0, 1), got {s}")).into())
+            return Err(Failure::usage(format!(
+                "--soft-share must be in (0, 1), got {s}"
+            )))
         }
         (Some(t), Some(s)) => Threshold::Fraction(s).tokens(Some(t)),
-        (None, Some(_)) => {
-            return Err(Error::Config("--soft-share needs --compact-at".into()).into())
-        }
+        (None, Some(_)) => return Err(Failure::usage("--soft-share needs --compact-at")),
         _ => None,
     };
     let opts = ReportOptions {
@@ -90,12 +90,10 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
             );
         }
         (None, None) => {
-            return Err(Error::Config(
+            return Err(Failure::usage(
                 "the store's page links one page per session, written beside it: give -o FILE \
-                 (or --session ID for one session's page on stdout)"
-                    .into(),
-            )
-            .into())
+                 (or --session ID for one session's page on stdout)",
+            ))
         }
     }
     Ok(ExitCode::SUCCESS)

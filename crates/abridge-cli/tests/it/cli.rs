@@ -1014,3 +1014,53 @@ fn a_missing_argument_is_named_and_a_usage_error_exits_2() {
         assert_eq!(abridge(args).status.code(), Some(2), "{args:?}");
     }
 }
+
+/// A verb's own usage errors (values that do not go together or are out of
+/// range, checked after clap's) exit 2 as clap's do, in one line that points
+/// at `--help`; an error of the store or the engine exits 1.
+#[test]
+fn a_verbs_usage_error_exits_2_and_an_engine_error_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("u.db");
+    let d = db.to_str().unwrap();
+    for (args, says) in [
+        (
+            vec![
+                "report",
+                "--db",
+                d,
+                "--soft-share",
+                "1.5",
+                "--compact-at",
+                "4000",
+            ],
+            "--soft-share must be in (0, 1)",
+        ),
+        (
+            vec!["report", "--db", d, "--soft-share", "0.8"],
+            "needs --compact-at",
+        ),
+    ] {
+        let err = fails(&args, says);
+        assert!(err.contains("(see --help)"), "{err}");
+        assert_eq!(abridge(&args).status.code(), Some(2), "{args:?}");
+    }
+    ok(&["demo", "--db", d, "--sessions", "1", "--turns", "1"]);
+    let args = ["prune", "--db", d, "--idle-for", "3 fortnights"];
+    fails(&args, "is not an age");
+    assert_eq!(abridge(&args).status.code(), Some(2));
+    let args = [
+        "export",
+        "--db",
+        d,
+        "--session",
+        "demo-42-0",
+        "--format",
+        "pdf",
+    ];
+    fails(&args, "unknown format");
+    assert_eq!(abridge(&args).status.code(), Some(2));
+    // The engine's: no such session.
+    let args = ["export", "--db", d, "--session", "nobody"];
+    assert_eq!(abridge(&args).status.code(), Some(1));
+}

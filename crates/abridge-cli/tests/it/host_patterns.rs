@@ -539,3 +539,31 @@ async fn a_transactional_tool_that_may_block_can_block_on_async_work() {
         assert_eq!(store.thread_handoffs() - before, ran as u64);
     }
 }
+
+/// A query that must return a row and returns none is the engine's own
+/// error kind on either backend (`Error::NoRow`, not an SQLite error on a
+/// PostgreSQL store), and `.optional()` turns it into `None` on both.
+#[test]
+fn a_query_with_no_row_is_the_engines_own_kind_on_either_backend() {
+    use abridge::store::OptionalExtension;
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    store
+        .with_conn(|c| {
+            let none = c.query_row("SELECT id FROM sessions WHERE id = -1", [], |r| {
+                r.get::<_, i64>(0)
+            });
+            assert!(matches!(none, Err(abridge::Error::NoRow)), "{none:?}");
+            let optional = c
+                .query_row("SELECT id FROM sessions WHERE id = -1", [], |r| {
+                    r.get::<_, i64>(0)
+                })
+                .optional()?;
+            assert_eq!(optional, None);
+            let mut st = c.prepare("SELECT id FROM sessions WHERE id = ?1")?;
+            let none = st.query_row([-1i64], |r| r.get::<_, i64>(0));
+            assert!(matches!(none, Err(abridge::Error::NoRow)), "{none:?}");
+            Ok(())
+        })
+        .unwrap();
+}

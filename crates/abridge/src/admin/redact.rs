@@ -526,7 +526,7 @@ pub(crate) fn redact(
             tx.now_ms()
         ],
     )?
-    .ok_or(rusqlite::Error::QueryReturnedNoRows)?;
+    .ok_or(crate::error::Error::NoRow)?;
     {
         let mut ins = tx.prepare(
             "INSERT INTO redacted_rows (redaction_id, tbl, row_id, sha256) VALUES (?1, ?2, ?3, ?4)",

@@ -241,7 +241,7 @@ impl Connection {
     }
 
     /// Runs a query expected to return a row and maps its first row with `f`;
-    /// no row is `QueryReturnedNoRows` (see [`OptionalExtension`]).
+    /// no row is [`Error::NoRow`] (see [`OptionalExtension`]).
     pub fn query_row<T, P, F>(&self, sql: &str, params: P, f: F) -> Result<T>
     where
         P: Params,
@@ -533,7 +533,7 @@ impl Statement<'_> {
         }
     }
 
-    /// Maps the first row with `f`; no row is `QueryReturnedNoRows`.
+    /// Maps the first row with `f`; no row is [`Error::NoRow`].
     pub fn query_row<T, P, F>(&mut self, params: P, f: F) -> Result<T>
     where
         P: Params,
@@ -546,7 +546,7 @@ impl Statement<'_> {
                 let rows = s.query(&params.values())?;
                 match rows.first() {
                     Some(r) => Ok(f(&Row::postgres(r))?),
-                    None => Err(rusqlite::Error::QueryReturnedNoRows.into()),
+                    None => Err(Error::NoRow),
                 }
             }
         }
@@ -765,7 +765,7 @@ array_params!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
 
 /// `.optional()` on a query's result: no row is `Ok(None)`.
 pub trait OptionalExtension<T> {
-    /// `QueryReturnedNoRows` as `Ok(None)`, a row as `Ok(Some(row))`.
+    /// [`Error::NoRow`] as `Ok(None)`, a row as `Ok(Some(row))`.
     fn optional(self) -> Result<Option<T>>;
 }
 
@@ -773,7 +773,7 @@ impl<T> OptionalExtension<T> for Result<T> {
     fn optional(self) -> Result<Option<T>> {
         match self {
             Ok(v) => Ok(Some(v)),
-            Err(Error::Sqlite(rusqlite::Error::QueryReturnedNoRows)) => Ok(None),
+            Err(Error::NoRow) => Ok(None),
             Err(e) => Err(e),
         }
     }

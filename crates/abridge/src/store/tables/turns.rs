@@ -127,7 +127,7 @@ pub(crate) fn begin_turn<R>(
         ),
         params![session_id, idx, input, owner, now + ttl_ms, now],
     )?;
-    let id = TurnId(id.ok_or(rusqlite::Error::QueryReturnedNoRows)?);
+    let id = TurnId(id.ok_or(crate::error::Error::NoRow)?);
     // Step 0 is claimed with its turn: the first step needs no write of its own.
     insert_step(&tx, id, 0, now)?;
     // The row as inserted, without reading it back.
