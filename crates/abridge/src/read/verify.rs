@@ -99,12 +99,47 @@ pub fn verify(conn: &Connection) -> Result<Report> {
 
 /// [`verify`], with the host's effect checks added to G5. Read-only.
 pub fn verify_with(conn: &Connection, effect_checks: &[&dyn EffectCheck]) -> Result<Report> {
-    let mut checks = Vec::new();
     let mut notes = Vec::new();
     let compactions = store::all_compactions(conn)?;
+    let steps = store::executed_step_ids(conn, None)?;
+    let summaries = summaries(conn, &compactions)?;
+    let mut checks = vec![one_row_per_boundary(conn, &compactions)?];
+    checks.push(redacted(
+        summaries.g2,
+        summaries.redacted,
+        &mut notes,
+        "summaries hold",
+    ));
+    let (g3, steps_redacted) = replays(conn, &steps)?;
+    checks.push(redacted(g3, steps_redacted, &mut notes, "steps rebuild"));
+    checks.push(no_draft_read(conn, steps.len() as i64)?);
+    checks.push(effects_once(conn, effect_checks)?);
+    checks.extend(nothing_lost(conn)?);
+    checks.push(summaries.g7);
+    let (pairs, g8, pins_redacted) = pins_carried(conn, &compactions)?;
+    checks.push(redacted(
+        check("G8 no pinned fact lost", pairs, g8),
+        pins_redacted,
+        &mut notes,
+        "pinned facts are carried",
+    ));
 
+    notes.extend(compacting_often(&compactions));
+    notes.extend(stalled_turns(conn, conn.now_ms())?);
+    Ok(Report {
+        ok: checks.iter().all(|c| c.ok),
+        checks,
+        notes,
+    })
+}
+
+/// G1: no (session, boundary) holds two compaction rows.
+fn one_row_per_boundary(
+    conn: &Connection,
+    compactions: &[crate::store::CompactionRow],
+) -> Result<Check> {
     let dups = store::duplicate_boundaries(conn)?;
-    checks.push(check(
+    Ok(check(
         "G1 one row per boundary",
         compactions.len() as i64,
         dups.iter()
@@ -115,10 +150,19 @@ pub fn verify_with(conn: &Connection, effect_checks: &[&dyn EffectCheck]) -> Res
                 )
             })
             .collect(),
-    ));
+    ))
+}
 
-    let mut g2 = Vec::new();
-    let mut g7 = Vec::new();
+/// What the completed summaries say of G2 (unchanged since completion) and
+/// G7 (smaller than what they folded), and how many a redaction changed.
+struct Summaries {
+    g2: Check,
+    g7: Check,
+    redacted: i64,
+}
+
+fn summaries(conn: &Connection, compactions: &[crate::store::CompactionRow]) -> Result<Summaries> {
+    let (mut g2, mut g7) = (Vec::new(), Vec::new());
     let (mut completed, mut summaries_redacted) = (0, 0);
     for c in compactions
         .iter()
@@ -155,16 +199,18 @@ pub fn verify_with(conn: &Connection, effect_checks: &[&dyn EffectCheck]) -> Res
             )),
         }
     }
-    checks.push(redacted(
-        check("G2 completed summaries never change", completed, g2),
-        summaries_redacted,
-        &mut notes,
-        "summaries hold",
-    ));
+    Ok(Summaries {
+        g2: check("G2 completed summaries never change", completed, g2),
+        g7: check("G7 compaction shrinks", completed, g7),
+        redacted: summaries_redacted,
+    })
+}
 
-    let steps = store::executed_step_ids(conn, None)?;
+/// G3: every executed step rebuilds to its recorded hash (or to the one a
+/// redaction recorded: counted apart).
+fn replays(conn: &Connection, steps: &[crate::ids::StepId]) -> Result<(Check, i64)> {
     let (mut g3, mut steps_redacted) = (Vec::new(), 0);
-    for id in &steps {
+    for id in steps {
         match rebuild_step(conn, *id) {
             Ok(r) if r.holds() => steps_redacted += i64::from(r.redaction.is_some()),
             Ok(r) => g3.push(format!(
@@ -180,17 +226,18 @@ pub fn verify_with(conn: &Connection, effect_checks: &[&dyn EffectCheck]) -> Res
             Err(e) => g3.push(format!("step {id}: {e}")),
         }
     }
-    checks.push(redacted(
+    Ok((
         check("G3 byte-identical replay", steps.len() as i64, g3),
         steps_redacted,
-        &mut notes,
-        "steps rebuild",
-    ));
+    ))
+}
 
+/// G4: no executed step read a compaction that was not completed.
+fn no_draft_read(conn: &Connection, steps: i64) -> Result<Check> {
     let drafts = store::steps_reading_non_completed(conn)?;
-    checks.push(check(
+    Ok(check(
         "G4 no step read a draft",
-        steps.len() as i64,
+        steps,
         drafts
             .iter()
             .map(|d| {
@@ -200,8 +247,12 @@ pub fn verify_with(conn: &Connection, effect_checks: &[&dyn EffectCheck]) -> Res
                 )
             })
             .collect(),
-    ));
+    ))
+}
 
+/// G5: every invocation of a completed step finished, none recorded twice,
+/// and the host's own effect checks.
+fn effects_once(conn: &Connection, effect_checks: &[&dyn EffectCheck]) -> Result<Check> {
     let anomalies = store::invocation_anomalies(conn)?;
     let invocations = store::invocation_count(conn)?;
     let mut g5: Vec<String> = anomalies
@@ -221,42 +272,23 @@ pub fn verify_with(conn: &Connection, effect_checks: &[&dyn EffectCheck]) -> Res
         effects += checked;
         g5.extend(violations);
     }
-    checks.push(check("G5 effects once", invocations + effects, g5));
+    Ok(check("G5 effects once", invocations + effects, g5))
+}
 
+/// G6's four checks: the database's own integrity, a history with no gaps
+/// or orphans, running turns that can resume, deletions that left nothing.
+fn nothing_lost(conn: &Connection) -> Result<Vec<Check>> {
     let integrity = store::integrity_check(conn)?;
     let g6: Vec<String> = integrity.into_iter().filter(|l| l != "ok").collect();
-    checks.push(check("G6 integrity_check", 1, g6));
-
     let (rows, gaps) = history_gaps(conn)?;
-    checks.push(check("G6 history has no gaps or orphans", rows, gaps));
-
     let (running, stuck) = unreadable_running_turns(conn)?;
-    checks.push(check("G6 running turns can resume", running, stuck));
-
     let (deleted, left) = store::deletions_left_behind(conn)?;
-    checks.push(check(
-        "G6 deleted sessions left nothing behind",
-        deleted,
-        left,
-    ));
-
-    checks.push(check("G7 compaction shrinks", completed, g7));
-
-    let (pairs, g8, pins_redacted) = pins_carried(conn, &compactions)?;
-    checks.push(redacted(
-        check("G8 no pinned fact lost", pairs, g8),
-        pins_redacted,
-        &mut notes,
-        "pinned facts are carried",
-    ));
-
-    notes.extend(compacting_often(&compactions));
-    notes.extend(stalled_turns(conn, conn.now_ms())?);
-    Ok(Report {
-        ok: checks.iter().all(|c| c.ok),
-        checks,
-        notes,
-    })
+    Ok(vec![
+        check("G6 integrity_check", 1, g6),
+        check("G6 history has no gaps or orphans", rows, gaps),
+        check("G6 running turns can resume", running, stuck),
+        check("G6 deleted sessions left nothing behind", deleted, left),
+    ])
 }
 
 /// G8: every live pin stated at or before a completed compaction's boundary

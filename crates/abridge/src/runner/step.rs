@@ -360,6 +360,28 @@ impl Runner {
                 other => break other?,
             }
         };
+        let r = self.responded(
+            step_id,
+            &mut response,
+            &ctx,
+            compaction.as_ref(),
+            summary_wait_ms,
+        )?;
+        Ok((response, r, ctx))
+    }
+
+    /// What the step's transaction writes of a model response, checked
+    /// first: nothing deeper than the parser takes (replaced), not empty,
+    /// tool calls well formed; the context measure from the provider's usage
+    /// or, without it, counted.
+    fn responded(
+        &self,
+        step_id: StepId,
+        response: &mut ModelResponse,
+        ctx: &Context,
+        compaction: Option<&CompactionRow>,
+        summary_wait_ms: Option<i64>,
+    ) -> Result<Responded> {
         let sha = ctx.sha256();
         // What is committed must read back: nothing deeper than the parser takes.
         if response.cap_depth() > 0 {
@@ -368,7 +390,7 @@ impl Runner {
         if response.is_empty() {
             return Err(Error::EmptyResponse { step_id });
         }
-        validate_calls(&response, step_id)?;
+        validate_calls(response, step_id)?;
 
         let (context_tokens, estimated) = match response.usage.input_tokens {
             Some(n) => (saturating_tokens(n, "input", step_id), false),
@@ -380,32 +402,21 @@ impl Runner {
                 (n as i64, true)
             }
         };
-        let r = Responded {
+        let usage = &response.usage;
+        let tokens = |n: Option<u64>, what| n.map(|n| saturating_tokens(n, what, step_id));
+        Ok(Responded {
             step_id,
-            compaction_id: compaction.as_ref().map(|c| c.id),
+            compaction_id: compaction.map(|c| c.id),
             messages_sha256: sha,
-            response_json: serde_json::to_string(&response)?,
-            input_tokens: response
-                .usage
-                .input_tokens
-                .map(|n| saturating_tokens(n, "input", step_id)),
-            output_tokens: response
-                .usage
-                .output_tokens
-                .map(|n| saturating_tokens(n, "output", step_id)),
+            response_json: serde_json::to_string(&*response)?,
+            input_tokens: tokens(usage.input_tokens, "input"),
+            output_tokens: tokens(usage.output_tokens, "output"),
             context_tokens,
             estimated,
             summary_wait_ms,
-            cache_read_tokens: response
-                .usage
-                .cache_read_tokens
-                .map(|n| saturating_tokens(n, "cache read", step_id)),
-            cache_write_tokens: response
-                .usage
-                .cache_write_tokens
-                .map(|n| saturating_tokens(n, "cache write", step_id)),
+            cache_read_tokens: tokens(usage.cache_read_tokens, "cache read"),
+            cache_write_tokens: tokens(usage.cache_write_tokens, "cache write"),
             elided_steps: ctx.elided(),
-        };
-        Ok((response, r, ctx))
+        })
     }
 }
