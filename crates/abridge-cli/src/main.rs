@@ -6,8 +6,8 @@ mod verbs;
 #[cfg(unix)]
 use verbs::chaos;
 use verbs::{
-    args, common, compact, demo, erase, export, inspect, migrate, rekey, replay, report, serve,
-    upgrade, verify,
+    args, chat, common, compact, demo, erase, export, inspect, migrate, rekey, replay, report,
+    serve, upgrade, verify,
 };
 
 use clap::{Parser, Subcommand};
@@ -31,6 +31,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Talk to a real model in one durable session: one turn, or interactively.
+    #[command(
+        after_help = "Examples:\n  abridge chat --session notes --provider openai --model gpt-4o-mini \"What did we decide?\"\n  \
+        OPENAI_BASE_URL=http://127.0.0.1:8080/v1 abridge chat --session local --provider openai --model llama3\n  \
+        abridge chat --db team.db --session s1 --provider anthropic --model claude-sonnet-4-5 --compact-at 0.7\n\n\
+        Keys and endpoints from OPENAI_API_KEY, OPENAI_BASE_URL, ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL. \
+        Interactive commands: /context, /compact [focus], /quit. A chat killed mid-answer is finished by the session's next chat."
+    )]
+    Chat(chat::Args),
     /// Run scripted customer-support sessions on an embedded store and watch them compact.
     #[command(
         after_help = "Example:\n  abridge demo --sessions 3 --turns 40 --compact-at 4000\n\n\
@@ -128,6 +137,7 @@ enum Cmd {
 
 async fn run(cmd: Cmd) -> Result<ExitCode, Failure> {
     match cmd {
+        Cmd::Chat(a) => chat::run(a).await,
         Cmd::Demo(a) => demo::run(a).await,
         Cmd::Inspect(a) => inspect::run(a).await,
         Cmd::Replay(a) => replay::run(a).await,

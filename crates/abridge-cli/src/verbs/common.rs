@@ -18,6 +18,7 @@ pub struct Failure {
 enum Kind {
     Engine(Error),
     Usage(String),
+    Interrupted(String),
 }
 
 impl Failure {
@@ -36,10 +37,20 @@ impl Failure {
         }
     }
 
-    /// The exit status: 2 for a usage error, 1 for any other.
+    /// Stopped by Ctrl-C (SIGINT): said as is, exit status 130.
+    pub fn interrupted(message: impl Into<String>) -> Failure {
+        Failure {
+            session: None,
+            kind: Kind::Interrupted(message.into()),
+        }
+    }
+
+    /// The exit status: 2 for a usage error, 130 when interrupted, 1 for
+    /// any other.
     pub fn exit_code(&self) -> std::process::ExitCode {
         match self.kind {
             Kind::Usage(_) => std::process::ExitCode::from(2),
+            Kind::Interrupted(_) => std::process::ExitCode::from(130),
             Kind::Engine(_) => std::process::ExitCode::FAILURE,
         }
     }
@@ -70,6 +81,7 @@ impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let error = match &self.kind {
             Kind::Usage(message) => return write!(f, "{message} (see --help)"),
+            Kind::Interrupted(message) => return write!(f, "{message}"),
             Kind::Engine(e) => e,
         };
         match (&self.session, error) {

@@ -3,6 +3,7 @@
 pub(crate) mod args;
 #[cfg(unix)]
 pub(crate) mod chaos;
+pub(crate) mod chat;
 pub(crate) mod common;
 pub(crate) mod compact;
 pub(crate) mod demo;

@@ -12,6 +12,7 @@ mod bad_input;
 mod cancel_safety;
 #[cfg(unix)]
 mod chaos;
+mod chat;
 mod cli;
 mod compaction;
 mod crash_points;

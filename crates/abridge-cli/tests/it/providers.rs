@@ -19,11 +19,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// One request the fake server received.
 #[derive(Debug, Clone)]
-struct Seen {
-    path: String,
-    headers: Vec<(String, String)>,
-    body: Value,
-    len: usize,
+pub(crate) struct Seen {
+    pub(crate) path: String,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Value,
+    pub(crate) len: usize,
 }
 
 impl Seen {
@@ -36,23 +36,23 @@ impl Seen {
 }
 
 /// The answer: status, extra headers, body.
-type Answer = (u16, Vec<(&'static str, String)>, Value);
+pub(crate) type Answer = (u16, Vec<(&'static str, String)>, Value);
 type Handler = Arc<dyn Fn(&Seen) -> Answer + Send + Sync>;
 
-struct Fake {
-    base: String,
+pub(crate) struct Fake {
+    pub(crate) base: String,
     seen: Arc<Mutex<Vec<Seen>>>,
 }
 
 impl Fake {
-    fn seen(&self) -> Vec<Seen> {
+    pub(crate) fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
 }
 
 /// An HTTP/1.1 server answering each request with `handler` (one request per
 /// connection).
-async fn serve(handler: impl Fn(&Seen) -> Answer + Send + Sync + 'static) -> Fake {
+pub(crate) async fn serve(handler: impl Fn(&Seen) -> Answer + Send + Sync + 'static) -> Fake {
     let handler: Handler = Arc::new(handler);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}/v1", listener.local_addr().unwrap());

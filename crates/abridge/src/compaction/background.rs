@@ -16,9 +16,12 @@ impl Compactor {
         latest: Option<&CompactionRow>,
     ) -> Result<()> {
         let (this, sid) = (self.clone(), subject.session_id);
+        // A short write transaction, as a step's: on the calling worker
+        // when the store allows it (no thread hand-off before the summary's
+        // task is spawned).
         let claimed = self
             .store
-            .call(move |c| this.claim_background(c, sid, boundary, measure))
+            .call_inline(move |c| this.claim_background(c, sid, boundary, measure))
             .await?;
         self.say_if_often(subject, boundary, measure, latest);
         if let Some(claimed) = claimed {

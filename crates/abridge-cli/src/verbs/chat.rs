@@ -1,0 +1,265 @@
+//! `abridge chat`: a real model from the terminal, one durable session.
+//!
+//! With a message: one turn of the session (created on first use), the
+//! answer alone on stdout, notes on stderr. Without: an interactive session
+//! (`/compact [focus]`, `/context`, `/quit`). Every turn is a runner's turn,
+//! numbered by the session's own count: a `chat` killed mid-turn leaves the
+//! turn running, and the next `chat` of the session finishes that same turn
+//! (once) before it takes a new message. Ctrl-C during an answer drops the
+//! request: the turn stays resumable, nothing of it half-written.
+
+use crate::common::{open_store, Failure};
+use abridge::providers::{Anthropic, OpenAiChat, OpenAiResponses};
+use abridge::store::{Location, TurnStatus};
+use abridge::{
+    CompactionConfig, ModelClient, ModelSummariser, Runner, SessionId, Threshold, TurnOutcome,
+};
+use std::io::{BufRead, IsTerminal, Write};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+/// The provider a `chat` talks to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Provider {
+    /// OpenAI's Chat Completions API (and the servers that speak it):
+    /// `OPENAI_API_KEY`, `OPENAI_BASE_URL`.
+    Openai,
+    /// OpenAI's Responses API: `OPENAI_API_KEY`, `OPENAI_BASE_URL`.
+    OpenaiResponses,
+    /// Anthropic's Messages API: `ANTHROPIC_API_KEY`, `ANTHROPIC_BASE_URL`.
+    Anthropic,
+}
+
+/// Arguments of `abridge chat`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Database file or PostgreSQL URL (created if missing).
+    #[arg(long, default_value = "abridge-chat.db")]
+    pub db: Location,
+    /// The session, by the name you give it (created on first use).
+    #[arg(long)]
+    pub session: String,
+    /// Which API the model is behind.
+    #[arg(long, value_enum)]
+    pub provider: Provider,
+    /// The model, as the provider names it.
+    #[arg(long)]
+    pub model: String,
+    /// Threshold: a token count (4000), a fraction of the model's window
+    /// (0.8), or off. Default: 0.8 of the window the built-in table knows for
+    /// the model, else 100000 tokens.
+    #[arg(long)]
+    pub compact_at: Option<String>,
+    /// The system prompt of a new session (an existing one keeps its own).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// The model that writes the summaries (default: the chat's own).
+    #[arg(long)]
+    pub summary_model: Option<String>,
+    /// One message: run one turn and print the answer. Without it, an
+    /// interactive session.
+    pub message: Option<String>,
+}
+
+const DEFAULT_SYSTEM: &str = "You are a helpful assistant.";
+
+/// The threshold when `--compact-at` is not given and the window is unknown.
+const FALLBACK_COMPACT_AT: u64 = 100_000;
+
+/// Runs the verb.
+pub async fn run(args: Args) -> Result<ExitCode, Failure> {
+    let client = client(args.provider)?;
+    let compact_at = match &args.compact_at {
+        Some(s) => Threshold::parse(s)?,
+        None if abridge::compaction::builtin_context_window(&args.model).is_some() => {
+            Threshold::Fraction(0.8)
+        }
+        None => Threshold::Tokens(FALLBACK_COMPACT_AT),
+    };
+    let summary_model = args.summary_model.clone().unwrap_or(args.model.clone());
+    let store = open_store(&args.db)?;
+    let runner = Runner::builder(store, client.clone())
+        .summariser(ModelSummariser::new(client, summary_model))
+        .compaction(CompactionConfig::default().with_compact_at(compact_at))
+        .build()?;
+    let session = match runner.session(args.session.as_str()).await {
+        Ok(s) => s,
+        Err(abridge::Error::UnknownSession(_)) => {
+            let system = args.system.as_deref().unwrap_or(DEFAULT_SYSTEM);
+            runner
+                .create_session(&args.session, &args.model, system)
+                .await?
+        }
+        Err(e) => return Err(Failure::session(&args.session, e)),
+    };
+    if session.model != args.model {
+        eprintln!(
+            "note: session {} runs on {}; --model {} is used for its new turns' requests only as its model name",
+            args.session, session.model, args.model
+        );
+    }
+    let chat = Chat {
+        runner,
+        session: session.id,
+        name: args.session.clone(),
+        model: session.model.clone(),
+    };
+    chat.finish_interrupted().await?;
+    let code = match args.message {
+        Some(message) => {
+            let outcome = chat.turn(&message).await?;
+            println!("{}", outcome.output);
+            ExitCode::SUCCESS
+        }
+        None => chat.interactive().await?,
+    };
+    // Summaries started in the background are finished before the exit
+    // (a kill leaves them pending: the next chat finishes them).
+    chat.runner.finish_background().await;
+    Ok(code)
+}
+
+/// The provider's client from its usual environment variables; a missing
+/// key is one line naming the variable.
+fn client(provider: Provider) -> Result<Arc<dyn ModelClient>, Failure> {
+    Ok(match provider {
+        Provider::Openai => Arc::new(OpenAiChat::from_env()?),
+        Provider::OpenaiResponses => Arc::new(OpenAiResponses::from_env()?),
+        Provider::Anthropic => Arc::new(Anthropic::from_env()?),
+    })
+}
+
+struct Chat {
+    runner: Runner,
+    session: SessionId,
+    name: String,
+    model: String,
+}
+
+impl Chat {
+    /// A turn a killed (or interrupted) chat left running is finished first:
+    /// the same turn, once; its answer goes to stderr, marked.
+    async fn finish_interrupted(&self) -> Result<(), Failure> {
+        let turns = self.runner.store().turns(self.session).await?;
+        for turn in turns.iter().filter(|t| t.status == TurnStatus::Running) {
+            eprintln!(
+                "note: finishing turn {} of session {}, left running",
+                turn.idx, self.name
+            );
+            let outcome = self
+                .runner
+                .resume_turn(turn.id)
+                .await
+                .map_err(|e| Failure::session(&self.name, e))?;
+            eprintln!("(turn {}) {}", turn.idx, outcome.output);
+        }
+        Ok(())
+    }
+
+    /// One turn, numbered after the session's last: Ctrl-C stops the
+    /// request and leaves the turn resumable.
+    async fn turn(&self, input: &str) -> Result<TurnOutcome, Failure> {
+        let idx = self.runner.store().turns(self.session).await?.len() as i64;
+        let run = self.runner.run_turn_at(self.session, idx, input);
+        tokio::select! {
+            outcome = run => outcome.map_err(|e| Failure::session(&self.name, e)),
+            _ = tokio::signal::ctrl_c() => Err(Failure::interrupted(format!(
+                "interrupted: turn {idx} of session {} is left running; the next chat of the \
+                 session finishes it",
+                self.name
+            ))),
+        }
+    }
+
+    /// Lines from stdin until `/quit` or its end; `/compact [focus]` and
+    /// `/context` are the session's own.
+    async fn interactive(&self) -> Result<ExitCode, Failure> {
+        let terminal = std::io::stdin().is_terminal();
+        if terminal {
+            eprintln!(
+                "session {} on {} ({}): /context, /compact [focus], /quit",
+                self.name,
+                self.model,
+                self.runner.store().path().display()
+            );
+        }
+        let (lines, mut rx) = tokio::sync::mpsc::channel::<String>(1);
+        std::thread::spawn(move || {
+            let stdin = std::io::stdin();
+            for line in stdin.lock().lines() {
+                let Ok(line) = line else { break };
+                if lines.blocking_send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        loop {
+            if terminal {
+                eprint!("> ");
+                let _ = std::io::stderr().flush();
+            }
+            let Some(line) = rx.recv().await else { break };
+            let line = line.trim();
+            match line
+                .split_once(' ')
+                .map_or((line, ""), |(c, r)| (c, r.trim()))
+            {
+                ("", _) => continue,
+                ("/quit" | "/exit", _) => break,
+                ("/context", _) => self.context().await?,
+                ("/compact", focus) => self.compact(focus).await?,
+                (c, _) if c.starts_with('/') => {
+                    eprintln!("unknown command {c}: /context, /compact [focus], /quit")
+                }
+                _ => match self.turn(line).await {
+                    Ok(outcome) => println!("{}", outcome.output),
+                    Err(e) => eprintln!("abridge: error: {e}"),
+                },
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+
+    /// `/context`: what the next step's context holds and where it stands.
+    async fn context(&self) -> Result<(), Failure> {
+        let name = self.name.clone();
+        let detail = self
+            .runner
+            .store()
+            .call(move |c| abridge::inspect::session_detail(c, &name))
+            .await?;
+        let counts = &detail.summary.counts;
+        let config = &self.runner.config().compaction;
+        let window = config.context_window(&self.model);
+        let threshold = config.compact_at.tokens(window);
+        let show = |n: Option<u64>| n.map_or("-".to_string(), |n| n.to_string());
+        println!(
+            "tokens {}  window {}  threshold {}  turns {}  compactions {}  pins {}",
+            counts
+                .context_tokens
+                .map_or("-".to_string(), |n| n.to_string()),
+            show(window),
+            show(threshold),
+            counts.turns,
+            counts.compactions_completed,
+            detail.live_pins.len()
+        );
+        Ok(())
+    }
+
+    /// `/compact [focus]`: a manual compaction now, exactly once per boundary.
+    async fn compact(&self, focus: &str) -> Result<(), Failure> {
+        let focus = (!focus.is_empty()).then(|| focus.to_string());
+        match self.runner.compact_now(self.session, focus).await {
+            Ok(row) => println!(
+                "compacted turns up to {} ({} -> {} tokens)",
+                row.up_to_turn_index,
+                row.tokens_before.unwrap_or_default(),
+                row.tokens_after.unwrap_or_default()
+            ),
+            Err(e @ abridge::Error::NothingToCompact { .. }) => eprintln!("{e}"),
+            Err(e) => return Err(Failure::session(&self.name, e)),
+        }
+        Ok(())
+    }
+}

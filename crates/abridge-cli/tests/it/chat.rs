@@ -1,0 +1,230 @@
+//! `abridge chat` against a local server speaking OpenAI's Chat Completions:
+//! one turn with the answer alone on stdout, the session kept across calls,
+//! a missing key in one line, a chat killed mid-answer finished by the next
+//! (the same turn, once), and the interactive `/context`, `/compact`, `/quit`
+//! driven through stdin.
+
+use crate::common::{abridge_cmd, db_for};
+use crate::providers::{serve, Answer, Fake, Seen};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The text of the last user message of a Chat Completions request.
+fn last_user_text(body: &Value) -> String {
+    body["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+        .map(|m| match &m["content"] {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+        .unwrap_or_default()
+}
+
+/// An answer in the Chat Completions shape.
+fn completion(text: &str) -> Answer {
+    (
+        200,
+        vec![],
+        json!({
+            "id": "c1",
+            "object": "chat.completion",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": 40, "completion_tokens": 5, "total_tokens": 45}
+        }),
+    )
+}
+
+/// Echoes the last user message; a summary request gets a short summary.
+fn echo(seen: &Seen) -> Answer {
+    let text = last_user_text(&seen.body);
+    if text.contains("summar") || text.contains("Summar") {
+        return completion("The user said hello and asked about the weather.");
+    }
+    completion(&format!(
+        "echo: {}",
+        text.chars().take(60).collect::<String>()
+    ))
+}
+
+fn chat(fake: &Fake, db: &Path, args: &[&str]) -> Command {
+    let mut c = abridge_cmd();
+    c.args(["chat", "--db"])
+        .arg(db_for(db))
+        .args([
+            "--session",
+            "s",
+            "--provider",
+            "openai",
+            "--model",
+            "gpt-test",
+        ])
+        .args(args)
+        .env("OPENAI_API_KEY", "sk-test")
+        .env("OPENAI_BASE_URL", &fake.base)
+        .env_remove("RUST_LOG");
+    c
+}
+
+async fn output(mut c: Command) -> Output {
+    tokio::task::spawn_blocking(move || c.output().unwrap())
+        .await
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_with_a_message_prints_the_answer_alone_and_keeps_the_session() {
+    let fake = serve(echo).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("chat.db");
+    let out = output(chat(&fake, &db, &["hello there"])).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "echo: hello there\n");
+    let out = output(chat(&fake, &db, &["and again"])).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "echo: and again\n");
+    // The second call's request carried the first turn.
+    let seen = fake.seen();
+    let last = &seen.last().unwrap().body;
+    let said: Vec<String> = last["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].to_string())
+        .collect();
+    assert!(said.iter().any(|m| m.contains("hello there")), "{said:?}");
+    assert_eq!(last["model"], "gpt-test");
+    let verify = abridge_cmd()
+        .args(["verify", "--db"])
+        .arg(db_for(&db))
+        .output()
+        .unwrap();
+    assert!(verify.status.success(), "{}", text(&verify.stdout));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_without_a_key_says_so_in_one_line() {
+    let fake = serve(echo).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = chat(&fake, &dir.path().join("k.db"), &["hi"]);
+    c.env_remove("OPENAI_API_KEY");
+    let out = output(c).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("OPENAI_API_KEY"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(out.stdout.is_empty());
+    assert!(fake.seen().is_empty(), "nothing was sent");
+}
+
+/// A chat killed while the model answers leaves its turn running; the
+/// session's next chat finishes that same turn (one more request, one
+/// answer stored) and then runs its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_killed_mid_answer_is_finished_once_by_the_next() {
+    let arrived = Arc::new(AtomicUsize::new(0));
+    let a = arrived.clone();
+    let fake = serve(move |seen| {
+        let text = last_user_text(&seen.body);
+        if text == "slow one" && a.fetch_add(1, Ordering::SeqCst) == 0 {
+            // The first time only: long enough to be killed meanwhile.
+            std::thread::sleep(Duration::from_secs(3));
+        }
+        echo(seen)
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("kill.db");
+    let out = output(chat(&fake, &db, &["first"])).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let mut slow = chat(&fake, &db, &["slow one"]);
+    slow.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = slow.spawn().unwrap();
+    for _ in 0..200 {
+        if arrived.load(Ordering::SeqCst) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        arrived.load(Ordering::SeqCst),
+        1,
+        "the slow request arrived"
+    );
+    child.kill().unwrap();
+    let killed = child.wait_with_output().unwrap();
+    assert!(killed.stdout.is_empty(), "{}", text(&killed.stdout));
+
+    let out = output(chat(&fake, &db, &["after"])).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "echo: after\n");
+    let err = text(&out.stderr);
+    assert!(err.contains("finishing turn 1"), "{err}");
+    assert!(err.contains("echo: slow one"), "{err}");
+    assert_eq!(
+        arrived.load(Ordering::SeqCst),
+        2,
+        "asked once more, not again"
+    );
+
+    let export = abridge_cmd()
+        .args(["export", "--db"])
+        .arg(db_for(&db))
+        .args(["--session", "s", "--format", "jsonl"])
+        .output()
+        .unwrap();
+    let jsonl = text(&export.stdout);
+    assert_eq!(jsonl.matches("echo: slow one").count(), 1, "{jsonl}");
+    assert_eq!(jsonl.matches("echo: after").count(), 1, "{jsonl}");
+}
+
+/// Interactive, through stdin: answers on stdout, `/context` a line of
+/// figures, `/compact` a manual compaction (its summary made by the same
+/// server), `/quit` the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interactive_chat_answers_and_serves_context_and_compact() {
+    let fake = serve(echo).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("i.db");
+    let mut c = chat(&fake, &db, &[]);
+    c.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut child = c.spawn().unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all(b"hello\nhow is the weather\n/context\n/compact\n/context\n/quit\n")
+            .unwrap();
+        drop(stdin);
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("echo: hello\n"), "{stdout}");
+    assert!(stdout.contains("echo: how is the weather\n"), "{stdout}");
+    let context: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("tokens "))
+        .collect();
+    assert_eq!(context.len(), 2, "{stdout}");
+    assert!(
+        context[0].contains("turns 2") && context[0].contains("compactions 0"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("compacted turns up to 1"), "{stdout}");
+    assert!(context[1].contains("compactions 1"), "{stdout}");
+}
