@@ -332,6 +332,12 @@ impl ModelClient for ScriptedModel {
     async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ModelError> {
         if !self.latency.is_zero() {
             tokio::time::sleep(self.latency).await;
+        } else {
+            // A real model call is network I/O: it always lets the runtime
+            // run its other tasks (a background summary among them). An
+            // instant answer that never yields would keep a session's turns
+            // running back to back on its worker, the summary waiting.
+            tokio::task::yield_now().await;
         }
         Ok(self.respond(request))
     }
