@@ -55,10 +55,12 @@ pub struct Args {
 /// Runs the verb.
 pub async fn run(args: Args) -> Result<ExitCode, Failure> {
     if crate::common::key()?.is_some() {
-        return Err(Failure::usage(format!(
+        // The environment, not the arguments: exit status 1.
+        return Err(abridge::Error::Config(format!(
             "the chaos harness runs on plain stores (its workers open them without a key): unset {}",
             crate::common::KEY_VAR
-        )));
+        ))
+        .into());
     }
     let Args {
         db,

@@ -69,11 +69,19 @@ const FALLBACK_COMPACT_AT: u64 = 100_000;
 /// Runs the verb.
 pub async fn run(args: Args) -> Result<ExitCode, Failure> {
     let client = client(args.provider)?;
+    let window = abridge::compaction::builtin_context_window(&args.model);
     let compact_at = match &args.compact_at {
-        Some(s) => Threshold::parse(s)?,
-        None if abridge::compaction::builtin_context_window(&args.model).is_some() => {
-            Threshold::Fraction(0.8)
-        }
+        Some(s) => match Threshold::parse(s)? {
+            Threshold::Fraction(f) if window.is_none() => {
+                return Err(Failure::usage(format!(
+                    "--compact-at {f} is a share of the model's window, and the built-in table \
+                     does not know {}'s: give a token count (--compact-at 6000)",
+                    args.model
+                )))
+            }
+            t => t,
+        },
+        None if window.is_some() => Threshold::Fraction(0.8),
         None => Threshold::Tokens(FALLBACK_COMPACT_AT),
     };
     let summary_model = args.summary_model.clone().unwrap_or(args.model.clone());

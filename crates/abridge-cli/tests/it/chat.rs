@@ -126,6 +126,23 @@ async fn chat_without_a_key_says_so_in_one_line() {
     assert!(fake.seen().is_empty(), "nothing was sent");
 }
 
+/// A share of an unknown window is refused before anything is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fraction_of_an_unknown_window_is_a_usage_error() {
+    let fake = serve(echo).await;
+    let dir = tempfile::tempdir().unwrap();
+    let out = output(chat(
+        &fake,
+        &dir.path().join("f.db"),
+        &["--compact-at", "0.7", "hi"],
+    ))
+    .await;
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains("give a token count"), "{err}");
+    assert!(fake.seen().is_empty());
+}
+
 /// A chat killed while the model answers leaves its turn running; the
 /// session's next chat finishes that same turn (one more request, one
 /// answer stored) and then runs its own.
