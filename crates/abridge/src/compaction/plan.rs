@@ -108,9 +108,15 @@ impl Compactor {
                     waited: None,
                 })
             }
-            due @ Decision::Claim { boundary, .. } => {
+            Decision::Claim {
+                boundary,
+                measure,
+                latest,
+            } => {
                 let began = std::time::Instant::now();
-                let row = self.act(subject, turn_idx, due).await?;
+                let row = self
+                    .claim_due(subject, turn_idx, boundary, measure, latest)
+                    .await?;
                 let waited_ms = began.elapsed().as_millis().min(i64::MAX as u128) as i64;
                 Ok(Resolved {
                     row,
@@ -148,32 +154,18 @@ impl Compactor {
         Ok(())
     }
 
-    /// The asynchronous half: claims, summarises and completes when the decision
-    /// says so; returns the completed compaction the step reads.
-    pub(super) async fn act(
+    /// The compaction due at `b`: claimed (or finished, or waited for),
+    /// summarised and completed; returns the completed compaction the step
+    /// reads (`latest` when it failed under `ProceedUncompacted`).
+    async fn claim_due(
         &self,
         subject: &Subject,
         turn_idx: i64,
-        decision: Decision,
+        b: i64,
+        measure: Option<i64>,
+        latest: Option<CompactionRow>,
     ) -> Result<Option<CompactionRow>> {
         let sid = subject.session_id;
-        let (b, measure, latest) = match decision {
-            Decision::Read(row) => return Ok(row),
-            Decision::Background {
-                boundary,
-                measure,
-                read,
-            } => {
-                self.background(subject, boundary, measure, read.as_ref())
-                    .await?;
-                return Ok(read);
-            }
-            Decision::Claim {
-                boundary,
-                measure,
-                latest,
-            } => (boundary, measure, latest),
-        };
         self.say_if_often(subject, b, measure, latest.as_ref());
         let row = self
             .claim_and_finish(subject, b, Trigger::Auto, None, measure, true)

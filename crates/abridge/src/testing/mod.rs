@@ -15,15 +15,6 @@ pub fn write_tx(conn: &mut Connection) -> Result<Transaction<'_>> {
     crate::store::write_tx(conn)
 }
 
-/// The SQL expression of the id a new row of `table` takes (past the id
-/// floor erasures leave), for writing rows as the engine would.
-pub fn next_id_sql(table: &str) -> String {
-    format!(
-        "(SELECT max(coalesce((SELECT max(id) FROM {table}), 0), coalesce((SELECT \
-         {table}_id_floor FROM erasures ORDER BY id DESC LIMIT 1), 0)) + 1)"
-    )
-}
-
 /// An ordinary connection to the store at `location` beside its pool,
 /// opened with `key` (an encrypted store's): an outside service's, or a
 /// harness's lock holder's.

@@ -1,7 +1,7 @@
 //! Bulk history for benchmarks: writes a session's past turns directly, in one
 //! transaction, as a runner would have left them. Not for production use.
 
-use super::{next_id_sql, write_tx};
+use super::write_tx;
 use crate::error::Result;
 use crate::ids::SessionId;
 use crate::message::{sha256_hex, ModelResponse, ResponseBlock, Usage};
@@ -43,10 +43,11 @@ pub fn seed_history(conn: &mut Connection, session_id: SessionId, shape: &SeedSh
     let now = crate::store::now_ms();
     for k in 0..shape.turns {
         let idx = start + k;
-        let turn_id = tx.prepare_cached(&format!(
+        let turn_id = tx.prepare_cached(concat!(
             "INSERT INTO turns (id, session_id, idx, input, status, output, lease_epoch, created_at, \
-             finished_at) VALUES ({}, ?1, ?2, ?3, 'completed', 'done', 1, ?4, ?4) RETURNING id",
-            next_id_sql("turns")
+             finished_at) VALUES (",
+            crate::store::next_id!("turns"),
+            ", ?1, ?2, ?3, 'completed', 'done', 1, ?4, ?4) RETURNING id"
         ))?
         .query_row(params![
             session_id,
@@ -124,12 +125,12 @@ pub fn seed_history(conn: &mut Connection, session_id: SessionId, shape: &SeedSh
                     "- a fact\n".repeat(60)
                 );
                 tx.execute(
-                    &format!(
+                    concat!(
                         "INSERT INTO compactions (id, session_id, up_to_turn_index, up_to_turn_id, status, \
                          summary, summary_sha256, trigger, attempts, tokens_before, tokens_after, \
-                         summary_calls, created_at, completed_at) VALUES ({}, \
-                         ?1, ?2, ?3, 'completed', ?4, ?5, 'auto', 1, 5000, 200, 1, ?6, ?6)",
-                        next_id_sql("compactions")
+                         summary_calls, created_at, completed_at) VALUES (",
+                        crate::store::next_id!("compactions"),
+                        ", ?1, ?2, ?3, 'completed', ?4, ?5, 'auto', 1, 5000, 200, 1, ?6, ?6)"
                     ),
                     params![session_id, idx, turn_id, summary, sha256_hex(summary.as_bytes()), now],
                 )?;

@@ -1,6 +1,7 @@
 //! The tables, one file per family: each holds its statements and the
 //! functions over them (`rows` the row structs and status enums they read
-//! into). Only these files, the schema and administration write SQL.
+//! into). Only these files, the schema and administration write SQL (and,
+//! under the `testing` feature, the bench seeder, as these files would).
 
 pub(crate) mod audit;
 pub(crate) mod compactions;
