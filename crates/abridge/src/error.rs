@@ -180,9 +180,14 @@ pub enum Error {
         backend: crate::backend_kind::BackendKind,
     },
 
-    /// The connection pool could not hand out a connection in time. Retry.
-    #[error("connection pool: {0}")]
-    Pool(#[from] r2d2::Error),
+    /// Every pooled connection stayed in use for as long as a call waits
+    /// for one (the busy timeout and five seconds more): the store is
+    /// overloaded, or a host holds connections. Retry.
+    #[error("no pooled connection came free within {waited:?}")]
+    PoolTimeout {
+        /// How long the call waited.
+        waited: std::time::Duration,
+    },
 
     /// A stored JSON column did not decode. Means tampering or a bug; final.
     #[error("stored JSON did not decode: {0}")]
@@ -511,7 +516,7 @@ impl Error {
         }
         matches!(
             self,
-            Error::Pool(_)
+            Error::PoolTimeout { .. }
                 | Error::Unreachable { .. }
                 | Error::LeaseHeld { .. }
                 | Error::LeaseLost { .. }

@@ -1,6 +1,6 @@
 //! The store: every SQL statement abridge issues lives under this module.
 //!
-//! A [`Store`] owns an r2d2 pool of SQLite connections to one file. Opening it
+//! A [`Store`] owns a pool of SQLite connections to one file (`pool`). Opening it
 //! checks the file (not a database, a foreign database, a newer schema: typed
 //! errors, nothing written), sets WAL once, and applies `schema.sql` with its
 //! version stamp in one IMMEDIATE transaction. Every write transaction is
@@ -112,7 +112,6 @@ pub(crate) use tables::turns::{
 
 use crate::error::{Error, Result};
 use crate::ids::SessionId;
-use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::config::DbConfig;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -535,7 +534,7 @@ impl Store {
         let busy = opts.busy_timeout;
         let sync = opts.synchronous;
         let checkpoints = opts.checkpoints;
-        let manager = SqliteConnectionManager::file(&path).with_init(move |c| {
+        let init: pool::Init = Box::new(move |c| {
             if let Some(k) = &key {
                 // SQLCipher's presence and the key were checked on the
                 // first connection above.
@@ -559,7 +558,10 @@ impl Store {
             Ok(())
         });
         let (pool, closer) = pool::build(
-            pool::Connect::Sqlite(manager),
+            pool::Connect::Sqlite {
+                path: path.clone(),
+                init,
+            },
             opts.clock.clone(),
             opts.max_connections,
             // Longer than busy_timeout, so a connection wait never fires first.
@@ -627,7 +629,7 @@ impl Store {
             target.lock_timeout(opts.busy_timeout);
             target.migrate(target.connect()?)?;
             let (pool, closer) = pool::build(
-                pool::Connect::Postgres(pg::Manager(target.clone())),
+                pool::Connect::Postgres(Box::new(pg::Manager(target.clone()))),
                 opts.clock.clone(),
                 opts.max_connections,
                 opts.busy_timeout + Duration::from_secs(5),

@@ -1,41 +1,91 @@
-//! The store's connection pool: r2d2's, with one addition.
+//! The store's connection pool: a fixed set of connections, opened when the
+//! store is opened, checked out and returned by the calling thread.
 //!
-//! r2d2 opens (and replaces) connections on threads of its own, and such a
-//! thread holds the pool while it works. When a store's last handle is
-//! dropped during that moment, the pool, and every connection in it, would
-//! be dropped later, on r2d2's thread: after the host has let go of the
-//! store, perhaps while the process exits. That is a race with whatever comes
-//! next: a host that deletes or moves the file, or the process's exit
-//! handlers (SQLCipher frees its memory in one: a connection closing at the
-//! same time crashed the process with SIGSEGV).
+//! # Why not a pool crate
+//! A store needs little of a general pool: its connections are opened on
+//! the caller's thread, never in the background, an SQLite store keeps its
+//! connections for its lifetime (a connection to a local file does not go
+//! stale; reopening one costs its statement cache and, encrypted, a key
+//! derivation), and a server's connection is checked at checkout and
+//! replaced when found broken. A pool crate opens and replaces connections
+//! on threads of its own, with a scheduler of its own per pool; such a
+//! thread can hold the last reference to the pool while the host drops its
+//! store, and close a connection after the host has let go (a race with a
+//! host that deletes the file, or with the process's exit handlers:
+//! SQLCipher frees its memory in one, and a connection closing at the same
+//! time crashed the process). Here nothing runs anywhere but on a thread
+//! that called the store, and an app embedding the engine compiles no
+//! thread-pool or platform crate for it.
 //!
-//! So the pool counts what it holds: its connection maker (alive as long as
-//! anything holds the pool) and every connection it opened. Every handle of
-//! a store shares one [`Closer`]; the last handle's drop waits until that
-//! count is zero, so when it returns the store's connections are closed.
+//! The pool still counts what it holds: its connection maker and every
+//! connection it opened. Every handle of a store shares one [`Closer`]; the
+//! last handle's drop waits until that count is zero (a connection checked
+//! out on another thread is returned, and closed, first), so when it returns
+//! the store's connections are closed.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::store::db::{self, Connection};
-use r2d2_sqlite::SqliteConnectionManager;
-use std::sync::{Arc, Condvar, Mutex};
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// A store's pool.
-pub(crate) type Pool = r2d2::Pool<Manager>;
-
-/// A connection checked out of a [`Pool`].
-pub(crate) type Checkout = r2d2::PooledConnection<Manager>;
+/// What an SQLite connection runs once, right after it is opened (the key,
+/// the busy timeout, the pragmas).
+pub(crate) type Init = Box<dyn Fn(&mut rusqlite::Connection) -> rusqlite::Result<()> + Send + Sync>;
 
 /// How the pool's connections are made, whichever the backend.
-#[derive(Debug)]
 pub(crate) enum Connect {
-    Sqlite(SqliteConnectionManager),
+    /// A file, opened with SQLite's default flags, then `Init`.
+    Sqlite { path: PathBuf, init: Init },
     #[cfg(feature = "postgres")]
-    Postgres(crate::store::pg::Manager),
+    Postgres(Box<crate::store::pg::Manager>),
 }
 
-/// Builds the pool (opening its connections, as r2d2's `build` does) and
-/// the [`Closer`] its store's handles share.
+impl std::fmt::Debug for Connect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Connect::Sqlite { path, .. } => write!(f, "Sqlite({})", path.display()),
+            #[cfg(feature = "postgres")]
+            Connect::Postgres(m) => write!(f, "Postgres({m:?})"),
+        }
+    }
+}
+
+/// A store's pool. Cheap to clone: every clone is the same pool.
+#[derive(Clone)]
+pub(crate) struct Pool(Arc<Shared>);
+
+struct Shared {
+    maker: Maker,
+    /// Connections open, idle or checked out (or being opened).
+    max_size: u32,
+    /// How long [`Pool::get`] waits for a connection to come back.
+    timeout: Duration,
+    /// A server's connections are checked at checkout (a file's are not:
+    /// the check would cost a statement at every checkout).
+    check_on_checkout: bool,
+    state: Mutex<State>,
+    /// Notified when a connection comes back, or a slot frees.
+    returned: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    idle: Vec<Pooled>,
+    /// Connections counted against `max_size`: idle, out, or being opened.
+    open: u32,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Builds the pool, opening its `max_size` connections on the calling thread
+/// (the first error, such as a wrong key or an unreachable server, is
+/// returned and the pool is not made), and the [`Closer`] its store's
+/// handles share.
 pub(crate) fn build(
     connect: Connect,
     clock: Arc<dyn crate::clock::Clock>,
@@ -43,36 +93,167 @@ pub(crate) fn build(
     connection_timeout: Duration,
     patience: Duration,
 ) -> Result<(Pool, Arc<Closer>)> {
+    if max_size == 0 {
+        return Err(Error::Config(
+            "a store needs at least one connection".into(),
+        ));
+    }
     let held = Arc::new(Held::default());
     // Made first: a pool whose build fails is waited for too.
     let closer = Arc::new(Closer {
         held: held.clone(),
         patience,
     });
-    // A connection to a local file does not go stale: checking it would cost
-    // a statement at every checkout, and reopening it (r2d2 closes one idle
-    // for 10 minutes or open for 30 by default) its statement cache and, on
-    // an encrypted store, a key derivation. An SQLite store keeps its
-    // connections; a server's can drop, and are checked and replaced.
-    let local_file = matches!(connect, Connect::Sqlite(_));
-    let manager = Manager {
+    let check_on_checkout = !matches!(connect, Connect::Sqlite { .. });
+    let maker = Maker {
         connect,
         clock,
         _alive: Token::new(&held),
         held,
     };
-    let mut builder = r2d2::Pool::builder()
-        .max_size(max_size)
-        .connection_timeout(connection_timeout)
-        .test_on_check_out(!local_file);
-    if local_file {
-        builder = builder.idle_timeout(None).max_lifetime(None);
+    let mut idle = Vec::with_capacity(max_size as usize);
+    for _ in 0..max_size {
+        idle.push(maker.connect()?);
     }
-    let pool = builder.build(manager)?;
+    let pool = Pool(Arc::new(Shared {
+        maker,
+        max_size,
+        timeout: connection_timeout,
+        check_on_checkout,
+        state: Mutex::new(State {
+            idle,
+            open: max_size,
+        }),
+        returned: Condvar::new(),
+    }));
     Ok((pool, closer))
 }
 
-/// What a pool holds: its manager and its connections, counted.
+impl Pool {
+    /// A connection: an idle one, or a new one while fewer than `max_size`
+    /// are open (one found broken was closed), or the first returned within
+    /// the pool's timeout.
+    ///
+    /// Errors: [`Error::PoolTimeout`] when none came back in time (resumable);
+    /// the backend's own error when a new connection could not be opened.
+    pub(crate) fn get(&self) -> Result<Checkout> {
+        let deadline = Instant::now() + self.0.timeout;
+        let mut state = self.0.state();
+        loop {
+            if let Some(conn) = state.idle.pop() {
+                drop(state);
+                match self.checked(conn) {
+                    Some(out) => return Ok(out),
+                    None => {
+                        state = self.0.state();
+                        continue;
+                    }
+                }
+            }
+            if state.open < self.0.max_size {
+                state.open += 1;
+                drop(state);
+                return match self.0.maker.connect() {
+                    Ok(conn) => Ok(self.checkout(conn)),
+                    Err(e) => {
+                        self.release_slot();
+                        Err(e)
+                    }
+                };
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::PoolTimeout {
+                    waited: self.0.timeout,
+                });
+            }
+            state = self
+                .0
+                .returned
+                .wait_timeout(state, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// An idle connection, if one is idle right now; never waits and never
+    /// opens one.
+    pub(crate) fn try_get(&self) -> Option<Checkout> {
+        loop {
+            let conn = self.0.state().idle.pop()?;
+            if let Some(out) = self.checked(conn) {
+                return Some(out);
+            }
+        }
+    }
+
+    /// Whether the pool checks a connection at each checkout.
+    #[cfg(test)]
+    pub(crate) fn checks_on_checkout(&self) -> bool {
+        self.0.check_on_checkout
+    }
+
+    /// `conn` checked out, or None (and its slot freed) when the check at
+    /// checkout finds it dead.
+    fn checked(&self, mut conn: Pooled) -> Option<Checkout> {
+        if self.0.check_on_checkout && self.0.maker.is_valid(&mut conn).is_err() {
+            drop(conn);
+            self.release_slot();
+            return None;
+        }
+        Some(self.checkout(conn))
+    }
+
+    fn checkout(&self, conn: Pooled) -> Checkout {
+        Checkout {
+            conn: Some(conn),
+            pool: self.clone(),
+        }
+    }
+
+    fn release_slot(&self) {
+        self.0.state().open -= 1;
+        self.0.returned.notify_one();
+    }
+}
+
+/// A connection checked out of a [`Pool`]: derefs to [`Connection`], and goes
+/// back to the pool when dropped (closed instead when it is broken).
+pub(crate) struct Checkout {
+    conn: Option<Pooled>,
+    pool: Pool,
+}
+
+impl std::ops::Deref for Checkout {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        &self.conn.as_ref().expect("checked out").conn
+    }
+}
+
+impl std::ops::DerefMut for Checkout {
+    fn deref_mut(&mut self) -> &mut Connection {
+        &mut self.conn.as_mut().expect("checked out").conn
+    }
+}
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
+        let shared = &self.pool.0;
+        if shared.maker.has_broken(&mut conn) {
+            drop(conn);
+            self.pool.release_slot();
+            return;
+        }
+        shared.state().idle.push(conn);
+        shared.returned.notify_one();
+    }
+}
+
+/// What a pool holds: its maker and its connections, counted.
 #[derive(Default)]
 pub(crate) struct Held {
     count: Mutex<usize>,
@@ -82,7 +263,7 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    fn count(&self) -> std::sync::MutexGuard<'_, usize> {
+    fn count(&self) -> MutexGuard<'_, usize> {
         self.count.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -110,8 +291,7 @@ impl Drop for Token {
 /// Shared by every handle of one store: dropped with the last one, it waits
 /// until the pool and all its connections are gone (at most `patience`: a
 /// connection still checked out by the dropping thread itself is never
-/// returned, and one being opened to an unreachable server takes its
-/// connect timeout).
+/// returned).
 pub(crate) struct Closer {
     held: Arc<Held>,
     patience: Duration,
@@ -141,7 +321,7 @@ impl Drop for Closer {
 }
 
 /// Makes the pool's connections, each counted.
-pub(crate) struct Manager {
+struct Maker {
     connect: Connect,
     /// The store's, given to every connection.
     clock: Arc<dyn crate::clock::Clock>,
@@ -149,46 +329,26 @@ pub(crate) struct Manager {
     _alive: Token,
 }
 
-impl std::fmt::Debug for Manager {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.connect.fmt(f)
-    }
-}
-
-/// A connection of the pool: derefs to [`Connection`].
-pub(crate) struct Pooled {
+/// A connection of the pool, counted while it is open.
+struct Pooled {
     conn: Connection,
     _held: Token,
 }
 
-impl std::ops::Deref for Pooled {
-    type Target = Connection;
-    fn deref(&self) -> &Connection {
-        &self.conn
-    }
-}
-
-impl std::ops::DerefMut for Pooled {
-    fn deref_mut(&mut self) -> &mut Connection {
-        &mut self.conn
-    }
-}
-
-impl r2d2::ManageConnection for Manager {
-    type Connection = Pooled;
-    type Error = crate::error::Error;
-
+impl Maker {
     fn connect(&self) -> Result<Pooled> {
         #[cfg(test)]
         self.held.hooks.before_connect();
         let mut conn = match &self.connect {
-            Connect::Sqlite(m) => Connection::from(m.connect()?),
+            Connect::Sqlite { path, init } => {
+                let mut c = rusqlite::Connection::open(path)?;
+                init(&mut c)?;
+                Connection::from(c)
+            }
             #[cfg(feature = "postgres")]
             Connect::Postgres(m) => Connection::from(m.0.connect()?),
         };
         conn.clock = self.clock.clone();
-        #[cfg(test)]
-        self.held.hooks.connected();
         Ok(Pooled {
             conn,
             _held: Token::new(&self.held),
@@ -197,7 +357,6 @@ impl r2d2::ManageConnection for Manager {
 
     fn is_valid(&self, conn: &mut Pooled) -> Result<()> {
         match (&self.connect, &mut conn.conn.backend) {
-            (Connect::Sqlite(m), db::Backend::Sqlite(c)) => Ok(m.is_valid(c)?),
             #[cfg(feature = "postgres")]
             (Connect::Postgres(m), db::Backend::Postgres(c)) => m.is_valid(c),
             #[allow(unreachable_patterns)]
@@ -210,17 +369,13 @@ impl r2d2::ManageConnection for Manager {
         if self.held.hooks.report_broken() {
             return true;
         }
-        match (&self.connect, &mut conn.conn.backend) {
-            (Connect::Sqlite(m), db::Backend::Sqlite(c)) => m.has_broken(c),
+        match &mut conn.conn.backend {
+            db::Backend::Sqlite(_) => false,
             #[cfg(feature = "postgres")]
             // A `COMMIT` still queued (`Transaction::commit_then` left by a
             // panic) is sent now, not when the connection is next used: its
             // transaction holds the store's write lock until then.
-            (Connect::Postgres(_), db::Backend::Postgres(c)) => {
-                c.settle().is_err() || c.is_closed()
-            }
-            #[allow(unreachable_patterns)]
-            _ => false,
+            db::Backend::Postgres(c) => c.settle().is_err() || c.is_closed(),
         }
     }
 }
@@ -229,75 +384,124 @@ impl r2d2::ManageConnection for Manager {
 pub(crate) mod tests {
     use super::*;
     use crate::store::{Store, StoreOptions};
-    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
     /// What a test makes the pool's connection maker do.
     #[derive(Default)]
     pub(crate) struct Hooks {
-        /// Report the next connection returned as broken (r2d2 then drops it
-        /// and opens a replacement on its own thread).
+        /// Report the next connection returned as broken (the pool closes it).
         broken_once: AtomicBool,
-        /// Milliseconds each connect sleeps before it opens.
-        connect_delay_ms: AtomicU64,
-        connects_started: AtomicUsize,
-        connects_finished: AtomicUsize,
+        connects: AtomicUsize,
     }
 
     impl Hooks {
         pub(crate) fn before_connect(&self) {
-            self.connects_started.fetch_add(1, Ordering::SeqCst);
-            let ms = self.connect_delay_ms.load(Ordering::SeqCst);
-            if ms > 0 {
-                std::thread::sleep(Duration::from_millis(ms));
-            }
-        }
-        pub(crate) fn connected(&self) {
-            self.connects_finished.fetch_add(1, Ordering::SeqCst);
+            self.connects.fetch_add(1, Ordering::SeqCst);
         }
         pub(crate) fn report_broken(&self) -> bool {
             self.broken_once.swap(false, Ordering::SeqCst)
         }
     }
 
-    /// The regression: a connection r2d2 was still opening on its own thread
-    /// when the store's last handle was dropped used to be opened, and
-    /// closed, after that drop had returned (under the `encryption` feature,
-    /// while the process exited: SIGSEGV in SQLCipher's exit handler).
+    /// The regression: connections used to be opened, replaced and closed on
+    /// a pool crate's threads, so one could close after the store's last
+    /// handle was dropped (under the `encryption` feature, while the process
+    /// exited: SIGSEGV in SQLCipher's exit handler). A broken connection is
+    /// closed as it is returned, its replacement opened by the next caller,
+    /// and the last handle's drop returns with every connection closed.
     #[test]
     fn dropping_the_last_handle_returns_once_every_connection_is_closed() {
         let dir = tempfile::tempdir().unwrap();
-        let opts = StoreOptions::default().with_max_connections(1);
+        let opts = StoreOptions::default().with_max_connections(2);
         let store = Store::open_with(dir.path().join("t.db"), opts).unwrap();
         let held = store._closer.held.clone();
-        assert_eq!(held.hooks.connects_finished.load(Ordering::SeqCst), 1);
-        // The connection comes back "broken": r2d2 drops it and opens its
-        // replacement on its own thread, which takes 300 ms.
-        held.hooks.connect_delay_ms.store(300, Ordering::SeqCst);
+        // The maker, and the pool's two connections.
+        assert_eq!(held.hooks.connects.load(Ordering::SeqCst), 2);
+        assert_eq!(*held.count(), 3);
         held.hooks.broken_once.store(true, Ordering::SeqCst);
         store.with_conn(|_| Ok(())).unwrap();
-        while held.hooks.connects_started.load(Ordering::SeqCst) < 2 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        assert_eq!(*held.count(), 2, "a broken connection was kept");
+        // Both slots in use at once: the closed one is opened again.
+        store.with_conn(|_| store.with_conn(|_| Ok(()))).unwrap();
+        assert_eq!(held.hooks.connects.load(Ordering::SeqCst), 3);
+        assert_eq!(*held.count(), 3);
         let second = store.clone();
         drop(store);
         // Not the last handle: returns at once, the pool is still in use.
         assert!(*held.count() > 0);
         drop(second);
-        assert_eq!(
-            held.hooks.connects_finished.load(Ordering::SeqCst),
-            2,
-            "the drop returned before the replacement connection was made"
-        );
+        assert_eq!(*held.count(), 0, "a connection outlived its store");
+    }
+
+    /// A connection checked out on another thread when the last handle is
+    /// dropped is waited for: the drop returns once it is back and closed.
+    #[test]
+    fn the_last_handles_drop_waits_for_a_connection_out_on_another_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("t.db")).unwrap();
+        let held = store._closer.held.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let other = store.clone();
+        let worker = std::thread::spawn(move || {
+            other
+                .with_conn(|_| {
+                    tx.send(()).unwrap();
+                    std::thread::sleep(Duration::from_millis(200));
+                    Ok(())
+                })
+                .unwrap();
+        });
+        rx.recv().unwrap();
+        drop(store);
+        worker.join().unwrap();
         assert_eq!(*held.count(), 0, "a connection outlived its store");
     }
 
     #[test]
-    fn an_sqlite_store_never_closes_and_reopens_its_connections_by_age() {
+    fn an_sqlite_store_never_checks_or_reopens_its_connections() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path().join("t.db")).unwrap();
-        assert_eq!(store.pool.idle_timeout(), None);
-        assert_eq!(store.pool.max_lifetime(), None);
-        assert!(!store.pool.test_on_check_out());
+        assert!(!store.pool.checks_on_checkout());
+        let held = store._closer.held.clone();
+        for _ in 0..100 {
+            store.with_conn(|_| Ok(())).unwrap();
+        }
+        assert_eq!(held.hooks.connects.load(Ordering::SeqCst), 8);
+    }
+
+    /// Every connection out: a caller waits for the pool's timeout, then gets
+    /// the pool's own resumable error; one returned in time is handed over.
+    #[test]
+    fn a_full_pool_hands_over_a_returned_connection_or_times_out_resumably() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        rusqlite::Connection::open(&path).unwrap();
+        let clock: Arc<dyn crate::clock::Clock> = Arc::new(crate::clock::SystemClock);
+        let (pool, _closer) = build(
+            Connect::Sqlite {
+                path,
+                init: Box::new(|_| Ok(())),
+            },
+            clock,
+            1,
+            Duration::from_millis(100),
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        let out = pool.get().unwrap();
+        assert!(pool.try_get().is_none());
+        let err = pool
+            .get()
+            .err()
+            .expect("a second connection from a pool of one");
+        assert!(matches!(err, Error::PoolTimeout { .. }), "{err}");
+        assert!(err.is_resumable());
+        let returning = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            drop(out);
+        });
+        pool.get().expect("the returned connection");
+        returning.join().unwrap();
     }
 
     #[test]
