@@ -122,6 +122,22 @@ pub enum EventKind {
         /// Reported output tokens.
         output_tokens: Option<i64>,
     },
+    /// A piece of the model's answer to a step, as it arrived (only from a
+    /// runner that streams, [`crate::RunnerConfig::stream`]: the host's
+    /// opt-in to events carrying the answer's text). Sent before the
+    /// response is stored; a step whose call is tried again sends its
+    /// pieces again, from the start. What is stored is the whole response,
+    /// as [`EventKind::StepResponded`] says.
+    ModelDelta {
+        /// The step.
+        step_id: StepId,
+        /// Its index in the turn.
+        step: i64,
+        /// The call's attempt, from 1: a new attempt starts the answer over.
+        attempt: u32,
+        /// The piece.
+        delta: crate::model::Delta,
+    },
     /// The step's tools all finished and the step is complete.
     StepCompleted {
         /// The step.

@@ -117,7 +117,7 @@ pub use inspect::{ExportFormat, SessionKey};
 pub use message::{
     ContentBlock, Message, ModelRequest, ModelResponse, ResponseBlock, Role, ToolSpec, Usage,
 };
-pub use model::{ModelClient, ModelError};
+pub use model::{Delta, ModelClient, ModelError, OnDelta};
 pub use replay::Rebuilt;
 pub use retry::RetryPolicy;
 pub use runner::{Runner, RunnerBuilder, RunnerConfig, TurnOutcome};

@@ -1,4 +1,5 @@
-//! The model client a host plugs in.
+//! The model client a host plugs in, and the pieces of an answer a
+//! streaming client hands over as they arrive ([`Delta`]).
 
 use crate::message::{ModelRequest, ModelResponse};
 use async_trait::async_trait;
@@ -52,6 +53,43 @@ impl ModelError {
     }
 }
 
+/// A piece of a model's answer as it arrives, from a client that streams
+/// ([`ModelClient::complete_streaming`]). Pieces are for showing progress:
+/// what is stored is the response the client returns once the answer is
+/// whole, the same response a call without streaming returns.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Delta {
+    /// More of the answer's text.
+    Text {
+        /// The new text.
+        text: String,
+    },
+    /// More of the model's reasoning (Anthropic's thinking, OpenAI's
+    /// reasoning summary).
+    Thinking {
+        /// The new text.
+        text: String,
+    },
+    /// More of a tool call: its id and name when they first arrive, then
+    /// pieces of its arguments' JSON text.
+    ToolCall {
+        /// The call's position among the answer's tool calls, from 0.
+        index: usize,
+        /// The call's id, in the first piece that carries it.
+        id: Option<String>,
+        /// The tool's name, in the first piece that carries it.
+        name: Option<String>,
+        /// The next piece of the arguments' text (may be empty).
+        arguments: String,
+    },
+}
+
+/// Where a streaming client hands its [`Delta`]s: called in order, on the
+/// task that polls the call, never after the call returns.
+pub type OnDelta<'a> = &'a (dyn Fn(Delta) + Send + Sync);
+
 /// A model endpoint.
 ///
 /// # Contract
@@ -73,4 +111,24 @@ impl ModelError {
 pub trait ModelClient: Send + Sync {
     /// Sends one request and returns the response.
     async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ModelError>;
+
+    /// Sends one request and streams its answer: `on_delta` gets each piece
+    /// as it arrives, and the response returned is the whole answer,
+    /// assembled, and exactly what [`ModelClient::complete`] returns for
+    /// the same answer (the runner stores it the same way, so a streamed
+    /// step rebuilds byte for byte like any other).
+    ///
+    /// A stream cut short, stalled or malformed is a
+    /// [`ModelError::Transient`]: nothing of it is kept, and the runner
+    /// tries the step again. The default sends no pieces: it calls
+    /// [`ModelClient::complete`], so a client that does not stream works
+    /// unchanged with a runner that asks for streaming.
+    async fn complete_streaming(
+        &self,
+        request: &ModelRequest,
+        on_delta: OnDelta<'_>,
+    ) -> Result<ModelResponse, ModelError> {
+        let _ = on_delta;
+        self.complete(request).await
+    }
 }

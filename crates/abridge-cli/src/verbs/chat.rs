@@ -7,6 +7,11 @@
 //! turn running, and the next `chat` of the session finishes that same turn
 //! (once) before it takes a new message. Ctrl-C during an answer drops the
 //! request: the turn stays resumable, nothing of it half-written.
+//!
+//! With `--stream on` (the default when stdout is a terminal) the answer's
+//! text is printed as it arrives; what is stored is the same either way. On a
+//! terminal the interactive session reads lines with editing and history
+//! (`rustyline`; the history is kept beside the store, in `DB.history`).
 
 use crate::common::{open_store, Failure};
 use abridge::providers::{Anthropic, OpenAiChat, OpenAiResponses};
@@ -28,6 +33,15 @@ pub enum Provider {
     OpenaiResponses,
     /// Anthropic's Messages API: `ANTHROPIC_API_KEY`, `ANTHROPIC_BASE_URL`.
     Anthropic,
+}
+
+/// Whether the answer streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Stream {
+    /// Print the answer's text as it arrives.
+    On,
+    /// Print the answer once it is whole.
+    Off,
 }
 
 /// Arguments of `abridge chat`.
@@ -56,6 +70,10 @@ pub struct Args {
     /// The model that writes the summaries (default: the chat's own).
     #[arg(long)]
     pub summary_model: Option<String>,
+    /// Print the answer as it arrives (on) or once whole (off). Default: on
+    /// when stdout is a terminal.
+    #[arg(long, value_enum)]
+    pub stream: Option<Stream>,
     /// One message: run one turn and print the answer. Without it, an
     /// interactive session.
     pub message: Option<String>,
@@ -85,8 +103,13 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         None => Threshold::Tokens(FALLBACK_COMPACT_AT),
     };
     let summary_model = args.summary_model.clone().unwrap_or(args.model.clone());
+    let stream = match args.stream {
+        Some(s) => s == Stream::On,
+        None => std::io::stdout().is_terminal(),
+    };
     let store = open_store(&args.db)?;
     let runner = Runner::builder(store, client.clone())
+        .stream(stream)
         .summariser(ModelSummariser::new(client, summary_model))
         .compaction(CompactionConfig::default().with_compact_at(compact_at))
         .build()?;
@@ -111,12 +134,13 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         session: session.id,
         name: args.session.clone(),
         model: session.model.clone(),
+        stream,
+        history: history_path(&args.db),
     };
     chat.finish_interrupted().await?;
     let code = match args.message {
         Some(message) => {
-            let outcome = chat.turn(&message).await?;
-            println!("{}", outcome.output);
+            chat.say(&message).await?;
             ExitCode::SUCCESS
         }
         None => chat.interactive().await?,
@@ -125,6 +149,98 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
     // (a kill leaves them pending: the next chat finishes them).
     chat.runner.finish_background().await;
     Ok(code)
+}
+
+/// What a streaming turn printed.
+#[derive(Default)]
+struct Shown {
+    /// Some of the answer's text was printed.
+    any: bool,
+    /// The step and attempt the last piece belonged to.
+    at: Option<(abridge::StepId, u32)>,
+}
+
+impl Shown {
+    /// Prints a piece of this session's answer text on stdout; a new attempt
+    /// at a step (the stream was cut and the call tried again) starts on a
+    /// line of its own, said on stderr.
+    fn print(&mut self, session: SessionId, e: abridge::Event) {
+        let abridge::EventKind::ModelDelta {
+            step_id,
+            attempt,
+            delta: abridge::Delta::Text { text },
+            ..
+        } = e.kind
+        else {
+            return;
+        };
+        if e.subject.session_id != session {
+            return;
+        }
+        if let Some((step, a)) = self.at {
+            if step == step_id && a != attempt && self.any {
+                println!();
+                eprintln!("note: the answer was cut short; asking again");
+            }
+        }
+        self.at = Some((step_id, attempt));
+        print!("{text}");
+        let _ = std::io::stdout().flush();
+        self.any |= !text.is_empty();
+    }
+}
+
+/// The next event of a subscription, if there is one; a subscriber that fell
+/// behind skips what it missed.
+async fn next_event(
+    events: &mut Option<tokio::sync::broadcast::Receiver<abridge::Event>>,
+) -> Option<abridge::Event> {
+    let rx = events.as_mut()?;
+    loop {
+        match rx.recv().await {
+            Ok(e) => return Some(e),
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                std::future::pending::<()>().await
+            }
+        }
+    }
+}
+
+/// Reads lines from the terminal with editing and history, one each time
+/// `asked` says, until end of input or Ctrl-D; Ctrl-C at the prompt clears
+/// the line.
+fn read_edited_lines(
+    asked: std::sync::mpsc::Receiver<()>,
+    lines: tokio::sync::mpsc::Sender<String>,
+    history: Option<std::path::PathBuf>,
+) {
+    use rustyline::error::ReadlineError;
+    let Ok(mut editor) = rustyline::DefaultEditor::new() else {
+        return;
+    };
+    if let Some(h) = &history {
+        let _ = editor.load_history(h);
+    }
+    while asked.recv().is_ok() {
+        let line = loop {
+            match editor.readline("> ") {
+                Ok(line) => break Some(line),
+                Err(ReadlineError::Interrupted) => continue,
+                Err(_) => break None,
+            }
+        };
+        let Some(line) = line else { break };
+        if !line.trim().is_empty() {
+            let _ = editor.add_history_entry(line.as_str());
+            if let Some(h) = &history {
+                let _ = editor.append_history(h);
+            }
+        }
+        if lines.blocking_send(line).is_err() {
+            break;
+        }
+    }
 }
 
 /// The provider's client from its usual environment variables; a missing
@@ -137,11 +253,27 @@ fn client(provider: Provider) -> Result<Arc<dyn ModelClient>, Failure> {
     })
 }
 
+/// Where an interactive session on a terminal keeps its line history: beside
+/// the store's file (none for a server's store).
+fn history_path(db: &Location) -> Option<std::path::PathBuf> {
+    match db {
+        Location::File(path) => {
+            let mut name = path.file_name()?.to_os_string();
+            name.push(".history");
+            Some(path.with_file_name(name))
+        }
+        Location::Postgres(_) => None,
+    }
+}
+
 struct Chat {
     runner: Runner,
     session: SessionId,
     name: String,
     model: String,
+    /// The runner streams, and the answer's text is printed as it comes.
+    stream: bool,
+    history: Option<std::path::PathBuf>,
 }
 
 impl Chat {
@@ -164,18 +296,48 @@ impl Chat {
         Ok(())
     }
 
+    /// One turn and its answer on stdout: printed as it arrives when the
+    /// chat streams, else once whole.
+    async fn say(&self, input: &str) -> Result<TurnOutcome, Failure> {
+        let mut shown = Shown::default();
+        let outcome = self.turn(input, &mut shown).await?;
+        if shown.any {
+            println!();
+        } else {
+            println!("{}", outcome.output);
+        }
+        Ok(outcome)
+    }
+
     /// One turn, numbered after the session's last: Ctrl-C stops the
-    /// request and leaves the turn resumable.
-    async fn turn(&self, input: &str) -> Result<TurnOutcome, Failure> {
+    /// request and leaves the turn resumable. A streaming chat prints the
+    /// answer's text as it arrives (`shown` says whether it printed any).
+    async fn turn(&self, input: &str, shown: &mut Shown) -> Result<TurnOutcome, Failure> {
         let idx = self.runner.store().turns(self.session).await?.len() as i64;
+        let mut events = self.stream.then(|| self.runner.subscribe());
         let run = self.runner.run_turn_at(self.session, idx, input);
-        tokio::select! {
-            outcome = run => outcome.map_err(|e| Failure::session(&self.name, e)),
-            _ = tokio::signal::ctrl_c() => Err(Failure::interrupted(format!(
-                "interrupted: turn {idx} of session {} is left running; the next chat of the \
-                 session finishes it",
-                self.name
-            ))),
+        tokio::pin!(run);
+        loop {
+            tokio::select! {
+                outcome = &mut run => {
+                    // Pieces sent before the turn ended and not yet printed.
+                    while let Some(Ok(e)) = events.as_mut().map(|r| r.try_recv()) {
+                        shown.print(self.session, e);
+                    }
+                    return outcome.map_err(|e| Failure::session(&self.name, e));
+                }
+                Some(e) = next_event(&mut events) => shown.print(self.session, e),
+                _ = tokio::signal::ctrl_c() => {
+                    if shown.any {
+                        println!();
+                    }
+                    return Err(Failure::interrupted(format!(
+                        "interrupted: turn {idx} of session {} is left running; the next chat \
+                         of the session finishes it",
+                        self.name
+                    )));
+                }
+            }
         }
     }
 
@@ -191,20 +353,27 @@ impl Chat {
                 self.runner.store().path().display()
             );
         }
+        // Lines are read on a thread of their own, one when asked for: the
+        // prompt comes back only once the answer before it is printed.
         let (lines, mut rx) = tokio::sync::mpsc::channel::<String>(1);
+        let (ask, asked) = std::sync::mpsc::channel::<()>();
+        let history = self.history.clone();
         std::thread::spawn(move || {
-            let stdin = std::io::stdin();
-            for line in stdin.lock().lines() {
-                let Ok(line) = line else { break };
-                if lines.blocking_send(line).is_err() {
-                    break;
+            if terminal {
+                read_edited_lines(asked, lines, history)
+            } else {
+                let stdin = std::io::stdin();
+                for line in stdin.lock().lines() {
+                    let Ok(line) = line else { break };
+                    if asked.recv().is_err() || lines.blocking_send(line).is_err() {
+                        break;
+                    }
                 }
             }
         });
         loop {
-            if terminal {
-                eprint!("> ");
-                let _ = std::io::stderr().flush();
+            if ask.send(()).is_err() {
+                break;
             }
             let Some(line) = rx.recv().await else { break };
             let line = line.trim();
@@ -219,10 +388,11 @@ impl Chat {
                 (c, _) if c.starts_with('/') => {
                     eprintln!("unknown command {c}: /context, /compact [focus], /quit")
                 }
-                _ => match self.turn(line).await {
-                    Ok(outcome) => println!("{}", outcome.output),
-                    Err(e) => eprintln!("abridge: error: {e}"),
-                },
+                _ => {
+                    if let Err(e) = self.say(line).await {
+                        eprintln!("abridge: error: {e}");
+                    }
+                }
             }
         }
         Ok(ExitCode::SUCCESS)

@@ -28,12 +28,21 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 /// What the hostile server sends back for one request.
-enum Reply {
+pub(crate) enum Reply {
     /// These bytes, then the connection is closed.
     Raw(Vec<u8>),
     /// A head, then `chunk` again and again until the client hangs up (or
     /// 1 GiB has gone out, so that the test ends whatever the client does).
     Endless { head: String, chunk: Vec<u8> },
+    /// A head, then each piece written and flushed on its own, `gap` apart
+    /// (so the client reads them apart), then the connection closed, or
+    /// held open and silent for `hang` first.
+    Pieces {
+        head: String,
+        pieces: Vec<Vec<u8>>,
+        gap: Duration,
+        hang: Duration,
+    },
 }
 
 fn answer(status: u16, headers: &[(&str, String)], body: &str) -> Reply {
@@ -51,16 +60,16 @@ fn answer(status: u16, headers: &[(&str, String)], body: &str) -> Reply {
 }
 
 /// A server that has received `requests` requests and sent `sent` bytes.
-struct Hostile {
-    base: String,
+pub(crate) struct Hostile {
+    pub(crate) base: String,
     addr: std::net::SocketAddr,
     requests: Arc<AtomicUsize>,
-    bodies: Arc<Mutex<Vec<Value>>>,
+    pub(crate) bodies: Arc<Mutex<Vec<Value>>>,
     sent: Arc<AtomicUsize>,
 }
 
 /// Serves every request on `ip` with `reply(n, body)`, `n` counting from 0.
-async fn hostile(
+pub(crate) async fn hostile(
     ip: &str,
     reply: impl Fn(usize, &Value) -> Reply + Send + Sync + 'static,
 ) -> Hostile {
@@ -113,6 +122,29 @@ async fn hostile(
                         }
                         let _ = sock.shutdown().await;
                     }
+                    Reply::Pieces {
+                        head,
+                        pieces,
+                        gap,
+                        hang,
+                    } => {
+                        let _ = sock.set_nodelay(true);
+                        if sock.write_all(head.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        for piece in pieces {
+                            if !gap.is_zero() {
+                                tokio::time::sleep(gap).await;
+                            }
+                            if sock.write_all(&piece).await.is_err() || sock.flush().await.is_err()
+                            {
+                                return;
+                            }
+                            s.fetch_add(piece.len(), Ordering::SeqCst);
+                        }
+                        tokio::time::sleep(hang).await;
+                        let _ = sock.shutdown().await;
+                    }
                     Reply::Endless { head, chunk } => {
                         if sock.write_all(head.as_bytes()).await.is_err() {
                             return;
@@ -138,7 +170,7 @@ async fn hostile(
 }
 
 impl Hostile {
-    fn requests(&self) -> usize {
+    pub(crate) fn requests(&self) -> usize {
         self.requests.load(Ordering::SeqCst)
     }
 }

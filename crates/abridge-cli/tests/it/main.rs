@@ -34,4 +34,5 @@ mod read_api;
 mod redact;
 mod report;
 mod schema;
+mod streaming;
 mod tokenizer;

@@ -1,9 +1,9 @@
 //! Anthropic's Messages API, with extended thinking and prompt caching.
 
-use super::http::{Http, HttpOptions};
+use super::http::{stream_error, Flow, Http, HttpOptions, Streamed};
 use super::ApiKey;
 use crate::message::{ContentBlock, ModelRequest, ModelResponse, ResponseBlock, Role, Usage};
-use crate::model::{ModelClient, ModelError};
+use crate::model::{Delta, ModelClient, ModelError, OnDelta};
 use serde_json::{json, Value};
 
 /// A [`ModelClient`] for the Messages API (`POST {base}/messages`).
@@ -239,6 +239,219 @@ impl ModelClient for Anthropic {
         let body = self.request_body(request);
         let answer = self.http.post("/messages", &body).await?;
         Anthropic::parse_response(&answer)
+    }
+
+    /// Streams with `stream: true`, to the `message_stop` event.
+    async fn complete_streaming(
+        &self,
+        request: &ModelRequest,
+        on_delta: OnDelta<'_>,
+    ) -> Result<ModelResponse, ModelError> {
+        let mut body = self.request_body(request);
+        body["stream"] = json!(true);
+        let mut answer = MessageStream::default();
+        let streamed = self
+            .http
+            .post_stream("/messages", &body, &mut |_, data| {
+                answer.event(data, on_delta)
+            })
+            .await?;
+        match streamed {
+            Streamed::Whole(body) => Anthropic::parse_response(&body),
+            Streamed::Events => Anthropic::parse_response(&answer.message),
+        }
+    }
+}
+
+/// A Messages answer as its stream's events build it up: the message a call
+/// without streaming gets (its content blocks whole, a tool call's input
+/// parsed from the JSON text its pieces make, the stop reason, the usage of
+/// `message_start` updated by `message_delta`), so the same parser reads
+/// both.
+#[derive(Debug, Default)]
+struct MessageStream {
+    message: Value,
+    /// A tool call's input text so far, by content block.
+    inputs: Vec<Option<String>>,
+    /// A tool call's position among the answer's calls, by content block.
+    call_index: Vec<Option<usize>>,
+    calls: usize,
+}
+
+impl MessageStream {
+    fn event(&mut self, data: &str, on_delta: OnDelta<'_>) -> Result<Flow, ModelError> {
+        let v: Value = serde_json::from_str(data).map_err(|e| {
+            ModelError::Transient(format!(
+                "an event of the answer's stream is not JSON ({e}): {}",
+                crate::text::truncate_chars(data, 200)
+            ))
+        })?;
+        let malformed = |what: &str| super::malformed(what, &v);
+        let kind = v.get("type").and_then(Value::as_str).unwrap_or_default();
+        let index = || -> Result<usize, ModelError> {
+            v.get("index")
+                .and_then(Value::as_u64)
+                .map(|i| i as usize)
+                .ok_or_else(|| malformed("an event without its block's index"))
+        };
+        match kind {
+            "message_start" => {
+                self.message = v
+                    .get("message")
+                    .cloned()
+                    .filter(Value::is_object)
+                    .ok_or_else(|| malformed("message_start without its message"))?;
+                self.message["content"] = json!([]);
+            }
+            "content_block_start" => {
+                let i = index()?;
+                let calls = self.calls;
+                let content = self.content()?;
+                if i != content.len() {
+                    return Err(malformed("a content block out of order"));
+                }
+                let block = v
+                    .get("content_block")
+                    .cloned()
+                    .filter(Value::is_object)
+                    .ok_or_else(|| malformed("content_block_start without its block"))?;
+                let is_call = block.get("type").and_then(Value::as_str) == Some("tool_use");
+                if is_call {
+                    let s = |k: &str| block.get(k).and_then(Value::as_str).map(str::to_string);
+                    on_delta(Delta::ToolCall {
+                        index: calls,
+                        id: s("id"),
+                        name: s("name"),
+                        arguments: String::new(),
+                    });
+                }
+                content.push(block);
+                self.inputs.push(is_call.then(String::new));
+                self.call_index.push(is_call.then_some(self.calls));
+                self.calls += usize::from(is_call);
+            }
+            "content_block_delta" => {
+                let i = index()?;
+                let delta = v.get("delta").unwrap_or(&Value::Null);
+                let s = |k: &str| delta.get(k).and_then(Value::as_str).unwrap_or_default();
+                let block = self
+                    .content()?
+                    .get_mut(i)
+                    .ok_or_else(|| malformed("a delta for a block not started"))?;
+                let append = |block: &mut Value, key: &str, piece: &str| {
+                    let mut text = block
+                        .get(key)
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string();
+                    text.push_str(piece);
+                    block[key] = json!(text);
+                };
+                match delta
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                {
+                    "text_delta" => {
+                        append(block, "text", s("text"));
+                        on_delta(Delta::Text {
+                            text: s("text").to_string(),
+                        });
+                    }
+                    "thinking_delta" => {
+                        append(block, "thinking", s("thinking"));
+                        on_delta(Delta::Thinking {
+                            text: s("thinking").to_string(),
+                        });
+                    }
+                    "signature_delta" => append(block, "signature", s("signature")),
+                    "input_json_delta" => {
+                        let (Some(Some(input)), Some(Some(index))) =
+                            (self.inputs.get_mut(i), self.call_index.get(i))
+                        else {
+                            return Err(malformed("input for a block that is not a tool call"));
+                        };
+                        input.push_str(s("partial_json"));
+                        on_delta(Delta::ToolCall {
+                            index: *index,
+                            id: None,
+                            name: None,
+                            arguments: s("partial_json").to_string(),
+                        });
+                    }
+                    "citations_delta" => {
+                        if let Some(c) = delta.get("citation") {
+                            match block.get_mut("citations").and_then(Value::as_array_mut) {
+                                Some(list) => list.push(c.clone()),
+                                None => block["citations"] = json!([c]),
+                            }
+                        }
+                    }
+                    // A delta of a kind this client does not know: the block
+                    // keeps what the start event gave.
+                    _ => {}
+                }
+            }
+            "content_block_stop" => {
+                let i = index()?;
+                if let Some(Some(text)) = self.inputs.get(i) {
+                    if !text.trim().is_empty() {
+                        let input: Value = serde_json::from_str(text).map_err(|e| {
+                            ModelError::Transient(format!(
+                                "a tool call's streamed input is not JSON ({e})"
+                            ))
+                        })?;
+                        let block = self
+                            .content()?
+                            .get_mut(i)
+                            .ok_or_else(|| malformed("a stop for a block not started"))?;
+                        block["input"] = input;
+                    }
+                }
+            }
+            "message_delta" => {
+                if !self.message.is_object() {
+                    return Err(malformed("message_delta before message_start"));
+                }
+                if let Some(delta) = v.get("delta").and_then(Value::as_object) {
+                    for (k, x) in delta {
+                        self.message[k] = x.clone();
+                    }
+                }
+                if let Some(usage) = v.get("usage").and_then(Value::as_object) {
+                    if !self.message["usage"].is_object() {
+                        self.message["usage"] = json!({});
+                    }
+                    for (k, x) in usage {
+                        self.message["usage"][k] = x.clone();
+                    }
+                }
+            }
+            "message_stop" => {
+                self.content()?;
+                return Ok(Flow::Done);
+            }
+            "error" => {
+                let kind = v
+                    .pointer("/error/type")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                return Err(stream_error(kind, data));
+            }
+            // `ping`, and events of kinds added after this client.
+            _ => {}
+        }
+        Ok(Flow::More)
+    }
+
+    /// The content blocks so far; an error before `message_start`.
+    fn content(&mut self) -> Result<&mut Vec<Value>, ModelError> {
+        self.message
+            .get_mut("content")
+            .and_then(Value::as_array_mut)
+            .ok_or_else(|| {
+                ModelError::Transient("the answer's stream began without message_start".into())
+            })
     }
 }
 

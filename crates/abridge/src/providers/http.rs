@@ -66,7 +66,15 @@ pub struct HttpOptions {
     /// [`ModelError::ResponseTooLarge`]. Default:
     /// [`DEFAULT_MAX_RESPONSE_BYTES`] (32 MiB).
     pub max_response_bytes: usize,
+    /// Longest a streamed answer may go without an event (a keep-alive
+    /// comment or a ping counts) before it is given up as stalled, a
+    /// [`ModelError::Transient`] the runner retries. Default 120 s; a
+    /// reasoning model that thinks in silence for longer needs more.
+    pub stream_idle_timeout: Duration,
 }
+
+/// The default of [`HttpOptions::stream_idle_timeout`]: 120 s.
+pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl HttpOptions {
     /// Defaults at `base_url`.
@@ -78,7 +86,14 @@ impl HttpOptions {
             headers: Vec::new(),
             redirects: Redirects::None,
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            stream_idle_timeout: DEFAULT_STREAM_IDLE_TIMEOUT,
         }
+    }
+
+    /// Sets how long a streamed answer may go without an event. Default: 120 s.
+    pub fn with_stream_idle_timeout(mut self, idle: Duration) -> Self {
+        self.stream_idle_timeout = idle;
+        self
     }
 
     /// Sets the whole-request timeout. Default: 600 s.
@@ -118,6 +133,7 @@ pub(crate) struct Http {
     client: reqwest::Client,
     base_url: String,
     max_response_bytes: usize,
+    stream_idle_timeout: Duration,
     /// The key, to scrub from error texts.
     secret: Option<ApiKey>,
 }
@@ -179,6 +195,7 @@ impl Http {
             client,
             base_url: options.base_url.trim_end_matches('/').to_string(),
             max_response_bytes: options.max_response_bytes,
+            stream_idle_timeout: options.stream_idle_timeout,
             secret: auth.map(|(_, _, k)| k.clone()),
         })
     }
@@ -219,9 +236,117 @@ impl Http {
         path: &str,
         body: &serde_json::Value,
     ) -> Result<serde_json::Value, ModelError> {
+        let resp = self.send(path, body).await?;
+        let bytes = self.read_body(resp).await?;
+        parse_json(&bytes)
+    }
+
+    /// POSTs `body` to `path` and reads the answer as server-sent events,
+    /// handing each event's name and data to `on_event` until it says the
+    /// answer is whole ([`Flow::Done`]). A server that answers with one
+    /// JSON body instead of a stream (it ignored `stream: true`) gets that
+    /// body back as [`Streamed::Whole`].
+    ///
+    /// Errors (the key scrubbed from each): the status's, classified, before
+    /// any event; then [`ModelError::Transient`] for a connection cut, a
+    /// stream that ends before `on_event` said done, a stall longer than
+    /// [`HttpOptions::stream_idle_timeout`], bytes that are not UTF-8 or not
+    /// an event stream; [`ModelError::ResponseTooLarge`] past
+    /// [`HttpOptions::max_response_bytes`]; and whatever `on_event` returns.
+    pub(crate) async fn post_stream(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+        on_event: &mut (dyn FnMut(&str, &str) -> Result<Flow, ModelError> + Send),
+    ) -> Result<Streamed, ModelError> {
+        self.post_stream_raw(path, body, on_event)
+            .await
+            .map_err(|e| scrub_error(e, self.secret.as_ref()))
+    }
+
+    async fn post_stream_raw(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+        on_event: &mut (dyn FnMut(&str, &str) -> Result<Flow, ModelError> + Send),
+    ) -> Result<Streamed, ModelError> {
+        use eventsource_stream::Eventsource;
+        use futures_util::StreamExt;
+        let resp = self.send(path, body).await?;
+        let is_json = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| t.starts_with("application/json"));
+        if is_json {
+            let bytes = self.read_body(resp).await?;
+            return parse_json(&bytes).map(Streamed::Whole);
+        }
+        let limit = self.max_response_bytes;
+        let too_large = ModelError::ResponseTooLarge {
+            limit_bytes: limit as u64,
+        };
+        if resp.content_length().is_some_and(|n| n > limit as u64) {
+            return Err(too_large);
+        }
+        // Counted as they arrive: a stream longer than the limit ends here,
+        // and with it whatever the parser holds.
+        let mut read = 0usize;
+        let bytes = resp.bytes_stream().map(move |chunk| {
+            let chunk = chunk.map_err(|e| StreamFailure::Transport(describe(e)))?;
+            read += chunk.len();
+            if read > limit {
+                return Err(StreamFailure::TooLarge);
+            }
+            Ok(chunk)
+        });
+        let mut events = std::pin::pin!(bytes.eventsource());
+        loop {
+            let next = tokio::time::timeout(self.stream_idle_timeout, events.next()).await;
+            let event = match next {
+                Err(_) => {
+                    return Err(ModelError::Transient(format!(
+                        "the answer's stream stalled: no event for {:?}",
+                        self.stream_idle_timeout
+                    )))
+                }
+                Ok(None) => {
+                    return Err(ModelError::Transient(
+                        "the answer's stream ended before the answer did".into(),
+                    ))
+                }
+                Ok(Some(Err(eventsource_stream::EventStreamError::Transport(f)))) => {
+                    return Err(match f {
+                        StreamFailure::TooLarge => too_large,
+                        StreamFailure::Transport(m) => {
+                            ModelError::Transient(format!("the answer's stream was cut: {m}"))
+                        }
+                    })
+                }
+                Ok(Some(Err(e))) => {
+                    return Err(ModelError::Transient(format!(
+                        "the answer's stream is malformed: {}",
+                        crate::text::truncate_chars(&e.to_string(), 200)
+                    )))
+                }
+                Ok(Some(Ok(event))) => event,
+            };
+            if on_event(&event.event, &event.data)? == Flow::Done {
+                return Ok(Streamed::Events);
+            }
+        }
+    }
+
+    /// Sends the POST and returns its answer when it is a success; a
+    /// redirect (never followed here) and an error status are errors, the
+    /// latter classified from its body.
+    async fn send(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<reqwest::Response, ModelError> {
         let url = format!("{}{path}", self.base_url);
-        let sent = self.client.post(&url).json(body).send().await;
-        let resp = match sent {
+        let resp = match self.client.post(&url).json(body).send().await {
             Ok(r) => r,
             Err(e) => return Err(ModelError::Transient(describe(e))),
         };
@@ -238,18 +363,16 @@ impl Http {
                  (HttpOptions::redirects)"
             )));
         }
-        let retry_after = retry_after(resp.headers());
-        let bytes = self.read_body(resp).await?;
-        let text = String::from_utf8_lossy(&bytes);
         if !(200..300).contains(&status) {
-            return Err(classify(status, retry_after, &text));
+            let retry_after = retry_after(resp.headers());
+            let bytes = self.read_body(resp).await?;
+            return Err(classify(
+                status,
+                retry_after,
+                &String::from_utf8_lossy(&bytes),
+            ));
         }
-        serde_json::from_slice(&bytes).map_err(|e| {
-            ModelError::Transient(format!(
-                "the answer is not JSON ({e}): {}",
-                crate::text::truncate_chars(&text, 200)
-            ))
-        })
+        Ok(resp)
     }
 
     /// The answer's body, refused once its declared length or the bytes read
@@ -275,6 +398,70 @@ impl Http {
         }
         Ok(body)
     }
+}
+
+/// What [`Http::post_stream`] read.
+#[derive(Debug)]
+pub(crate) enum Streamed {
+    /// Events, each handed over; the answer is what they said.
+    Events,
+    /// One JSON body: the server did not stream.
+    Whole(serde_json::Value),
+}
+
+/// What an adapter's event handler says after an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flow {
+    /// More events are due.
+    More,
+    /// The answer is whole: stop reading.
+    Done,
+}
+
+/// Why the bytes of a stream stopped, as the event parser passes it on.
+#[derive(Debug)]
+enum StreamFailure {
+    Transport(String),
+    TooLarge,
+}
+
+impl std::fmt::Display for StreamFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StreamFailure::Transport(m) => f.write_str(m),
+            StreamFailure::TooLarge => f.write_str("too large"),
+        }
+    }
+}
+
+/// A 2xx body as JSON; one that is not is transient (a gateway's page, a
+/// truncated answer), quoted by its start.
+fn parse_json(bytes: &[u8]) -> Result<serde_json::Value, ModelError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        ModelError::Transient(format!(
+            "the answer is not JSON ({e}): {}",
+            crate::text::truncate_chars(&String::from_utf8_lossy(bytes), 200)
+        ))
+    })
+}
+
+/// An error a provider sends inside a stream (an `error` event, an error
+/// object in place of a chunk) as the error of the HTTP status it stands
+/// for: `kind` is the provider's error type or code (`overloaded_error`,
+/// `rate_limit_exceeded`, `context_length_exceeded`, ...), `body` the
+/// event's JSON. An unknown kind is transient: a failure after the answer
+/// began is the server's.
+pub(crate) fn stream_error(kind: &str, body: &str) -> ModelError {
+    let status = match kind {
+        "rate_limit_error" | "rate_limit_exceeded" | "rate_limited" => 429,
+        "invalid_request_error" | "context_length_exceeded" | "invalid_prompt" => 400,
+        "authentication_error" | "invalid_api_key" => 401,
+        "permission_error" => 403,
+        "not_found_error" => 404,
+        "overloaded_error" => 529,
+        _ => 500,
+    };
+    classify(status, None, body)
 }
 
 fn same_origin(a: &reqwest::Url, b: &reqwest::Url) -> bool {

@@ -13,6 +13,16 @@
 //! - [`AnthropicCompaction`] (feature `anthropic`): Anthropic's server-side
 //!   compaction as a [`crate::Summariser`], its summary stored as text.
 //!
+//! Each streams too ([`crate::ModelClient::complete_streaming`], over
+//! server-sent events parsed by the `eventsource-stream` crate): text,
+//! tool-call arguments and reasoning arrive as [`crate::Delta`]s, and the
+//! answer the stream assembles is the body a call without streaming gets,
+//! parsed by the same code, so a streamed step stores exactly what an
+//! unstreamed one would. A stream cut, stalled past
+//! [`HttpOptions::stream_idle_timeout`], malformed, or ended by an error
+//! event is an error like any other answer's (transient unless the event
+//! says otherwise), and nothing of it is kept.
+//!
 //! Each maps tool definitions, tool calls (the arguments kept as the exact
 //! JSON text received, where the provider sends text), tool results, usage
 //! (input, output, cache read and write tokens: stored on the step) and stop
@@ -46,7 +56,10 @@ mod responses;
 pub use anthropic::{Anthropic, AnthropicCompaction};
 #[cfg(feature = "openai")]
 pub use compact::{compaction_items, OpenAiCompaction, OPENAI_COMPACTION_MARKER};
-pub use http::{HttpOptions, Redirects, DEFAULT_MAX_RESPONSE_BYTES, MAX_RETRY_AFTER};
+pub use http::{
+    HttpOptions, Redirects, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_STREAM_IDLE_TIMEOUT,
+    MAX_RETRY_AFTER,
+};
 #[cfg(feature = "openai")]
 pub use openai::OpenAiChat;
 #[cfg(feature = "openai")]

@@ -1,11 +1,11 @@
 //! OpenAI's Chat Completions API, and every server that speaks it.
 
-use super::http::{Http, HttpOptions};
+use super::http::{stream_error, Flow, Http, HttpOptions, Streamed};
 use super::{malformed, ApiKey};
 use crate::message::{
     ContentBlock, Message, ModelRequest, ModelResponse, ResponseBlock, Role, ToolSpec, Usage,
 };
-use crate::model::{ModelClient, ModelError};
+use crate::model::{Delta, ModelClient, ModelError, OnDelta};
 use serde_json::{json, Map, Value};
 
 /// A [`ModelClient`] for the Chat Completions API (`POST {base}/chat/completions`).
@@ -124,6 +124,158 @@ impl ModelClient for OpenAiChat {
         let body = OpenAiChat::request_body(request);
         let answer = self.http.post("/chat/completions", &body).await?;
         OpenAiChat::parse_response(&answer)
+    }
+
+    /// Streams with `stream: true` and `stream_options.include_usage` (the
+    /// usage arrives in a last chunk of its own), to `data: [DONE]`.
+    async fn complete_streaming(
+        &self,
+        request: &ModelRequest,
+        on_delta: OnDelta<'_>,
+    ) -> Result<ModelResponse, ModelError> {
+        let mut body = OpenAiChat::request_body(request);
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+        let mut answer = ChatStream::default();
+        let streamed = self
+            .http
+            .post_stream("/chat/completions", &body, &mut |_, data| {
+                answer.chunk(data, on_delta)
+            })
+            .await?;
+        match streamed {
+            Streamed::Whole(body) => OpenAiChat::parse_response(&body),
+            Streamed::Events => OpenAiChat::parse_response(&answer.body()),
+        }
+    }
+}
+
+/// A Chat Completions answer as its stream's chunks build it up: the body a
+/// call without streaming gets (the first choice's message, its finish
+/// reason, the usage), so the same parser reads both.
+#[derive(Debug, Default)]
+struct ChatStream {
+    content: Option<String>,
+    refusal: Option<String>,
+    /// By the call's index: id, name, arguments' text.
+    calls: Vec<(String, String, String)>,
+    finish_reason: Option<String>,
+    usage: Option<Value>,
+}
+
+impl ChatStream {
+    fn chunk(&mut self, data: &str, on_delta: OnDelta<'_>) -> Result<Flow, ModelError> {
+        if data.trim() == "[DONE]" {
+            return Ok(Flow::Done);
+        }
+        let v: Value = serde_json::from_str(data).map_err(|e| {
+            ModelError::Transient(format!(
+                "a chunk of the answer's stream is not JSON ({e}): {}",
+                crate::text::truncate_chars(data, 200)
+            ))
+        })?;
+        if let Some(err) = v.get("error").filter(|e| !e.is_null()) {
+            let kind = ["code", "type"]
+                .iter()
+                .find_map(|k| err.get(*k).and_then(Value::as_str))
+                .unwrap_or_default();
+            return Err(stream_error(kind, data));
+        }
+        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+            self.usage = Some(u.clone());
+        }
+        let Some(choice) = v.get("choices").and_then(Value::as_array).and_then(|c| {
+            c.iter()
+                .find(|c| c.get("index").and_then(Value::as_u64) == Some(0))
+                .or(c.first())
+        }) else {
+            return Ok(Flow::More);
+        };
+        let delta = choice.get("delta").unwrap_or(&Value::Null);
+        let text = |k: &str| {
+            delta
+                .get(k)
+                .and_then(Value::as_str)
+                .filter(|t| !t.is_empty())
+        };
+        if let Some(t) = text("content") {
+            self.content.get_or_insert_with(String::new).push_str(t);
+            on_delta(Delta::Text {
+                text: t.to_string(),
+            });
+        }
+        if let Some(t) = text("refusal") {
+            self.refusal.get_or_insert_with(String::new).push_str(t);
+            on_delta(Delta::Text {
+                text: t.to_string(),
+            });
+        }
+        for call in delta
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let index = call
+                .get("index")
+                .and_then(Value::as_u64)
+                .map_or(self.calls.len().saturating_sub(1), |i| i as usize);
+            // An index far past the calls so far is a malformed chunk, not a
+            // reason to allocate.
+            if index > self.calls.len() {
+                return Err(ModelError::Transient(format!(
+                    "a chunk of the answer's stream skips to tool call {index}"
+                )));
+            }
+            if index == self.calls.len() {
+                self.calls.push(Default::default());
+            }
+            let f = call.get("function").unwrap_or(&Value::Null);
+            let s = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
+            let (id, name) = (s(call, "id"), s(f, "name"));
+            let args = s(f, "arguments").unwrap_or_default();
+            let slot = &mut self.calls[index];
+            if let Some(id) = id.as_ref().filter(|_| slot.0.is_empty()) {
+                slot.0 = id.clone();
+            }
+            if let Some(name) = name.as_ref().filter(|_| slot.1.is_empty()) {
+                slot.1 = name.clone();
+            }
+            slot.2.push_str(&args);
+            on_delta(Delta::ToolCall {
+                index,
+                id,
+                name,
+                arguments: args,
+            });
+        }
+        if let Some(r) = choice.get("finish_reason").and_then(Value::as_str) {
+            self.finish_reason = Some(r.to_string());
+        }
+        Ok(Flow::More)
+    }
+
+    fn body(&self) -> Value {
+        let mut message = Map::new();
+        message.insert("role".into(), json!("assistant"));
+        message.insert("content".into(), json!(self.content));
+        if let Some(r) = &self.refusal {
+            message.insert("refusal".into(), json!(r));
+        }
+        if !self.calls.is_empty() {
+            let calls = self
+                .calls
+                .iter()
+                .map(|(id, name, args)| {
+                    json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}})
+                })
+                .collect();
+            message.insert("tool_calls".into(), Value::Array(calls));
+        }
+        json!({
+            "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}],
+            "usage": self.usage,
+        })
     }
 }
 

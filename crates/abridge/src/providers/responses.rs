@@ -1,10 +1,10 @@
 //! OpenAI's Responses API.
 
-use super::http::{Http, HttpOptions};
+use super::http::{stream_error, Flow, Http, HttpOptions, Streamed};
 use super::openai::{arguments, data_text, tool_use};
 use super::{malformed, ApiKey};
 use crate::message::{ContentBlock, ModelRequest, ModelResponse, ResponseBlock, Role, Usage};
-use crate::model::{ModelClient, ModelError};
+use crate::model::{Delta, ModelClient, ModelError, OnDelta};
 use serde_json::{json, Value};
 
 /// A [`ModelClient`] for the Responses API (`POST {base}/responses`).
@@ -214,5 +214,110 @@ impl ModelClient for OpenAiResponses {
         let body = OpenAiResponses::request_body(request);
         let answer = self.http.post("/responses", &body).await?;
         OpenAiResponses::parse_response(&answer)
+    }
+
+    /// Streams with `stream: true`, to `response.completed` (or
+    /// `response.incomplete`), whose response is the answer whole.
+    async fn complete_streaming(
+        &self,
+        request: &ModelRequest,
+        on_delta: OnDelta<'_>,
+    ) -> Result<ModelResponse, ModelError> {
+        let mut body = OpenAiResponses::request_body(request);
+        body["stream"] = json!(true);
+        let mut answer = ResponseStream::default();
+        let streamed = self
+            .http
+            .post_stream("/responses", &body, &mut |_, data| {
+                answer.event(data, on_delta)
+            })
+            .await?;
+        match streamed {
+            Streamed::Whole(body) => OpenAiResponses::parse_response(&body),
+            Streamed::Events => OpenAiResponses::parse_response(&answer.response),
+        }
+    }
+}
+
+/// A Responses answer as its stream's events tell it: pieces as
+/// [`Delta`]s, and the response whole from the event that ends the stream
+/// (the same object a call without streaming gets).
+#[derive(Debug, Default)]
+struct ResponseStream {
+    response: Value,
+    /// A function call's position among the answer's calls, by output index.
+    calls: Vec<(u64, usize)>,
+}
+
+impl ResponseStream {
+    fn event(&mut self, data: &str, on_delta: OnDelta<'_>) -> Result<Flow, ModelError> {
+        let v: Value = serde_json::from_str(data).map_err(|e| {
+            ModelError::Transient(format!(
+                "an event of the answer's stream is not JSON ({e}): {}",
+                crate::text::truncate_chars(data, 200)
+            ))
+        })?;
+        let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default();
+        match s("type") {
+            "response.output_text.delta" | "response.refusal.delta" => on_delta(Delta::Text {
+                text: s("delta").to_string(),
+            }),
+            "response.reasoning_summary_text.delta" | "response.reasoning_text.delta" => {
+                on_delta(Delta::Thinking {
+                    text: s("delta").to_string(),
+                })
+            }
+            "response.output_item.added" => {
+                let item = v.get("item").unwrap_or(&Value::Null);
+                if item.get("type").and_then(Value::as_str) == Some("function_call") {
+                    let at = v.get("output_index").and_then(Value::as_u64).unwrap_or(0);
+                    let index = self.calls.len();
+                    self.calls.push((at, index));
+                    let t = |k: &str| item.get(k).and_then(Value::as_str).map(str::to_string);
+                    on_delta(Delta::ToolCall {
+                        index,
+                        id: t("call_id"),
+                        name: t("name"),
+                        arguments: String::new(),
+                    });
+                }
+            }
+            "response.function_call_arguments.delta" => {
+                let at = v.get("output_index").and_then(Value::as_u64).unwrap_or(0);
+                if let Some(&(_, index)) = self.calls.iter().find(|(o, _)| *o == at) {
+                    on_delta(Delta::ToolCall {
+                        index,
+                        id: None,
+                        name: None,
+                        arguments: s("delta").to_string(),
+                    });
+                }
+            }
+            "response.completed" | "response.incomplete" => {
+                self.response = v
+                    .get("response")
+                    .cloned()
+                    .filter(Value::is_object)
+                    .ok_or_else(|| malformed("the last event without its response", &v))?;
+                return Ok(Flow::Done);
+            }
+            "response.failed" => {
+                let code = v
+                    .pointer("/response/error/code")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let body = v.pointer("/response").unwrap_or(&v).to_string();
+                return Err(stream_error(code, &body));
+            }
+            "error" => {
+                let code = ["code", "type"]
+                    .iter()
+                    .find_map(|k| v.get(*k).and_then(Value::as_str))
+                    .unwrap_or_default();
+                return Err(stream_error(code, data));
+            }
+            _ => {}
+        }
+        Ok(Flow::More)
     }
 }

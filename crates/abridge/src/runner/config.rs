@@ -35,6 +35,11 @@ pub struct RunnerConfig {
     /// and hashes, never message text or tool arguments; such a text shows
     /// as its length and a hash (the stored turn error keeps it whole).
     pub log_content: bool,
+    /// Stream the model's answers: call [`ModelClient::complete_streaming`]
+    /// and send each piece to subscribers as an
+    /// [`crate::events::EventKind::ModelDelta`]. What is stored is the same
+    /// either way. Default false.
+    pub stream: bool,
     /// Compaction settings.
     pub compaction: CompactionConfig,
     /// Finds the facts a compaction must never lose (G8) when a turn is
@@ -64,6 +69,12 @@ impl RunnerConfig {
         self
     }
 
+    /// Streams the model's answers (see [`RunnerConfig::stream`]). Default: off.
+    pub fn with_stream(mut self, stream: bool) -> Self {
+        self.stream = stream;
+        self
+    }
+
     /// Sets the compaction settings.
     pub fn with_compaction(mut self, c: CompactionConfig) -> Self {
         self.compaction = c;
@@ -82,6 +93,7 @@ impl Default for RunnerConfig {
             take_over_dead_local_owners: true,
             context_cache_bytes: 64 << 20,
             log_content: false,
+            stream: false,
             compaction: CompactionConfig::default(),
             pin_extractor: Some(Arc::new(RuleExtractor)),
             testing: TestKnobs::default(),
@@ -101,6 +113,7 @@ pub struct RunnerBuilder {
     pub(super) cfg: RunnerConfig,
     pub(super) compaction: Option<CompactionConfig>,
     pub(super) fault_hook: Option<FaultHook>,
+    pub(super) stream: Option<bool>,
     pub(super) models: Vec<String>,
 }
 
@@ -143,6 +156,14 @@ impl RunnerBuilder {
         self.compaction = Some(c);
         self
     }
+    /// Streams the model's answers: each piece goes to subscribers as an
+    /// [`crate::events::EventKind::ModelDelta`] as it arrives (see
+    /// [`RunnerConfig::stream`]; over that of any [`config`](Self::config)).
+    /// Default: off.
+    pub fn stream(mut self, on: bool) -> Self {
+        self.stream = Some(on);
+        self
+    }
     /// A fault hook, for crash tests (over that of any [`config`](Self::config)).
     pub fn fault_hook(mut self, hook: FaultHook) -> Self {
         self.fault_hook = Some(hook);
@@ -156,6 +177,9 @@ impl RunnerBuilder {
         }
         if let Some(h) = self.fault_hook {
             cfg.testing.fault_hook = Some(h);
+        }
+        if let Some(on) = self.stream {
+            cfg.stream = on;
         }
         if cfg.max_steps == 0 {
             return Err(Error::Config("max_steps must be > 0".into()));

@@ -94,6 +94,7 @@ impl Runner {
             cfg: RunnerConfig::default(),
             compaction: None,
             fault_hook: None,
+            stream: None,
             models: Vec::new(),
         }
     }

@@ -64,10 +64,15 @@ impl Runner {
         Ok(Some((row, ctx)))
     }
 
+    /// The step's model call, tried again per the policy. With
+    /// `RunnerConfig::stream`, the answer streams and each piece goes to
+    /// subscribers, numbered by attempt (a new attempt starts it over).
     pub(super) async fn call_model(
         &self,
         request: ModelRequest,
-        step_id: StepId,
+        session: &SessionRow,
+        turn_idx: i64,
+        (step_id, step_idx): (StepId, i64),
     ) -> Result<ModelResponse> {
         let cfg = &self.inner.cfg;
         let request = Arc::new(request);
@@ -79,7 +84,25 @@ impl Runner {
                 tokio::time::sleep(cfg.model_retry.delay(attempt - 1).max(not_before)).await;
             }
             not_before = Duration::ZERO;
-            let call = CatchUnwind(self.inner.model.complete(&request));
+            let model = &self.inner.model;
+            let subject = Subject::of(session, Some(turn_idx));
+            let events = &self.inner.events;
+            let on_delta = move |delta: crate::model::Delta| {
+                events.emit(
+                    &subject,
+                    EventKind::ModelDelta {
+                        step_id,
+                        step: step_idx,
+                        attempt,
+                        delta,
+                    },
+                )
+            };
+            let call = CatchUnwind(if cfg.stream {
+                model.complete_streaming(&request, &on_delta)
+            } else {
+                model.complete(&request)
+            });
             match tokio::time::timeout(cfg.model_timeout, call).await {
                 Ok(Ok(Ok(resp))) => return Ok(resp),
                 Ok(Ok(Err(ModelError::Permanent(m)))) => {

@@ -347,7 +347,10 @@ impl Runner {
         };
         let mut response = loop {
             let request = ctx.request(&session.model, self.inner.tools.specs());
-            match self.call_model(request, step_id).await {
+            match self
+                .call_model(request, session, turn.idx, (step_id, step_idx))
+                .await
+            {
                 Err(Error::ContextOverflow { message, .. }) => {
                     match self
                         .shrink(session, turn, step, &compaction, &mut remedies, &message)
