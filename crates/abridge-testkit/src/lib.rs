@@ -8,6 +8,9 @@
 //! - [`chaos`] (Unix): the kill/race/fault harness behind `abridge chaos`,
 //!   with the deliberately broken runners of the `broken-*` features.
 //! - [`fidelity`]: the workload measuring what summaries keep.
+//! - [`fake_http`]: a scripted HTTP server for provider clients.
+//! - [`local_provider`]: a local stand-in for each provider's API (the
+//!   provider examples' server when no key is set).
 //! - [`seed`]: bulk history for benchmarks, written as a runner would have.
 //! - [`sabotage`]: which deliberately broken behaviour this build's runners
 //!   have (none unless a `broken-*` feature is on).
@@ -18,7 +21,9 @@
 pub mod chaos;
 pub mod demo;
 pub mod demo_tables;
+pub mod fake_http;
 pub mod fidelity;
+pub mod local_provider;
 pub mod sabotage;
 
 /// Bulk history for benchmarks, written as a runner would have (the

@@ -53,6 +53,12 @@ fn echo(seen: &Seen) -> Answer {
 }
 
 fn chat(fake: &Fake, db: &Path, args: &[&str]) -> Command {
+    chat_at(&fake.base, db, args)
+}
+
+/// `abridge chat` of session `s` on model `gpt-test` with the openai
+/// provider at `base` (key `sk-test`), with `args` after.
+pub(crate) fn chat_at(base: &str, db: &Path, args: &[&str]) -> Command {
     let mut c = abridge_cmd();
     c.args(["chat", "--db"])
         .arg(db_for(db))
@@ -66,7 +72,7 @@ fn chat(fake: &Fake, db: &Path, args: &[&str]) -> Command {
         ])
         .args(args)
         .env("OPENAI_API_KEY", "sk-test")
-        .env("OPENAI_BASE_URL", &fake.base)
+        .env("OPENAI_BASE_URL", base)
         .env_remove("RUST_LOG");
     c
 }

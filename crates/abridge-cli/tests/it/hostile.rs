@@ -13,6 +13,9 @@
 //! (a zombie holds no lease).
 
 use crate::common;
+pub(crate) use abridge_testkit::fake_http::{
+    answer, serve as hostile, FakeServer as Hostile, Reply,
+};
 
 use abridge::providers::{Anthropic, ApiKey, HttpOptions, OpenAiChat, OpenAiResponses, Redirects};
 use abridge::{
@@ -21,159 +24,9 @@ use abridge::{
     ToolError, ToolSpec, Tools,
 };
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
-
-/// What the hostile server sends back for one request.
-pub(crate) enum Reply {
-    /// These bytes, then the connection is closed.
-    Raw(Vec<u8>),
-    /// A head, then `chunk` again and again until the client hangs up (or
-    /// 1 GiB has gone out, so that the test ends whatever the client does).
-    Endless { head: String, chunk: Vec<u8> },
-    /// A head, then each piece written and flushed on its own, `gap` apart
-    /// (so the client reads them apart), then the connection closed, or
-    /// held open and silent for `hang` first.
-    Pieces {
-        head: String,
-        pieces: Vec<Vec<u8>>,
-        gap: Duration,
-        hang: Duration,
-    },
-}
-
-fn answer(status: u16, headers: &[(&str, String)], body: &str) -> Reply {
-    let mut out = format!(
-        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
-         connection: close\r\n",
-        body.len()
-    );
-    for (n, v) in headers {
-        out.push_str(&format!("{n}: {v}\r\n"));
-    }
-    out.push_str("\r\n");
-    out.push_str(body);
-    Reply::Raw(out.into_bytes())
-}
-
-/// A server that has received `requests` requests and sent `sent` bytes.
-pub(crate) struct Hostile {
-    pub(crate) base: String,
-    addr: std::net::SocketAddr,
-    requests: Arc<AtomicUsize>,
-    pub(crate) bodies: Arc<Mutex<Vec<Value>>>,
-    sent: Arc<AtomicUsize>,
-}
-
-/// Serves every request on `ip` with `reply(n, body)`, `n` counting from 0.
-pub(crate) async fn hostile(
-    ip: &str,
-    reply: impl Fn(usize, &Value) -> Reply + Send + Sync + 'static,
-) -> Hostile {
-    let reply = Arc::new(reply);
-    let listener = TcpListener::bind(format!("{ip}:0")).await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let requests = Arc::new(AtomicUsize::new(0));
-    let bodies = Arc::new(Mutex::new(Vec::new()));
-    let sent = Arc::new(AtomicUsize::new(0));
-    let (r, b, s) = (requests.clone(), bodies.clone(), sent.clone());
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut sock, _)) = listener.accept().await else {
-                return;
-            };
-            let (reply, r, b, s) = (reply.clone(), r.clone(), b.clone(), s.clone());
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 8192];
-                let head_end = loop {
-                    match sock.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        break i + 4;
-                    }
-                };
-                let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-                let len: usize = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length: "))
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(0);
-                while buf.len() < head_end + len {
-                    match sock.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let body: Value =
-                    serde_json::from_slice(&buf[head_end..head_end + len]).unwrap_or(Value::Null);
-                let n = r.fetch_add(1, Ordering::SeqCst);
-                let out = reply(n, &body);
-                b.lock().unwrap().push(body);
-                match out {
-                    Reply::Raw(bytes) => {
-                        if sock.write_all(&bytes).await.is_ok() {
-                            s.fetch_add(bytes.len(), Ordering::SeqCst);
-                        }
-                        let _ = sock.shutdown().await;
-                    }
-                    Reply::Pieces {
-                        head,
-                        pieces,
-                        gap,
-                        hang,
-                    } => {
-                        let _ = sock.set_nodelay(true);
-                        if sock.write_all(head.as_bytes()).await.is_err() {
-                            return;
-                        }
-                        for piece in pieces {
-                            if !gap.is_zero() {
-                                tokio::time::sleep(gap).await;
-                            }
-                            if sock.write_all(&piece).await.is_err() || sock.flush().await.is_err()
-                            {
-                                return;
-                            }
-                            s.fetch_add(piece.len(), Ordering::SeqCst);
-                        }
-                        tokio::time::sleep(hang).await;
-                        let _ = sock.shutdown().await;
-                    }
-                    Reply::Endless { head, chunk } => {
-                        if sock.write_all(head.as_bytes()).await.is_err() {
-                            return;
-                        }
-                        while s.load(Ordering::SeqCst) < 1 << 30 {
-                            if sock.write_all(&chunk).await.is_err() {
-                                return;
-                            }
-                            s.fetch_add(chunk.len(), Ordering::SeqCst);
-                        }
-                    }
-                }
-            });
-        }
-    });
-    Hostile {
-        base: format!("http://{addr}/v1"),
-        addr,
-        requests,
-        bodies,
-        sent,
-    }
-}
-
-impl Hostile {
-    pub(crate) fn requests(&self) -> usize {
-        self.requests.load(Ordering::SeqCst)
-    }
-}
 
 const KEY: &str = "sk-hostile-test-0123456789abcdefghij";
 
@@ -761,4 +614,99 @@ async fn a_history_smaller_than_a_summary_message_spends_no_summariser_attempt()
         "{errors:?}"
     );
     common::assert_verified(&store);
+}
+
+/// The peak resident memory (VmHWM) of process `pid` so far, in KiB; None
+/// once it has exited.
+#[cfg(target_os = "linux")]
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// (4, measured) An endless answer, whole or streamed, to an `abridge chat`
+/// process: the process ends with the too-large error, having sent the
+/// request once, and its peak resident memory stays bounded (under 160 MiB,
+/// against the 518 MB a 100 MB answer took when bodies were read whole
+/// without a limit), whatever the server would have sent.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_answer_leaves_a_chat_processs_memory_bounded() {
+    for stream in ["off", "on"] {
+        let provider = hostile("127.0.0.1", move |_, _| Reply::Endless {
+            head: format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: {}\r\nconnection: close\r\n\r\n",
+                if stream == "on" {
+                    "text/event-stream"
+                } else {
+                    "application/json"
+                }
+            ),
+            chunk: if stream == "on" {
+                b": padding padding padding padding padding padding padding\n\n".repeat(64)
+            } else {
+                b"[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]".repeat(64)
+            },
+        })
+        .await;
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = common::abridge_cmd()
+            .args(["chat", "--db"])
+            .arg(common::db_for(&dir.path().join("m.db")))
+            .args([
+                "--session",
+                "s",
+                "--provider",
+                "openai",
+                "--model",
+                "gpt-test",
+            ])
+            .args(["--compact-at", "off", "--stream", stream, "hello"])
+            .env("OPENAI_API_KEY", KEY)
+            .env("OPENAI_BASE_URL", &provider.base)
+            .env_remove("RUST_LOG")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let (peak, out) = tokio::task::spawn_blocking(move || {
+            let mut peak = 0;
+            while child.try_wait().unwrap().is_none() {
+                if let Some(kib) = peak_rss_kib(pid) {
+                    peak = peak.max(kib);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            (peak, child.wait_with_output().unwrap())
+        })
+        .await
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(!out.status.success(), "stream {stream}: {stderr}");
+        assert!(stderr.contains("larger than"), "stream {stream}: {stderr}");
+        assert!(!stderr.contains(KEY));
+        assert_eq!(
+            provider.requests(),
+            1,
+            "stream {stream}: a too-large answer is not asked again"
+        );
+        let sent = provider.sent.load(Ordering::SeqCst);
+        assert!(
+            sent >= 32 << 20,
+            "stream {stream}: only {sent} bytes went out"
+        );
+        assert!(
+            peak > 0 && peak < 160 * 1024,
+            "stream {stream}: peak resident memory {peak} KiB"
+        );
+        eprintln!(
+            "stream {stream}: {} MiB sent, peak RSS {} MiB",
+            sent >> 20,
+            peak >> 10
+        );
+    }
 }

@@ -13,7 +13,7 @@
 //! does not, and sends the pieces to its subscribers.
 
 use crate::common;
-use crate::hostile::{hostile, Reply};
+use crate::hostile::{answer, hostile, Reply};
 
 use abridge::events::EventKind;
 use abridge::providers::{Anthropic, ApiKey, HttpOptions, OpenAiChat, OpenAiResponses};
@@ -277,15 +277,7 @@ fn streamed(body: String, widths: &[usize]) -> Reply {
 }
 
 fn json_reply(body: &Value) -> Reply {
-    let body = body.to_string();
-    Reply::Raw(
-        format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
-             connection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .into_bytes(),
-    )
+    answer(200, &[], &body.to_string())
 }
 
 /// A server answering every request with `answer` in `wire`'s format:
@@ -741,25 +733,6 @@ async fn a_cut_stream_is_retried_from_the_step_and_nothing_partial_is_kept() {
     }
 }
 
-fn chat_cmd(base: &str, db: &std::path::Path, args: &[&str]) -> std::process::Command {
-    let mut c = common::abridge_cmd();
-    c.args(["chat", "--db"])
-        .arg(common::db_for(db))
-        .args([
-            "--session",
-            "s",
-            "--provider",
-            "openai",
-            "--model",
-            "gpt-test",
-        ])
-        .args(args)
-        .env("OPENAI_API_KEY", "sk-test")
-        .env("OPENAI_BASE_URL", base)
-        .env_remove("RUST_LOG");
-    c
-}
-
 /// `abridge chat --stream on` prints the answer as it arrives and stores
 /// what `--stream off` stores: the same stdout (the answer, then a
 /// newline), the same rows, and the request asked for a stream only when on.
@@ -770,7 +743,7 @@ async fn chat_streams_on_request_and_stores_what_an_unstreamed_chat_stores() {
         let srv = server(Wire::Chat, Answer::Text, &[3, 8]).await;
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("chat.db");
-        let mut c = chat_cmd(&srv.base, &db, &["--stream", flag, "hello"]);
+        let mut c = crate::chat::chat_at(&srv.base, &db, &["--stream", flag, "hello"]);
         let out = tokio::task::spawn_blocking(move || c.output().unwrap())
             .await
             .unwrap();
@@ -815,7 +788,7 @@ async fn a_chat_killed_mid_stream_is_finished_once_by_the_next() {
     .await;
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("chat.db");
-    let mut child = chat_cmd(&srv.base, &db, &["--stream", "on", "first"])
+    let mut child = crate::chat::chat_at(&srv.base, &db, &["--stream", "on", "first"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -833,7 +806,7 @@ async fn a_chat_killed_mid_stream_is_finished_once_by_the_next() {
     assert!(first.0 > 0, "nothing streamed");
     child.kill().unwrap();
     child.wait().unwrap();
-    let mut c = chat_cmd(&srv.base, &db, &["--stream", "on", "second"]);
+    let mut c = crate::chat::chat_at(&srv.base, &db, &["--stream", "on", "second"]);
     let out = tokio::task::spawn_blocking(move || c.output().unwrap())
         .await
         .unwrap();

@@ -1,6 +1,6 @@
 //! Anthropic's Messages API, with extended thinking and prompt caching.
 
-use super::http::{stream_error, Flow, Http, HttpOptions, Streamed};
+use super::http::{event_json, stream_error, Flow, Http, HttpOptions, Streamed};
 use super::ApiKey;
 use crate::message::{ContentBlock, ModelRequest, ModelResponse, ResponseBlock, Role, Usage};
 use crate::model::{Delta, ModelClient, ModelError, OnDelta};
@@ -280,12 +280,7 @@ struct MessageStream {
 
 impl MessageStream {
     fn event(&mut self, data: &str, on_delta: OnDelta<'_>) -> Result<Flow, ModelError> {
-        let v: Value = serde_json::from_str(data).map_err(|e| {
-            ModelError::Transient(format!(
-                "an event of the answer's stream is not JSON ({e}): {}",
-                crate::text::truncate_chars(data, 200)
-            ))
-        })?;
+        let v = event_json(data)?;
         let malformed = |what: &str| super::malformed(what, &v);
         let kind = v.get("type").and_then(Value::as_str).unwrap_or_default();
         let index = || -> Result<usize, ModelError> {

@@ -445,6 +445,17 @@ fn parse_json(bytes: &[u8]) -> Result<serde_json::Value, ModelError> {
     })
 }
 
+/// An event's (or a chunk's) data as JSON; data that is not is a
+/// transient error quoting its start.
+pub(crate) fn event_json(data: &str) -> Result<serde_json::Value, ModelError> {
+    serde_json::from_str(data).map_err(|e| {
+        ModelError::Transient(format!(
+            "an event of the answer's stream is not JSON ({e}): {}",
+            crate::text::truncate_chars(data, 200)
+        ))
+    })
+}
+
 /// An error a provider sends inside a stream (an `error` event, an error
 /// object in place of a chunk) as the error of the HTTP status it stands
 /// for: `kind` is the provider's error type or code (`overloaded_error`,

@@ -1,6 +1,6 @@
 //! OpenAI's Chat Completions API, and every server that speaks it.
 
-use super::http::{stream_error, Flow, Http, HttpOptions, Streamed};
+use super::http::{event_json, stream_error, Flow, Http, HttpOptions, Streamed};
 use super::{malformed, ApiKey};
 use crate::message::{
     ContentBlock, Message, ModelRequest, ModelResponse, ResponseBlock, Role, ToolSpec, Usage,
@@ -168,12 +168,7 @@ impl ChatStream {
         if data.trim() == "[DONE]" {
             return Ok(Flow::Done);
         }
-        let v: Value = serde_json::from_str(data).map_err(|e| {
-            ModelError::Transient(format!(
-                "a chunk of the answer's stream is not JSON ({e}): {}",
-                crate::text::truncate_chars(data, 200)
-            ))
-        })?;
+        let v = event_json(data)?;
         if let Some(err) = v.get("error").filter(|e| !e.is_null()) {
             let kind = ["code", "type"]
                 .iter()

@@ -1,6 +1,6 @@
 //! OpenAI's Responses API.
 
-use super::http::{stream_error, Flow, Http, HttpOptions, Streamed};
+use super::http::{event_json, stream_error, Flow, Http, HttpOptions, Streamed};
 use super::openai::{arguments, data_text, tool_use};
 use super::{malformed, ApiKey};
 use crate::message::{ContentBlock, ModelRequest, ModelResponse, ResponseBlock, Role, Usage};
@@ -251,12 +251,7 @@ struct ResponseStream {
 
 impl ResponseStream {
     fn event(&mut self, data: &str, on_delta: OnDelta<'_>) -> Result<Flow, ModelError> {
-        let v: Value = serde_json::from_str(data).map_err(|e| {
-            ModelError::Transient(format!(
-                "an event of the answer's stream is not JSON ({e}): {}",
-                crate::text::truncate_chars(data, 200)
-            ))
-        })?;
+        let v = event_json(data)?;
         let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default();
         match s("type") {
             "response.output_text.delta" | "response.refusal.delta" => on_delta(Delta::Text {

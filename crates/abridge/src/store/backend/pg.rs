@@ -43,8 +43,14 @@ fn runtime() -> &'static tokio::runtime::Runtime {
 }
 
 /// Waits for `f` on the calling thread.
+///
+/// Outside tokio's cooperative budget: a store call made on a thread inside
+/// a task's poll (a synchronous `Store::open` in an async host) runs under
+/// that task's budget, and once the budget was spent every poll of a join
+/// handle or channel answered "not yet" and woke itself at once, so the
+/// wait spun forever (64 stores opened in one poll of a test did it).
 fn wait<F: Future>(f: F) -> F::Output {
-    futures_executor::block_on(f)
+    futures_executor::block_on(tokio::task::unconstrained(f))
 }
 
 /// One client, its prepared statements, whether a transaction is open, and
