@@ -840,3 +840,93 @@ async fn a_chat_killed_mid_stream_is_finished_once_by_the_next() {
         String::from_utf8_lossy(&verify.stdout)
     );
 }
+
+/// A host that drops a turn's future while its answer streams (a timeout
+/// around the turn) leaves the turn resumable: nothing of the stream is
+/// stored, and a runner of another host (once the lease is free) finishes
+/// the same turn with the whole answer, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_dropped_mid_stream_is_resumed_with_nothing_partial_kept() {
+    for wire in WIRES {
+        let srv = hostile("127.0.0.1", move |n, _| {
+            if n == 0 {
+                Reply::Pieces {
+                    head: SSE_HEAD.into(),
+                    pieces: pieces_of(stream_body(wire, Answer::Text, Some(4)).as_bytes(), &[7]),
+                    gap: Duration::from_millis(1),
+                    hang: Duration::from_secs(60),
+                }
+            } else {
+                streamed(stream_body(wire, Answer::Text, None), &[7])
+            }
+        })
+        .await;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(common::db_for(&dir.path().join("s.db"))).unwrap();
+        let first = runner(
+            &store,
+            client(wire, &srv.base, Duration::from_secs(30)),
+            true,
+        );
+        let mut events = first.subscribe();
+        let s = first.create_session("user-1", "m", "sys").await.unwrap();
+        let mut turn = Box::pin(first.run_turn_at(s.id, 0, "hello"));
+        // Dropped once the first piece has arrived.
+        tokio::select! {
+            _ = &mut turn => panic!("{wire:?}: the stalled stream finished"),
+            _ = async {
+                loop {
+                    if let Ok(e) = events.recv().await {
+                        if matches!(e.kind, EventKind::ModelDelta { .. }) {
+                            break;
+                        }
+                    }
+                }
+            } => {}
+        }
+        drop(turn);
+        drop(first);
+        let (steps, responded): (i64, i64) = store
+            .with_conn(|c| {
+                Ok((
+                    c.query_row("SELECT count(*) FROM steps", [], |r| r.get(0))?,
+                    c.query_row(
+                        "SELECT count(*) FROM steps WHERE response IS NOT NULL",
+                        [],
+                        |r| r.get(0),
+                    )?,
+                ))
+            })
+            .unwrap();
+        assert_eq!(
+            (steps, responded),
+            (1, 0),
+            "{wire:?}: a partial answer was stored"
+        );
+        let mut cfg = RunnerConfig::default().with_owner("another-host");
+        cfg.lease_ttl = Duration::from_millis(200);
+        let second = Runner::builder(
+            store.clone(),
+            client(wire, &srv.base, Duration::from_secs(30)),
+        )
+        .config(cfg)
+        .stream(true)
+        .compaction(CompactionConfig::default().with_compact_at(Threshold::Off))
+        .build()
+        .unwrap();
+        let turns = second.recoverable_turns().await.unwrap();
+        assert_eq!(turns.len(), 1, "{wire:?}");
+        let out = loop {
+            match second.resume_turn(turns[0].id).await {
+                Ok(out) => break out,
+                Err(abridge::Error::LeaseHeld { .. }) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err(e) => panic!("{wire:?}: {e}"),
+            }
+        };
+        assert_eq!(out.output, TEXT, "{wire:?}");
+        assert_eq!(srv.requests(), 2, "{wire:?}");
+        assert_eq!(common::assert_all_steps_rebuild(&store), 1);
+    }
+}
