@@ -2,14 +2,22 @@
 //! no script, nothing fetched) drawn from the store, for `abridge report`.
 //!
 //! The session page shows the context measure of every step over the whole
-//! session (provider-reported or estimated, marked), the thresholds and the
-//! window as labelled lines, each compaction as a labelled mark at the first
-//! step that read it (tokens before → after), the steps that waited for a
-//! summary; the compactions in a table (boundary, trigger, summariser model,
-//! attempts, tokens before and after, time taken, the summary and the facts it
-//! carried); and totals (turns, steps, tool calls by effect mode, tokens saved
-//! by compaction, the share of input served from the provider's cache). The
-//! store page lists the sessions and links to each one's page.
+//! session (provider-reported or estimated, marked), with turn numbers on the
+//! axis; the thresholds and the window as labelled lines, said for what they
+//! are (a threshold is a trigger checked before a turn's steps, not a
+//! ceiling: a turn's tool results can carry a step past it; the window is the
+//! ceiling); each compaction as a mark at the first step that read it,
+//! labelled with the context as plotted just before and at that step (the
+//! folded span and its summary said apart, as such); the steps that waited
+//! for a summary; the compactions in a table (boundary, trigger, summariser
+//! model, attempts, span and summary tokens, time taken, the step that first
+//! read it by turn and step, the summary and the facts it carried); and
+//! totals (turns, steps, tool calls by effect mode, input tokens not sent
+//! thanks to the summaries, defined on the page, the share of input served
+//! from the provider's cache). The store page has the store's totals, a
+//! timeline of its sessions (their turns' span, compactions, failed turns),
+//! and a row per session with a small chart of its context, linking to each
+//! one's page.
 //!
 //! The output is well-formed XML as well as HTML (every element closed, every
 //! attribute quoted), and every figure drawn carries its value in a `data-`
@@ -114,7 +122,9 @@ svg .window { stroke: var(--window); stroke-width: 1; }
 svg .compaction line { stroke: var(--mark); stroke-width: 1.5; }
 svg .compaction text { fill: var(--mark); paint-order: stroke; stroke: var(--bg); stroke-width: 4px; }
 svg .level text { paint-order: stroke; stroke: var(--bg); stroke-width: 4px; }
-svg .wait { fill: var(--wait); }
+svg .wait { fill: var(--wait); stroke: var(--wait); }
+svg .mark { stroke: var(--mark); stroke-width: 2; }
+svg.spark { width: 160px; height: 28px; display: inline; }
 details { margin: .25rem 0; } pre { white-space: pre-wrap; background: var(--panel); padding: .5rem; border-radius: 6px; }
 a { color: var(--line); }
 "#;
@@ -146,19 +156,13 @@ pub fn session_page(conn: &Connection, key: &str, opts: &ReportOptions) -> Resul
         }
     }
     let effects = effect_counts(conn, session.id)?;
-    let saved: i64 = detail
-        .compactions
-        .iter()
-        .filter(|c| c.status == CompactionStatus::Completed)
-        .filter_map(|c| Some(c.tokens_before? - c.tokens_after?))
-        .sum();
+    let saved = tokens_not_sent(&points, &detail.compactions);
 
     let mut b = String::new();
     let _ = writeln!(
         b,
-        "<header><h1>Session {}</h1><p class=\"muted\">id {}, model {}, {} turns</p></header>",
+        "<header><h1>Session {}</h1><p class=\"muted\">model {}, {} turns</p></header>",
         esc(&session.external_id),
-        session.id,
         esc(&session.model),
         counts.turns
     );
@@ -190,7 +194,11 @@ pub fn session_page(conn: &Connection, key: &str, opts: &ReportOptions) -> Resul
         "compactions completed",
         num(counts.compactions_completed),
     );
-    total("tokens_saved", "tokens saved by compaction", num(saved));
+    total(
+        "tokens_saved",
+        "input tokens not sent, thanks to the summaries",
+        num(saved),
+    );
     total(
         "cached_share",
         "of input served from the provider's cache",
@@ -198,11 +206,23 @@ pub fn session_page(conn: &Connection, key: &str, opts: &ReportOptions) -> Resul
             .cached_input_share()
             .map_or("not reported".into(), |r| format!("{:.1}%", r * 100.0)),
     );
-    b.push_str("</div></section>\n");
+    b.push_str(
+        "</div><p class=\"muted\">Input tokens not sent: for every step that read a summary, the \
+         tokens of the turns it folded less the summary's own, added up over the session's \
+         steps (what the model would have been sent without compaction, as estimated when the \
+         summary was made, less what it was sent).</p></section>\n",
+    );
     // The chart.
     b.push_str("<section aria-labelledby=\"context\"><h2 id=\"context\">Context per step</h2>\n");
     let readers = first_readers(&points);
-    b.push_str(&chart(&points, &readers, &detail.compactions, opts, window));
+    let background = detail.compactions.iter().any(|c| c.background);
+    b.push_str(&chart(
+        &points,
+        &readers,
+        &detail.compactions,
+        &levels(opts, background),
+        window,
+    ));
     b.push_str("</section>\n");
     // Compactions.
     b.push_str(&compaction_table(
@@ -214,15 +234,14 @@ pub fn session_page(conn: &Connection, key: &str, opts: &ReportOptions) -> Resul
     )?);
     // The steps, as a table (the chart's data, for screen readers too).
     b.push_str("<section aria-labelledby=\"steps\"><h2 id=\"steps\">Steps</h2><details><summary>Every step's measure</summary>\n");
-    b.push_str("<table><thead><tr><th class=\"n\">turn</th><th class=\"n\">step</th><th class=\"n\">step id</th><th class=\"n\">context tokens</th><th>measure</th><th class=\"n\">waited for a summary (ms)</th></tr></thead><tbody>\n");
+    b.push_str("<table><thead><tr><th class=\"n\">turn</th><th class=\"n\">step</th><th class=\"n\">context tokens</th><th>measure</th><th class=\"n\">waited for a summary (ms)</th></tr></thead><tbody>\n");
     for p in &points {
         let _ = writeln!(
             b,
-            "<tr data-step-id=\"{}\"><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td class=\"n\">{}</td></tr>",
+            "<tr data-step-id=\"{}\"><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td class=\"n\">{}</td></tr>",
             p.step_id,
             p.turn,
             p.step,
-            p.step_id,
             num(p.tokens),
             if p.estimated { "estimated" } else { "reported" },
             p.waited_ms.map_or("-".into(), num)
@@ -245,6 +264,63 @@ fn point(turn: i64, s: &StepRow) -> Option<Point> {
         waited_ms: s.summary_wait_ms,
         compaction_id: s.compaction_id.map(|c| c.0),
     })
+}
+
+/// Input tokens not sent thanks to the summaries: for every step that read a
+/// completed compaction, the tokens of the span it folded less the summary's.
+fn tokens_not_sent(points: &[Point], compactions: &[CompactionRow]) -> i64 {
+    let by_id: HashMap<i64, &CompactionRow> = compactions.iter().map(|c| (c.id.0, c)).collect();
+    points
+        .iter()
+        .filter_map(|p| by_id.get(&p.compaction_id?))
+        .filter(|c| c.status == CompactionStatus::Completed)
+        .filter_map(|c| Some((c.tokens_before? - c.tokens_after?).max(0)))
+        .sum()
+}
+
+/// A horizontal line of the chart: its class, label and tokens, and whether
+/// it is a default rather than a value the host gave.
+struct Level {
+    class: &'static str,
+    label: String,
+    tokens: u64,
+}
+
+/// The thresholds drawn: the hard one given, and the soft one given, or,
+/// when the session's compactions ran in the background and none was
+/// given, the engine's default share of the hard one (said as such).
+fn levels(opts: &ReportOptions, background: bool) -> Vec<Level> {
+    let mut out = Vec::new();
+    if let Some(t) = opts.threshold {
+        out.push(Level {
+            class: "hard",
+            label: "threshold".into(),
+            tokens: t,
+        });
+    }
+    let default_soft = || {
+        let background = abridge::compaction::Background::default();
+        let t = opts.threshold?;
+        Some((background.soft_share, background.soft_tokens(t)))
+    };
+    match (opts.soft_threshold, background) {
+        (Some(t), _) => out.push(Level {
+            class: "soft",
+            label: "soft threshold".into(),
+            tokens: t,
+        }),
+        (None, true) => {
+            if let Some((share, t)) = default_soft() {
+                out.push(Level {
+                    class: "soft",
+                    label: format!("soft threshold (default {:.0}%)", share * 100.0),
+                    tokens: t,
+                });
+            }
+        }
+        (None, false) => {}
+    }
+    out
 }
 
 /// Tool calls of a session by effect mode.
@@ -273,18 +349,17 @@ fn chart(
     points: &[Point],
     readers: &HashMap<i64, usize>,
     compactions: &[CompactionRow],
-    opts: &ReportOptions,
+    levels: &[Level],
     window: Option<u64>,
 ) -> String {
     // Compaction labels stand in the band above the plot.
-    let (w, h) = (960.0_f64, 480.0_f64);
-    let (left, right, top, bottom) = (70.0, 150.0, 120.0, 40.0);
+    let (w, h) = (960.0_f64, 500.0_f64);
+    let (left, right, top, bottom) = (70.0, 150.0, 120.0, 60.0);
     let (pw, ph) = (w - left - right, h - top - bottom);
     let max_tokens = points
         .iter()
         .map(|p| p.tokens as f64)
-        .chain(opts.threshold.map(|t| t as f64))
-        .chain(opts.soft_threshold.map(|t| t as f64))
+        .chain(levels.iter().map(|l| l.tokens as f64))
         // The window is drawn only when it is within reach of the measure.
         .chain(
             window
@@ -337,40 +412,65 @@ fn chart(
         s,
         "<line class=\"axis\" x1=\"{left}\" x2=\"{left}\" y1=\"{top}\" y2=\"{}\"/>\
          <line class=\"axis\" x1=\"{left}\" x2=\"{}\" y1=\"{}\" y2=\"{}\"/>\
-         <text x=\"{}\" y=\"{}\" text-anchor=\"middle\">step (in order, over the whole session)</text>\
+         <text x=\"{}\" y=\"{}\" text-anchor=\"middle\">turn (each dot a step, in order)</text>\
          <text x=\"14\" y=\"{}\" transform=\"rotate(-90 14 {})\" text-anchor=\"middle\">context tokens</text>",
         top + ph,
         left + pw,
         top + ph,
         top + ph,
         left + pw / 2.0,
-        h - 8.0,
+        h - 6.0,
         top + ph / 2.0,
         top + ph / 2.0
     );
-    // The host's lines, labelled at the right.
-    let lines = [
-        (
-            "window",
-            "window",
-            window.filter(|v| (*v as f64) <= max_tokens),
-        ),
-        ("hard", "hard threshold", opts.threshold),
-        ("soft", "soft threshold", opts.soft_threshold),
-    ];
-    for (class, label, value) in lines {
-        if let Some(v) = value {
-            let yy = y(v as f64);
-            let _ = writeln!(
-                s,
-                "<g class=\"level\" data-level=\"{class}\" data-tokens=\"{v}\"><line class=\"{class}\" x1=\"{left}\" x2=\"{}\" \
-                 y1=\"{yy:.1}\" y2=\"{yy:.1}\"/><text x=\"{}\" y=\"{:.1}\">{label} {}</text></g>",
-                left + pw,
-                left + pw + 6.0,
-                yy + 4.0,
-                num(v as i64)
-            );
-        }
+    // Turns on the axis: a tick at each turn's first step, labelled for at
+    // most a dozen of them.
+    let firsts: Vec<(usize, i64)> = points
+        .iter()
+        .enumerate()
+        .filter(|(i, p)| *i == 0 || points[i - 1].turn != p.turn)
+        .map(|(i, p)| (i, p.turn))
+        .collect();
+    let every = firsts.len().div_ceil(12).max(1);
+    for (k, (i, turn)) in firsts.iter().enumerate() {
+        let xx = x(*i);
+        let label = if k % every == 0 {
+            format!(
+                "<text x=\"{xx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{turn}</text>",
+                top + ph + 30.0
+            )
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            s,
+            "<g class=\"tick\" data-turn=\"{turn}\"><line class=\"axis\" x1=\"{xx:.1}\" x2=\"{xx:.1}\" \
+             y1=\"{}\" y2=\"{}\"/>{label}</g>",
+            top + ph,
+            top + ph + 4.0
+        );
+    }
+    // The window and the thresholds, labelled at the right.
+    let window_level = window.filter(|v| (*v as f64) <= max_tokens).map(|v| Level {
+        class: "window",
+        label: "window (the ceiling)".into(),
+        tokens: v,
+    });
+    for l in window_level.iter().chain(levels) {
+        let yy = y(l.tokens as f64);
+        let _ = writeln!(
+            s,
+            "<g class=\"level\" data-level=\"{}\" data-tokens=\"{}\"><line class=\"{}\" x1=\"{left}\" x2=\"{}\" \
+             y1=\"{yy:.1}\" y2=\"{yy:.1}\"/><text x=\"{}\" y=\"{:.1}\">{} {}</text></g>",
+            l.class,
+            l.tokens,
+            l.class,
+            left + pw,
+            left + pw + 6.0,
+            yy + 4.0,
+            esc(&l.label),
+            num(l.tokens as i64)
+        );
     }
     // The measure.
     let path: Vec<String> = points
@@ -415,23 +515,30 @@ fn chart(
             );
         }
     }
-    // Compactions, each at the first step that read it.
+    // Compactions, each at the first step that read it, labelled with the
+    // context as plotted just before that step and at it.
     for (n, (c, i)) in marked.iter().enumerate() {
         let xx = x(*i);
+        let reader = &points[*i];
+        let before = i.checked_sub(1).map(|k| points[k].tokens);
         let label = format!(
             "C{} {}→{}",
             n + 1,
-            c.tokens_before.map_or("?".into(), num),
-            c.tokens_after.map_or("?".into(), num)
+            before.map_or("?".into(), num),
+            num(reader.tokens)
         );
         let _ = writeln!(
             s,
-            "<g class=\"compaction\" data-compaction-id=\"{}\" data-step-id=\"{}\" data-tokens-before=\"{}\" data-tokens-after=\"{}\">\
+            "<g class=\"compaction\" data-compaction-id=\"{}\" data-step-id=\"{}\" data-context-before=\"{}\" \
+             data-context-after=\"{}\" data-tokens-before=\"{}\" data-tokens-after=\"{}\">\
              <line x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{top}\" y2=\"{}\"/>\
              <text x=\"{:.1}\" y=\"{:.1}\" transform=\"rotate(-90 {:.1} {:.1})\">{}</text>\
-             <title>compaction up to turn {} ({}), read first by step {}: {} tokens before, {} after</title></g>",
+             <title>compaction up to turn {} ({}), first read at turn {} step {}: the context went from {} \
+             to {} tokens; the turns it folded were {} tokens, its summary {}</title></g>",
             c.id.0,
-            points[*i].step_id,
+            reader.step_id,
+            before.map_or(String::new(), |t| t.to_string()),
+            reader.tokens,
             c.tokens_before.map_or(String::new(), |t| t.to_string()),
             c.tokens_after.map_or(String::new(), |t| t.to_string()),
             top + ph,
@@ -442,15 +549,22 @@ fn chart(
             esc(&label),
             c.up_to_turn_index,
             esc(&trigger(c)),
-            points[*i].step_id,
+            reader.turn,
+            reader.step,
+            before.map_or("?".into(), num),
+            num(reader.tokens),
             c.tokens_before.map_or("?".into(), num),
             c.tokens_after.map_or("?".into(), num)
         );
     }
-    s.push_str("</svg>\n<figcaption class=\"muted\">Line: each step's context measure; filled dots \
-        reported by the provider, hollow dots estimated. Dashed: hard threshold; dotted: soft threshold; \
-        solid: the model's window (each labelled). Vertical marks: a compaction, at the first step that \
-        read it, labelled tokens before → after. Triangles under the axis: steps that waited for a summary.</figcaption></figure>\n");
+    s.push_str("</svg>\n<figcaption class=\"muted\">Line: each step's context measure, the x axis \
+        numbered by turn; filled dots reported by the provider, hollow dots estimated. Dashed: the \
+        threshold; dotted: the soft threshold at which a summary starts in the background. Both are \
+        triggers checked before a turn's steps, not ceilings: a turn whose tool results are long can \
+        carry its later steps above them, and the next turn is compacted. Solid: the model's window, \
+        the one ceiling. Vertical marks: a compaction, at the first step that read it, labelled with \
+        the context just before that step → at it (the turns it folded and its summary are in the \
+        table). Triangles under the axis: steps that waited for a summary.</figcaption></figure>\n");
     s
 }
 
@@ -491,11 +605,11 @@ fn compaction_table(
     }
     s.push_str(
         "<table><thead><tr><th class=\"n\">up to turn</th><th>status</th><th>trigger</th><th>summariser</th>\
-         <th class=\"n\">attempts</th><th class=\"n\">tokens before</th><th class=\"n\">tokens after</th>\
-         <th class=\"n\">time (ms)</th><th>first read by step</th></tr></thead><tbody>\n",
+         <th class=\"n\">attempts</th><th class=\"n\">folded turns (tokens)</th><th class=\"n\">summary (tokens)</th>\
+         <th class=\"n\">time (ms)</th><th>first read at</th></tr></thead><tbody>\n",
     );
     for c in compactions {
-        let reader = readers.get(&c.id.0).map(|i| points[*i].step_id);
+        let reader = readers.get(&c.id.0).map(|i| &points[*i]);
         let _ = writeln!(
             s,
             "<tr data-compaction-id=\"{}\"><td class=\"n\">{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{}</td>\
@@ -510,7 +624,7 @@ fn compaction_table(
             c.tokens_after.map_or("-".into(), num),
             c.completed_at
                 .map_or("-".into(), |done| num(done - c.created_at)),
-            reader.map_or("not read yet".into(), |r| r.to_string())
+            reader.map_or("not read yet".into(), |r| format!("turn {}, step {}", r.turn, r.step))
         );
     }
     s.push_str("</tbody></table>\n");
@@ -546,27 +660,249 @@ fn compaction_table(
     Ok(s)
 }
 
-/// The store's page: every session (turns, steps, tool calls, compactions,
-/// failed turns, context now, cached share), each linking to `link(session)`.
+/// What the store page draws of one session.
+struct SessionLine {
+    summary: SessionSummary,
+    /// Each executed step's context measure, in order.
+    measures: Vec<i64>,
+    /// When its first turn began and its last one ended (or began).
+    span: Option<(i64, i64)>,
+    /// When each completed compaction completed.
+    compacted_at: Vec<i64>,
+    /// When each failed turn began.
+    failed_at: Vec<i64>,
+    /// Steps that waited for a summary, and the milliseconds in all.
+    waits: (i64, i64),
+}
+
+fn session_line(conn: &Connection, summary: SessionSummary) -> Result<SessionLine> {
+    let key = format!("id:{}", summary.session.id);
+    let detail = inspect::session_detail(conn, &key)?;
+    let mut measures = Vec::new();
+    let mut waits = (0, 0);
+    for t in &detail.turns {
+        for s in inspect::steps(conn, t.turn.id)? {
+            measures.extend(s.context_tokens);
+            if let Some(ms) = s.summary_wait_ms {
+                waits = (waits.0 + 1, waits.1 + ms);
+            }
+        }
+    }
+    let start = detail.turns.iter().map(|t| t.turn.created_at).min();
+    let end = detail
+        .turns
+        .iter()
+        .map(|t| t.turn.finished_at.unwrap_or(t.turn.created_at))
+        .max();
+    Ok(SessionLine {
+        measures,
+        span: start.zip(end),
+        compacted_at: detail
+            .compactions
+            .iter()
+            .filter(|c| c.status == CompactionStatus::Completed)
+            .filter_map(|c| c.completed_at)
+            .collect(),
+        failed_at: detail
+            .turns
+            .iter()
+            .filter(|t| t.turn.status == abridge::store::TurnStatus::Failed)
+            .map(|t| t.turn.created_at)
+            .collect(),
+        waits,
+        summary,
+    })
+}
+
+/// A small chart of a session's context per step (no axes: its peak is in
+/// the table beside it).
+fn sparkline(measures: &[i64]) -> String {
+    let (w, h) = (160.0_f64, 28.0_f64);
+    let max = measures.iter().copied().max().unwrap_or(0).max(1) as f64;
+    let n = measures.len().max(2) as f64;
+    let points: Vec<String> = measures
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            format!(
+                "{:.1},{:.1}",
+                w * i as f64 / (n - 1.0),
+                h - 2.0 - (h - 4.0) * *t as f64 / max
+            )
+        })
+        .collect();
+    format!(
+        "<svg class=\"spark\" xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {w} {h}\" width=\"{w}\" height=\"{h}\" \
+         role=\"img\" aria-label=\"context per step, {} steps, peak {} tokens\" data-steps=\"{}\">\
+         <polyline class=\"measure\" points=\"{}\"/></svg>",
+        measures.len(),
+        num(max as i64),
+        measures.len(),
+        points.join(" ")
+    )
+}
+
+/// A time in ms since the epoch as `YYYY-MM-DDTHH:MM:SSZ` (UTC).
+fn when(ms: i64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// The sessions on one time axis: each a bar from its first turn to its
+/// last, compactions as ticks, failed turns as crosses.
+fn timeline(lines: &[SessionLine]) -> String {
+    let spans: Vec<(i64, i64)> = lines.iter().filter_map(|l| l.span).collect();
+    let (Some(t0), Some(t1)) = (
+        spans.iter().map(|s| s.0).min(),
+        spans.iter().map(|s| s.1).max(),
+    ) else {
+        return "<p>No turns yet.</p>\n".into();
+    };
+    let (left, right, row) = (180.0_f64, 20.0_f64, 22.0_f64);
+    let w = 960.0_f64;
+    let h = 40.0 + row * lines.len() as f64;
+    let pw = w - left - right;
+    let x = |t: i64| left + pw * ((t - t0) as f64 / (t1 - t0).max(1) as f64);
+    let mut s = format!(
+        "<figure><svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {w} {h}\" role=\"img\" \
+         aria-labelledby=\"timeline-title\"><title id=\"timeline-title\">Sessions over time, from {} to {}</title>\n",
+        esc(&when(t0)),
+        esc(&when(t1))
+    );
+    for (k, l) in lines.iter().enumerate() {
+        let yy = 20.0 + row * k as f64;
+        let _ = write!(
+            s,
+            "<g class=\"session\" data-session-id=\"{}\" data-compactions=\"{}\" data-failed=\"{}\">\
+             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+            l.summary.session.id,
+            l.compacted_at.len(),
+            l.failed_at.len(),
+            left - 8.0,
+            yy + 4.0,
+            esc(&l.summary.session.external_id)
+        );
+        if let Some((a, b)) = l.span {
+            let _ = write!(
+                s,
+                "<line class=\"measure\" x1=\"{:.1}\" x2=\"{:.1}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\" stroke-width=\"6\"/>",
+                x(a),
+                x(b).max(x(a) + 2.0)
+            );
+        }
+        for t in &l.compacted_at {
+            let xx = x(*t);
+            let _ = write!(
+                s,
+                "<line class=\"mark\" x1=\"{xx:.1}\" x2=\"{xx:.1}\" y1=\"{:.1}\" y2=\"{:.1}\"/>",
+                yy - 8.0,
+                yy + 8.0
+            );
+        }
+        for t in &l.failed_at {
+            let xx = x(*t);
+            let _ = write!(
+                s,
+                "<path class=\"wait\" d=\"M{:.1},{:.1} l8,8 m0,-8 l-8,8\" stroke-width=\"2\"/>",
+                xx - 4.0,
+                yy - 4.0
+            );
+        }
+        s.push_str("</g>\n");
+    }
+    let span =
+        humantime::format_duration(std::time::Duration::from_millis((t1 - t0).max(0) as u64));
+    let _ = write!(
+        s,
+        "<text x=\"{left}\" y=\"{:.1}\">{}</text><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{} in all</text>\
+         <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+        h - 4.0,
+        esc(&when(t0)),
+        left + pw / 2.0,
+        h - 4.0,
+        esc(&span.to_string()),
+        w - right,
+        h - 4.0,
+        esc(&when(t1))
+    );
+    s.push_str(
+        "</svg><figcaption class=\"muted\">Each bar: a session, from its first turn's start to its \
+         last turn's end. Vertical ticks: compactions, when each completed. Crosses: failed turns, \
+         when each began.</figcaption></figure>\n",
+    );
+    s
+}
+
+/// The store's page: its totals, a timeline of its sessions, and every
+/// session (turns, steps, tool calls, compactions, failed turns, waits,
+/// context now, cached share, a small chart of its context), each linking to
+/// `link(session)`.
 pub fn store_page(conn: &Connection, link: &dyn Fn(&SessionSummary) -> String) -> Result<String> {
-    let all = inspect::sessions(conn)?;
+    let lines = inspect::sessions(conn)?
+        .into_iter()
+        .map(|s| session_line(conn, s))
+        .collect::<Result<Vec<_>>>()?;
+    let sum = |f: &dyn Fn(&SessionLine) -> i64| lines.iter().map(f).sum::<i64>();
     let mut b = String::new();
     let _ = writeln!(
         b,
-        "<header><h1>abridge store</h1><p class=\"muted\">{} sessions</p></header>\n\
-         <section aria-labelledby=\"sessions\"><h2 id=\"sessions\">Sessions</h2>\n<table><thead><tr>\
+        "<header><h1>abridge store</h1><p class=\"muted\">{} sessions</p></header>",
+        lines.len()
+    );
+    b.push_str(
+        "<section aria-labelledby=\"totals\"><h2 id=\"totals\">Totals</h2><div class=\"totals\">\n",
+    );
+    let waits = (sum(&|l| l.waits.0), sum(&|l| l.waits.1));
+    for (name, label, value) in [
+        ("sessions", "sessions", num(lines.len() as i64)),
+        ("turns", "turns", num(sum(&|l| l.summary.counts.turns))),
+        (
+            "turns_failed",
+            "turns failed",
+            num(sum(&|l| l.summary.counts.turns_failed)),
+        ),
+        ("steps", "steps", num(sum(&|l| l.summary.counts.steps))),
+        (
+            "tool_calls",
+            "tool calls",
+            num(sum(&|l| l.summary.counts.tool_calls)),
+        ),
+        (
+            "compactions",
+            "compactions completed",
+            num(sum(&|l| l.summary.counts.compactions_completed)),
+        ),
+        (
+            "waits",
+            "steps waited for a summary",
+            format!("{} ({} ms)", num(waits.0), num(waits.1)),
+        ),
+    ] {
+        let _ = writeln!(
+            b,
+            "<div data-total=\"{name}\"><b>{}</b>{}</div>",
+            esc(&value),
+            esc(label)
+        );
+    }
+    b.push_str("</div></section>\n");
+    b.push_str("<section aria-labelledby=\"timeline\"><h2 id=\"timeline\">Timeline</h2>\n");
+    b.push_str(&timeline(&lines));
+    b.push_str("</section>\n");
+    b.push_str(
+        "<section aria-labelledby=\"sessions\"><h2 id=\"sessions\">Sessions</h2>\n<table><thead><tr>\
          <th>session</th><th>model</th><th class=\"n\">turns</th><th class=\"n\">failed turns</th>\
          <th class=\"n\">steps</th><th class=\"n\">tool calls</th><th class=\"n\">compactions</th>\
-         <th class=\"n\">context now</th><th class=\"n\">cached input</th></tr></thead><tbody>",
-        all.len()
+         <th class=\"n\">waits (ms)</th><th class=\"n\">context now</th><th class=\"n\">cached input</th>\
+         <th>context per step</th><th>first turn</th></tr></thead><tbody>",
     );
-    for s in &all {
-        let c = &s.counts;
+    for l in &lines {
+        let (s, c) = (&l.summary, &l.summary.counts);
         let _ = writeln!(
             b,
             "<tr data-session-id=\"{}\"><td><a href=\"{}\">{}</a></td><td>{}</td><td class=\"n\">{}</td>\
              <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
-             <td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+             <td class=\"n\">{} ({})</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td></tr>",
             s.session.id,
             esc(&link(s)),
             esc(&s.session.external_id),
@@ -576,9 +912,13 @@ pub fn store_page(conn: &Connection, link: &dyn Fn(&SessionSummary) -> String) -
             num(c.steps),
             num(c.tool_calls),
             num(c.compactions_completed),
+            num(l.waits.0),
+            num(l.waits.1),
             c.context_tokens.map_or("-".into(), num),
             c.cached_input_share()
-                .map_or("-".into(), |r| format!("{:.1}%", r * 100.0))
+                .map_or("-".into(), |r| format!("{:.1}%", r * 100.0)),
+            sparkline(&l.measures),
+            l.span.map_or("-".into(), |(a, _)| esc(&when(a)))
         );
     }
     b.push_str("</tbody></table></section>\n");
@@ -602,5 +942,7 @@ mod tests {
         assert_eq!(nice_step(1000.0), 1000.0);
         assert_eq!(nice_step(2100.0), 2500.0);
         assert_eq!(nice_step(0.0), 1.0);
+        assert_eq!(when(0), "1970-01-01T00:00:00Z");
+        assert_eq!(when(1_796_154_460_516), "2026-12-01T19:47:40Z");
     }
 }

@@ -137,6 +137,56 @@ fn the_session_page_shows_what_the_store_holds() {
             .collect();
         assert!(want.len() >= 2, "{want:?}");
         assert_eq!(marks, want);
+        // Each mark's label: the context as plotted just before its first
+        // reader and at it (the steps in order, as drawn).
+        let order: Vec<(i64, i64)> = query::<i64>(
+            &db,
+            &format!(
+                "SELECT s.id, s.context_tokens FROM steps s JOIN turns t ON t.id = s.turn_id \
+                 WHERE t.session_id = {sid} AND s.context_tokens IS NOT NULL ORDER BY t.idx, s.idx"
+            ),
+        )
+        .into_iter()
+        .map(|r| (r[0], r[1]))
+        .collect();
+        for n in with_class(&doc, "g", "compaction") {
+            let reader: i64 = attr(n, "data-step-id").parse().unwrap();
+            let at = order.iter().position(|(id, _)| *id == reader).unwrap();
+            assert_eq!(attr(n, "data-context-after"), order[at].1.to_string());
+            let before = at.checked_sub(1).map(|k| order[k].1.to_string());
+            assert_eq!(
+                attr(n, "data-context-before"),
+                before.clone().unwrap_or_default()
+            );
+            let label = n
+                .descendants()
+                .find(|t| t.tag_name().name() == "text")
+                .and_then(|t| t.text())
+                .unwrap()
+                .replace(',', "");
+            assert!(
+                label.ends_with(&format!("{}→{}", before.unwrap(), order[at].1)),
+                "{label}"
+            );
+        }
+        // Turns on the axis: a tick at each turn that has a step.
+        let ticks: BTreeSet<i64> = with_class(&doc, "g", "tick")
+            .map(|n| attr(n, "data-turn").parse().unwrap())
+            .collect();
+        let turns: BTreeSet<i64> = query::<i64>(
+            &db,
+            &format!(
+                "SELECT DISTINCT t.idx FROM steps s JOIN turns t ON t.id = s.turn_id \
+                 WHERE t.session_id = {sid} AND s.context_tokens IS NOT NULL"
+            ),
+        )
+        .into_iter()
+        .map(|r| r[0])
+        .collect();
+        assert_eq!(ticks, turns);
+        // Steps are named as the tables name them: by turn and step.
+        assert!(!html.contains("first read by step"));
+        assert!(html.contains("turn ") && html.contains(", step "));
         // The table has a row per compaction, and each summary whole.
         let rows = query::<String>(
             &db,
@@ -229,10 +279,19 @@ fn the_session_page_shows_what_the_store_holds() {
             totals["compactions"],
             one(&format!("SELECT count(*) FROM compactions WHERE session_id = {sid} AND status = 'completed'"))
         );
+        // Input tokens not sent: per step that read a summary, what it folded
+        // less the summary.
         assert_eq!(
             totals["tokens_saved"],
-            one(&format!("SELECT sum(tokens_before - tokens_after) FROM compactions WHERE session_id = {sid} AND status = 'completed'"))
+            one(&format!(
+                "SELECT coalesce(sum(max(c.tokens_before - c.tokens_after, 0)), 0) FROM steps s \
+                 JOIN turns t ON t.id = s.turn_id JOIN compactions c ON c.id = s.compaction_id \
+                 WHERE t.session_id = {sid} AND c.status = 'completed' AND s.context_tokens IS NOT NULL"
+            ))
         );
+        assert!(html.contains("Input tokens not sent: for every step that read a summary"));
+        // The thresholds are said to be triggers, the window the ceiling.
+        assert!(html.contains("not ceilings") && html.contains("the one ceiling"));
         assert_eq!(totals["cached_share"], "not reported");
 
         // Self-contained: no script, nothing fetched.
@@ -252,6 +311,41 @@ fn the_session_page_shows_what_the_store_holds() {
         assert_eq!(attr(svg, "role"), "img");
         assert!(doc.descendants().any(|n| n.tag_name().name() == "desc"));
     }
+}
+
+/// Without a soft threshold given, a session whose compactions ran in the
+/// background gets the engine's default soft line, said to be the default.
+#[test]
+fn the_soft_line_is_drawn_whenever_compaction_ran_in_the_background() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = demo_store(dir.path());
+    let background = query::<i64>(
+        &db,
+        "SELECT count(*) FROM compactions WHERE session_id = 1 AND background = 1",
+    )[0][0];
+    assert!(background > 0);
+    let html = page(
+        &db,
+        "id:1",
+        &ReportOptions {
+            threshold: Some(3_000),
+            soft_threshold: None,
+            window: None,
+        },
+    );
+    let doc = roxmltree::Document::parse_with_options(
+        &html,
+        roxmltree::ParsingOptions {
+            allow_dtd: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let soft = with_class(&doc, "g", "level")
+        .find(|n| attr(*n, "data-level") == "soft")
+        .expect("a soft line");
+    assert_eq!(attr(soft, "data-tokens"), "2400");
+    assert!(html.contains("soft threshold (default 80%)"));
 }
 
 fn abridge(args: &[&str]) -> std::process::Output {
@@ -302,6 +396,53 @@ fn the_store_page_links_a_page_per_session() {
         let page = std::fs::read_to_string(dir.path().join(l)).unwrap();
         assert!(page.contains("class=\"compaction\""), "{l}");
     }
+    // The store's totals, as the store holds them.
+    let total = |name: &str| {
+        doc.descendants()
+            .find(|n| n.attribute("data-total") == Some(name))
+            .and_then(|n| n.descendants().find(|b| b.tag_name().name() == "b"))
+            .and_then(|b| b.text())
+            .unwrap()
+            .replace(',', "")
+    };
+    let one = |sql: &str| query::<i64>(&db, sql)[0][0].to_string();
+    assert_eq!(total("sessions"), one("SELECT count(*) FROM sessions"));
+    assert_eq!(total("turns"), one("SELECT count(*) FROM turns"));
+    assert_eq!(total("steps"), one("SELECT count(*) FROM steps"));
+    assert_eq!(
+        total("compactions"),
+        one("SELECT count(*) FROM compactions WHERE status = 'completed'")
+    );
+    let waited = one("SELECT count(*) FROM steps WHERE summary_wait_ms IS NOT NULL");
+    assert!(total("waits").starts_with(&format!("{waited} (")));
+    // The timeline: a row per session with its compactions and failed turns.
+    for g in doc
+        .descendants()
+        .filter(|n| n.attribute("class") == Some("session"))
+    {
+        let sid = attr(g, "data-session-id");
+        assert_eq!(
+            attr(g, "data-compactions"),
+            one(&format!("SELECT count(*) FROM compactions WHERE session_id = {sid} AND status = 'completed'"))
+        );
+        assert_eq!(
+            attr(g, "data-failed"),
+            one(&format!(
+                "SELECT count(*) FROM turns WHERE session_id = {sid} AND status = 'failed'"
+            ))
+        );
+    }
+    // A small chart of each session's context, a point per measured step.
+    let sparks: Vec<i64> = doc
+        .descendants()
+        .filter_map(|n| n.attribute("data-steps"))
+        .map(|v| v.parse().unwrap())
+        .collect();
+    assert_eq!(sparks.len(), 2);
+    assert_eq!(
+        sparks.iter().sum::<i64>().to_string(),
+        one("SELECT count(*) FROM steps WHERE context_tokens IS NOT NULL")
+    );
     let refused = abridge(&["report", "--db", db.to_str().unwrap()]);
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("-o FILE"));
