@@ -398,13 +398,15 @@ pub enum Error {
     /// session's completed compaction at the same boundary was made with: a
     /// completed summary never changes (G2). Final until a new turn runs.
     #[error(
-        "session {session_id} is already compacted up to turn {boundary} ({}); \
+        "session {session} is already compacted up to turn {boundary} ({}); \
          a completed summary never changes: run a turn first, then compact with the new focus",
         .existing.as_deref().map_or("with no focus".to_string(), |f| format!("with focus {f:?}"))
     )]
     AlreadyCompacted {
         /// The session.
         session_id: SessionId,
+        /// The session as the host named it (its external id).
+        session: String,
         /// The boundary.
         boundary: i64,
         /// The focus that compaction was made with.
@@ -422,7 +424,7 @@ pub enum Error {
     },
 
     /// The session was deleted ([`crate::Store::delete_session`]). Final.
-    #[error("session {session_id} was deleted")]
+    #[error("the session was deleted (it was row {session_id})")]
     SessionDeleted {
         /// The session.
         session_id: SessionId,

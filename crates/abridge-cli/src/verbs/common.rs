@@ -86,7 +86,13 @@ impl std::fmt::Display for Failure {
         };
         match (&self.session, error) {
             // These name the key as typed already.
-            (_, Error::UnknownSession(_) | Error::AmbiguousSession { .. }) | (None, _) => {
+            (
+                _,
+                Error::UnknownSession(_)
+                | Error::AmbiguousSession { .. }
+                | Error::AlreadyCompacted { .. },
+            )
+            | (None, _) => {
                 write!(f, "{error}")
             }
             (Some(s), e) => write!(f, "session {s}: {e}"),

@@ -131,6 +131,7 @@ fn print_session(d: &inspect::SessionDetail) {
     }
     println!("\ncompactions:");
     let mut previous: Option<(i64, bool)> = None;
+    let mut before: Option<&str> = None;
     for c in &d.compactions {
         // (As verify counts them: not after a summary made in the background,
         // read late with the turns that ran while it was made.)
@@ -145,6 +146,10 @@ fn print_session(d: &inspect::SessionDetail) {
         } else {
             c.trigger.as_str()
         };
+        let new = c.summary.as_deref().map(|s| first_new_line(s, before));
+        if c.status == abridge::store::CompactionStatus::Completed {
+            before = c.summary.as_deref();
+        }
         println!(
             "  up to turn {:>4}  {} attempts {} trigger {} tokens {} -> {} pins {}  {}",
             c.up_to_turn_index,
@@ -154,10 +159,9 @@ fn print_session(d: &inspect::SessionDetail) {
             c.tokens_before.map_or("-".into(), |t| t.to_string()),
             c.tokens_after.map_or("-".into(), |t| t.to_string()),
             c.pins_live.map_or("-".into(), |t| t.to_string()),
-            abridge::compaction::truncate_chars(
-                &c.summary.clone().unwrap_or_default().replace('\n', " "),
-                60
-            )
+            new.map_or(String::new(), |n| abridge::compaction::truncate_chars(
+                &n, 60
+            ))
         );
         if close {
             println!("    ^ one turn after the previous compaction: the summary left no room");
@@ -185,4 +189,19 @@ fn print_session(d: &inspect::SessionDetail) {
             );
         }
     }
+}
+
+/// What a summary says that the one before it did not: its first line (not
+/// a heading) absent from `before`, marked `new:`; every summary begins with
+/// the oldest facts, so its head alone is the same row after row.
+fn first_new_line(summary: &str, before: Option<&str>) -> String {
+    let old: std::collections::HashSet<&str> =
+        before.map_or_else(Default::default, |b| b.lines().map(str::trim).collect());
+    summary
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#') && !old.contains(l))
+        .map_or("(no line the previous summary lacks)".into(), |l| {
+            format!("new: {}", l.trim_start_matches("- "))
+        })
 }

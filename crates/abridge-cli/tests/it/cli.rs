@@ -915,8 +915,21 @@ fn a_second_compact_with_another_focus_is_refused_and_the_same_one_says_so() {
             "--focus",
             "the budget",
         ],
-        "already compacted up to turn 11 (with focus \"postal code\")",
+        "session demo-42-1 is already compacted up to turn 11 (with focus \"postal code\")",
     );
+    // Named as the user named it, once, never by its row id.
+    let refused = abridge(&[
+        "compact",
+        "--db",
+        d,
+        "--session",
+        "demo-42-1",
+        "--focus",
+        "the budget",
+    ]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(said.matches("demo-42-1").count(), 1, "{said}");
+    assert!(!said.contains("session 2"), "{said}");
 }
 
 #[test]
@@ -926,6 +939,16 @@ fn inspect_lists_the_live_pins_and_the_pins_each_compaction_carries() {
     let d = db.to_str().unwrap();
     let text = ok(&["inspect", "--db", d, "demo-42-0"]);
     assert!(text.contains("pinned facts (live):"), "{text}");
+    // Each compaction's line says what its summary added, not the head every
+    // summary shares.
+    let said: Vec<&str> = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("up to turn"))
+        .filter_map(|l| l.split_once("new: ").map(|(_, n)| n))
+        .collect();
+    assert!(said.len() >= 3, "{text}");
+    let distinct: std::collections::BTreeSet<&&str> = said.iter().collect();
+    assert_eq!(distinct.len(), said.len(), "{text}");
     let json: serde_json::Value =
         serde_json::from_str(&ok(&["inspect", "--db", d, "demo-42-0", "--json"])).unwrap();
     let pins = json["live_pins"].as_array().unwrap();

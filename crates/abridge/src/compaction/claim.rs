@@ -90,6 +90,7 @@ impl Compactor {
             .await?;
         if let Some(row) = plan.existing {
             if row.status == CompactionStatus::Completed {
+                let named = session.external_id.clone();
                 // Already compacted up to exactly here: the same answer again
                 // (asked with no focus, or the same one); another focus is
                 // refused (G2: the summary cannot be redone).
@@ -99,6 +100,7 @@ impl Compactor {
                 if other {
                     return Err(Error::AlreadyCompacted {
                         session_id,
+                        session: named,
                         boundary: row.up_to_turn_index,
                         existing: row.focus,
                     });

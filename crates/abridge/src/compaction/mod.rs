@@ -212,7 +212,7 @@ impl Compactor {
     ///   last completed row; at the hard threshold it waits, as without.
     ///   Called outside a turn, it reads the newest completed row (a runner's
     ///   steps also keep the compaction their turn began with).
-    #[instrument(skip(self, session), fields(session = %session.id))]
+    #[instrument(skip(self, session), fields(session = %session.external_id, session_id = %session.id))]
     pub async fn ensure(
         &self,
         session: &SessionRow,

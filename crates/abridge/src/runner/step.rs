@@ -43,7 +43,7 @@ pub(super) enum StepContext {
 }
 
 impl Runner {
-    #[instrument(skip(self, turn, lease, session, first), fields(session = %turn.session_id, turn = turn.idx, turn_id = %turn.id))]
+    #[instrument(skip(self, turn, lease, session, first), fields(session = %session.external_id, session_id = %turn.session_id, turn = turn.idx, turn_id = %turn.id))]
     pub(super) async fn drive(
         &self,
         turn: TurnRow,
