@@ -58,7 +58,8 @@ enum Cmd {
     Replay(replay::Args),
     /// Compact a session now (manual), from outside any running host.
     #[command(
-        after_help = "Example:\n  abridge compact --db abridge-demo.db --session demo-42-0 --focus \"order numbers\""
+        after_help = "Examples:\n  abridge compact --db abridge-demo.db --session demo-42-0 --focus \"order numbers\"\n  \
+                      abridge compact --db agent.db --session user-42 --summary-provider anthropic --summary-model claude-haiku-4-5"
     )]
     Compact(compact::Args),
     /// Print a session's full, uncompacted transcript with compaction points marked.
@@ -120,7 +121,8 @@ enum Cmd {
     /// Finish a store's pending compactions (background compaction served by
     /// another process, or summaries left by a crash).
     #[command(
-        after_help = "Examples:\n  abridge serve --db host.db\n  abridge serve --db host.db --watch --poll-ms 200\n\n\
+        after_help = "Examples:\n  abridge serve --db host.db\n  abridge serve --db host.db --watch --poll-ms 200\n  \
+                      abridge serve --db host.db --watch --summary-provider openai --summary-model gpt-4o-mini\n\n\
         Exit status 0 when every pending compaction it took was completed."
     )]
     Serve(serve::Args),

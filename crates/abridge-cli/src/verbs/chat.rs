@@ -13,27 +13,12 @@
 //! terminal the interactive session reads lines with editing and history
 //! (`rustyline`; the history is kept beside the store, in `DB.history`).
 
-use crate::common::{open_store, Failure};
-use abridge::providers::{Anthropic, OpenAiChat, OpenAiResponses};
+pub use crate::common::Provider;
+use crate::common::{open_store, provider_client, Failure};
 use abridge::store::{Location, TurnStatus};
-use abridge::{
-    CompactionConfig, ModelClient, ModelSummariser, Runner, SessionId, Threshold, TurnOutcome,
-};
+use abridge::{CompactionConfig, ModelSummariser, Runner, SessionId, Threshold, TurnOutcome};
 use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
-use std::sync::Arc;
-
-/// The provider a `chat` talks to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Provider {
-    /// OpenAI's Chat Completions API (and the servers that speak it):
-    /// `OPENAI_API_KEY`, `OPENAI_BASE_URL`.
-    Openai,
-    /// OpenAI's Responses API: `OPENAI_API_KEY`, `OPENAI_BASE_URL`.
-    OpenaiResponses,
-    /// Anthropic's Messages API: `ANTHROPIC_API_KEY`, `ANTHROPIC_BASE_URL`.
-    Anthropic,
-}
 
 /// Whether the answer streams.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -86,7 +71,7 @@ const FALLBACK_COMPACT_AT: u64 = 100_000;
 
 /// Runs the verb.
 pub async fn run(args: Args) -> Result<ExitCode, Failure> {
-    let client = client(args.provider)?;
+    let client = provider_client(args.provider)?;
     let window = abridge::compaction::builtin_context_window(&args.model);
     let compact_at = match &args.compact_at {
         Some(s) => match Threshold::parse(s)? {
@@ -241,16 +226,6 @@ fn read_edited_lines(
             break;
         }
     }
-}
-
-/// The provider's client from its usual environment variables; a missing
-/// key is one line naming the variable.
-fn client(provider: Provider) -> Result<Arc<dyn ModelClient>, Failure> {
-    Ok(match provider {
-        Provider::Openai => Arc::new(OpenAiChat::from_env()?),
-        Provider::OpenaiResponses => Arc::new(OpenAiResponses::from_env()?),
-        Provider::Anthropic => Arc::new(Anthropic::from_env()?),
-    })
 }
 
 /// Where an interactive session on a terminal keeps its line history: beside

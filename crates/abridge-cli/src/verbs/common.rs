@@ -136,6 +136,58 @@ impl abridge::ModelClient for NoModel {
     }
 }
 
+/// The provider a verb's model (or summariser) is behind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Provider {
+    /// OpenAI's Chat Completions API (and the servers that speak it):
+    /// `OPENAI_API_KEY`, `OPENAI_BASE_URL`.
+    Openai,
+    /// OpenAI's Responses API: `OPENAI_API_KEY`, `OPENAI_BASE_URL`.
+    OpenaiResponses,
+    /// Anthropic's Messages API: `ANTHROPIC_API_KEY`, `ANTHROPIC_BASE_URL`.
+    Anthropic,
+}
+
+/// The provider's client from its usual environment variables; a missing
+/// key is one line naming the variable.
+pub fn provider_client(
+    provider: Provider,
+) -> Result<std::sync::Arc<dyn abridge::ModelClient>, Failure> {
+    use abridge::providers::{Anthropic, OpenAiChat, OpenAiResponses};
+    Ok(match provider {
+        Provider::Openai => std::sync::Arc::new(OpenAiChat::from_env()?),
+        Provider::OpenaiResponses => std::sync::Arc::new(OpenAiResponses::from_env()?),
+        Provider::Anthropic => std::sync::Arc::new(Anthropic::from_env()?),
+    })
+}
+
+/// Who writes the summaries of a verb that only summarises (`compact`,
+/// `serve`): the offline summariser, or a model behind a provider.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SummariserArgs {
+    /// Summarise with a model behind this provider (keys and endpoints from
+    /// its usual variables). Default: the offline summariser.
+    #[arg(long, value_enum, requires = "summary_model")]
+    pub summary_provider: Option<Provider>,
+    /// The model that writes the summaries (with --summary-provider).
+    #[arg(long, requires = "summary_provider")]
+    pub summary_model: Option<String>,
+}
+
+impl SummariserArgs {
+    /// The summariser these arguments name; None: the offline one.
+    pub fn summariser(&self) -> Result<Option<std::sync::Arc<dyn abridge::Summariser>>, Failure> {
+        let (Some(provider), Some(model)) = (self.summary_provider, &self.summary_model) else {
+            return Ok(None);
+        };
+        let client = provider_client(provider)?;
+        Ok(Some(std::sync::Arc::new(abridge::ModelSummariser::new(
+            client,
+            model.clone(),
+        ))))
+    }
+}
+
 /// One line for a compaction a verb made or finished: `compaction ID of
 /// session EXT up to turn B: STATUS (tokens A -> B, N pinned facts carried)`.
 pub fn compaction_line(row: &abridge::store::CompactionRow, session: &str) -> String {

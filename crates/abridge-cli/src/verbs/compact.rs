@@ -1,7 +1,7 @@
 //! `abridge compact`: manual compaction from outside any running host.
 
 use crate::args::whole_u32;
-use crate::common::{compaction_line, must_exist, Failure, NoModel};
+use crate::common::{compaction_line, must_exist, Failure, NoModel, SummariserArgs};
 use abridge::inspect;
 use abridge::store::Location;
 use std::process::ExitCode;
@@ -28,6 +28,9 @@ pub struct Args {
     /// With --dry-run: JSON output.
     #[arg(long)]
     pub json: bool,
+    /// Who writes the summary.
+    #[command(flatten)]
+    pub summariser: SummariserArgs,
 }
 
 /// Runs the verb.
@@ -39,6 +42,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         keep_last_turns,
         dry_run,
         json,
+        summariser,
     } = args;
     must_exist(&db)?;
     if dry_run {
@@ -53,9 +57,12 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
     let mut cfg = abridge::RunnerConfig::default()
         .with_owner(abridge::owner::process_owner("abridge-compact"));
     cfg.compaction.keep_last_turns = keep_last_turns;
-    let runner = abridge::Runner::builder(store, std::sync::Arc::new(NoModel("compact")))
-        .config(cfg)
-        .build()?;
+    let mut builder =
+        abridge::Runner::builder(store, std::sync::Arc::new(NoModel("compact"))).config(cfg);
+    if let Some(s) = summariser.summariser()? {
+        builder = builder.summariser_arc(s);
+    }
+    let runner = builder.build()?;
     let asked_at = abridge::store::now_ms();
     let row = runner
         .compact_now(s.id, focus)

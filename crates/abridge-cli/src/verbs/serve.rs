@@ -1,7 +1,7 @@
 //! `abridge serve`: the background compaction of hosts that leave it to
 //! another process: finishes the pending compactions of a store.
 
-use crate::common::{compaction_line, must_exist, Failure, NoModel};
+use crate::common::{compaction_line, must_exist, Failure, NoModel, SummariserArgs};
 use abridge::store::Location;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -20,18 +20,30 @@ pub struct Args {
     /// With --watch: milliseconds between looks.
     #[arg(long, default_value_t = 500, allow_negative_numbers = true, value_parser = crate::args::at_least_one)]
     pub poll_ms: u64,
+    /// Who writes the summaries.
+    #[command(flatten)]
+    pub summariser: SummariserArgs,
 }
 
 /// Runs the verb.
 pub async fn run(args: Args) -> Result<ExitCode, Failure> {
-    let Args { db, watch, poll_ms } = args;
+    let Args {
+        db,
+        watch,
+        poll_ms,
+        summariser,
+    } = args;
     must_exist(&db)?;
+    let summariser = summariser.summariser()?;
     let store = crate::common::open_store(&db)?;
     let cfg =
         abridge::RunnerConfig::default().with_owner(abridge::owner::process_owner("abridge-serve"));
-    let runner = abridge::Runner::builder(store.clone(), std::sync::Arc::new(NoModel("serve")))
-        .config(cfg)
-        .build()?;
+    let mut builder =
+        abridge::Runner::builder(store.clone(), std::sync::Arc::new(NoModel("serve"))).config(cfg);
+    if let Some(s) = summariser {
+        builder = builder.summariser_arc(s);
+    }
+    let runner = builder.build()?;
     let (mut completed, mut failed) = (0usize, 0usize);
     loop {
         let served = runner.serve_pending().await?;

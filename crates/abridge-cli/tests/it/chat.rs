@@ -251,3 +251,128 @@ async fn interactive_chat_answers_and_serves_context_and_compact() {
     assert!(stdout.contains("compacted turns up to 1"), "{stdout}");
     assert!(context[1].contains("compactions 1"), "{stdout}");
 }
+
+/// `compact` and `serve` summarise with the model they are given
+/// (`--summary-provider`, `--summary-model`; keys from the provider's
+/// variables), not always the offline summariser; one without the other is a
+/// usage error, a missing key one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compact_and_serve_summarise_with_the_configured_model() {
+    let fake = serve(echo).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.db");
+    for said in ["hello there", "and about the weather", "one more"] {
+        let out = output(chat(&fake, &db, &["--compact-at", "off", said])).await;
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    let compact = |extra: &[&str]| {
+        let mut c = abridge_cmd();
+        c.args(["compact", "--db"])
+            .arg(db_for(&db))
+            .args(["--session", "s"])
+            .args(extra)
+            .env("OPENAI_API_KEY", "sk-test")
+            .env("OPENAI_BASE_URL", &fake.base);
+        c
+    };
+    let out = output(compact(&["--summary-provider", "openai"])).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let mut missing = compact(&["--summary-provider", "openai", "--summary-model", "summ-1"]);
+    missing.env_remove("OPENAI_API_KEY");
+    let out = output(missing).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("OPENAI_API_KEY"),
+        "{}",
+        text(&out.stderr)
+    );
+    let before = fake.seen().len();
+    let out = output(compact(&[
+        "--summary-provider",
+        "openai",
+        "--summary-model",
+        "summ-1",
+    ]))
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let asked: Vec<Value> = fake.seen()[before..]
+        .iter()
+        .map(|s| s.body.clone())
+        .collect();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert_eq!(asked[0]["model"], "summ-1");
+    let store = abridge::Store::open(db_for(&db)).unwrap();
+    let model: String = store
+        .with_conn(|c| {
+            c.query_row(
+                "SELECT model FROM compactions WHERE status = 'completed'",
+                [],
+                |r| r.get(0),
+            )
+        })
+        .unwrap();
+    assert_eq!(model, "summ-1");
+
+    // serve: a pending row, queued for another process, finished by the model.
+    let session = store.session("s").await.unwrap();
+    let turns = store.turns(session.id).await.unwrap();
+    let runner = abridge::Runner::builder(
+        store.clone(),
+        Arc::new(
+            abridge::providers::OpenAiChat::new(
+                abridge::providers::HttpOptions::new(&fake.base),
+                None,
+            )
+            .unwrap(),
+        ),
+    )
+    .compaction(
+        abridge::CompactionConfig::default()
+            // Reported 40 tokens a step: past the soft threshold (30), under
+            // the hard one, so the row is queued and nobody waits for it.
+            .with_compact_at(abridge::Threshold::Tokens(100))
+            .with_background(Some(abridge::compaction::Background {
+                soft_share: 0.3,
+                worker: abridge::compaction::BackgroundWorker::Elsewhere,
+            })),
+    )
+    .build()
+    .unwrap();
+    for i in 0..3 {
+        runner
+            .run_turn_at(session.id, turns.len() as i64 + i, "and again")
+            .await
+            .unwrap();
+    }
+    drop(runner);
+    let pending: i64 = store
+        .with_conn(|c| {
+            c.query_row(
+                "SELECT count(*) FROM compactions WHERE status = 'pending'",
+                [],
+                |r| r.get(0),
+            )
+        })
+        .unwrap();
+    assert!(pending >= 1, "nothing left pending for serve");
+    let mut serve_cmd = abridge_cmd();
+    serve_cmd
+        .args(["serve", "--db"])
+        .arg(db_for(&db))
+        .args(["--summary-provider", "openai", "--summary-model", "summ-2"])
+        .env("OPENAI_API_KEY", "sk-test")
+        .env("OPENAI_BASE_URL", &fake.base);
+    let out = output(serve_cmd).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let served: Vec<String> = store
+        .with_conn(|c| {
+            let mut q =
+                c.prepare("SELECT model FROM compactions WHERE status = 'completed' ORDER BY id")?;
+            let rows = q
+                .query_map([], |r| r.get(0))?
+                .collect::<Result<Vec<String>, _>>()?;
+            Ok(rows)
+        })
+        .unwrap();
+    assert!(served.iter().any(|m| m == "summ-2"), "{served:?}");
+}
