@@ -804,6 +804,24 @@ impl Pin {
         self.slot.as_deref().unwrap_or(self.kind.as_str())
     }
 
+    /// Whether `text` (a summary) carries this pin where the model can use
+    /// it (G8): its value on token boundaries (`7` is not carried by `17`,
+    /// nor `L` by `Lisbon`), on a line that names it (its label, on word
+    /// boundaries, case aside: the pinned block's own line always does).
+    /// A value of [`SELF_NAMING_CHARS`] or more of a pin with no slot names
+    /// itself. The guard and `verify` both use this test.
+    pub fn carried_by(&self, text: &str) -> bool {
+        let self_naming = self.slot.is_none() && self.value.chars().count() >= SELF_NAMING_CHARS;
+        if self.value.contains('\n') {
+            return on_token_boundaries(text, &self.value);
+        }
+        let label = self.label().to_lowercase();
+        text.lines().any(|line| {
+            on_token_boundaries(line, &self.value)
+                && (self_naming || on_token_boundaries(&line.to_lowercase(), &label))
+        })
+    }
+
     /// Whether it was mentioned in passing ([`Fact::in_passing`]).
     pub fn in_passing(&self) -> bool {
         in_passing(self.kind, self.slot.is_some(), self.source)
@@ -828,9 +846,52 @@ impl Pin {
     }
 }
 
-/// The live pins a summary does not contain verbatim.
+/// The live pins a summary does not carry ([`Pin::carried_by`]): what the
+/// guard appends, and what `verify`'s G8 reports of a stored summary.
 pub fn missing<'p>(pins: &'p [Pin], text: &str) -> Vec<&'p Pin> {
-    pins.iter().filter(|p| !text.contains(&p.value)).collect()
+    pins.iter().filter(|p| !p.carried_by(text)).collect()
+}
+
+/// A value at least this long, of a pin with no slot (an id, a URL, a date,
+/// a rule's sentence), names itself: it counts as carried wherever it stands
+/// on token boundaries. A shorter one, or any slot's value, must stand on a
+/// line that names its label.
+pub const SELF_NAMING_CHARS: usize = 4;
+
+/// A character that continues a word (a value that touches one is part of a
+/// larger token: `7` in `17`, `L` in `Lisbon`).
+fn is_word(c: char) -> bool {
+    c.is_alphanumeric() || c == '_'
+}
+
+/// Whether `needle` occurs in `hay` on token boundaries: neither end joined
+/// to a word character, nor, for a number, to a decimal or thousands part
+/// (`2` in `2.5` or `1,250`).
+fn on_token_boundaries(hay: &str, needle: &str) -> bool {
+    if needle.is_empty() {
+        return false;
+    }
+    let (first, last) = (
+        needle.chars().next().unwrap_or(' '),
+        needle.chars().next_back().unwrap_or(' '),
+    );
+    hay.match_indices(needle).any(|(i, _)| {
+        let mut before = hay[..i].chars().rev();
+        let mut after = hay[i + needle.len()..].chars();
+        let (b, bb) = (before.next(), before.next());
+        let (a, aa) = (after.next(), after.next());
+        let joined_before = is_word(first)
+            && (b.is_some_and(is_word)
+                || (first.is_ascii_digit()
+                    && matches!(b, Some('.' | ','))
+                    && bb.is_some_and(|c| c.is_ascii_digit())));
+        let joined_after = is_word(last)
+            && (a.is_some_and(is_word)
+                || (last.is_ascii_digit()
+                    && matches!(a, Some('.' | ','))
+                    && aa.is_some_and(|c| c.is_ascii_digit())));
+        !joined_before && !joined_after
+    })
 }
 
 /// The prefix of a block line listing the values of the pins of one kind
@@ -1030,6 +1091,59 @@ mod tests {
     fn ordinary_chatter_pins_nothing() {
         assert!(values("ok thanks, that sounds good to me").is_empty());
         assert!(values("Hello! How are you today?").is_empty());
+    }
+
+    /// G8 on what the model can use: a short value inside a longer token, or
+    /// beside another label, is not carried; on token boundaries on a line
+    /// that names it, or on the block's own line, it is.
+    #[test]
+    fn a_short_value_counts_only_on_token_boundaries_on_a_line_that_names_it() {
+        let pin = |slot: Option<&str>, kind, v: &str| Pin {
+            id: 1,
+            turn_index: 3,
+            kind,
+            slot: slot.map(str::to_string),
+            value: v.into(),
+            sentence: String::new(),
+            source: FactSource::User,
+            supersedes: None,
+            superseded_value: None,
+        };
+        let prose = "The customer ordered 17 in all for their team.\n\
+                     Deliveries on 27 and 31 March to Lisbon.\n\
+                     Sizes were discussed.";
+        let short = [
+            pin(Some("quantity"), FactKind::Stated, "7"),
+            pin(Some("size"), FactKind::Stated, "L"),
+            pin(Some("shirt size"), FactKind::Stated, "S"),
+            pin(Some("floor"), FactKind::Stated, "2"),
+        ];
+        assert_eq!(
+            missing(&short, prose).len(),
+            4,
+            "all four were carried by substrings"
+        );
+        // A value beside another label is not this pin's.
+        assert!(!short[3].carried_by("quantity: 2"));
+        assert!(!short[0].carried_by("version 1.7 shipped"));
+        assert!(!short[3].carried_by("total 2,500 EUR, floor unknown"));
+        // On a line that names it, on token boundaries: carried.
+        assert!(short[3].carried_by("They live on floor 2."));
+        assert!(short[0].carried_by("Quantity: 7 (was 5)"));
+        assert!(short[2].carried_by("Shirt size S, trousers M"));
+        // The block's own line always names it.
+        for p in &short {
+            assert!(p.carried_by(&p.line(false)), "{}", p.line(false));
+            assert!(p.carried_by(&format!("## Pinned facts\n{}", p.line(true))));
+        }
+        // A long value of a pin with no slot names itself, on boundaries.
+        let id = pin(None, FactKind::Id, "ORD-93411");
+        assert!(id.carried_by("Order ORD-93411 ships Friday."));
+        assert!(!id.carried_by("Order ORD-934112 ships Friday."));
+        // A slot's value needs its slot named, however long.
+        let budget = pin(Some("budget"), FactKind::Stated, "1,250 EUR");
+        assert!(budget.carried_by("Budget: 1,250 EUR"));
+        assert!(!budget.carried_by("Paid 1,250 EUR for the sofa."));
     }
 
     #[test]

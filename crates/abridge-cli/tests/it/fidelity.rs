@@ -345,7 +345,7 @@ impl Summariser for Reasked {
         self.requests.lock().unwrap().push(r.clone());
         let text = if r.rules.contains("leaves out facts") {
             format!(
-                "{} Also: ORD-77 and 90210.",
+                "{} Also: order number ORD-77, postal code 90210.",
                 r.previous.clone().unwrap_or_default()
             )
         } else {
@@ -380,7 +380,7 @@ async fn a_summariser_is_asked_once_more_for_the_facts_it_left_out() {
     let row = newest_summary(&store, s.id).await;
     assert_eq!(
         row.summary.as_deref(),
-        Some("The user has an order. Also: ORD-77 and 90210.")
+        Some("The user has an order. Also: order number ORD-77, postal code 90210.")
     );
     assert_eq!(row.pins_added, Some(0), "the second answer carried both");
     assert_eq!(row.summary_calls, 2);
@@ -435,6 +435,66 @@ async fn verify_reports_a_summary_that_lost_a_pin() {
         .unwrap();
     assert!(!g8.ok);
     assert!(g8.violations[0].contains("LC-4471-XZ"), "{g8:?}");
+}
+
+/// G8 that cannot pass falsely: a summary in which a short value appears
+/// only inside other words (`L` in `Lisbon`, `7` in `17`) does not carry it,
+/// and `verify` says which pin is lost.
+#[tokio::test]
+async fn verify_fails_when_a_short_value_is_only_inside_other_words() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(common::db_for(&path)).unwrap();
+    let r = runner(&store, Arc::new(Forgets), small_threshold());
+    let s = padded_session(
+        &r,
+        &[
+            "Please change my size to L.",
+            "Nothing else for today, thank you very much for your help.",
+        ],
+    )
+    .await;
+    let row = newest_summary(&store, s.id).await;
+    let pins = store.pins(s.id).await.unwrap();
+    assert!(
+        pins.iter()
+            .any(|p| p.slot.as_deref() == Some("size") && p.value == "L"),
+        "{pins:?}"
+    );
+    let report = store.verify(Vec::new()).await.unwrap();
+    let g8 = report
+        .checks
+        .iter()
+        .find(|c| c.name.starts_with("G8"))
+        .unwrap();
+    assert!(g8.ok, "{g8:?}");
+    drop(r);
+    store
+        .with_conn(move |c| {
+            c.execute_batch(if common::on_postgres() {
+                "DROP TRIGGER compactions_completed_never_change ON compactions"
+            } else {
+                "DROP TRIGGER compactions_completed_never_change"
+            })?;
+            // "L" only inside "Lisbon" and "LOW": never as the size.
+            let text = "17 parcels to Lisbon, LOW priority.";
+            c.execute(
+                "UPDATE compactions SET summary = ?1, summary_sha256 = ?2 WHERE id = ?3",
+                (text, abridge::message::sha256_hex(text.as_bytes()), row.id),
+            )?;
+            Ok(())
+        })
+        .unwrap();
+    let report = store.verify(Vec::new()).await.unwrap();
+    let g8 = report
+        .checks
+        .iter()
+        .find(|c| c.name.starts_with("G8"))
+        .unwrap();
+    assert!(!g8.ok, "{g8:?}");
+    assert!(
+        g8.violations.iter().any(|v| v.contains("size: \"L\"")),
+        "{g8:?}"
+    );
 }
 
 /// The documented target (docs/fidelity.md, "No thrash"): the first step

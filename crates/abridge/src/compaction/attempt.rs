@@ -351,7 +351,9 @@ impl Compactor {
             let req = SummaryRequest {
                 rules: format!(
                     "{}\n\nThe summary below leaves out facts that must survive. Rewrite it \
-                     so that it contains each of these values verbatim, changing nothing else:\n{}",
+                     so that it contains each of these values verbatim, on a line that names \
+                     it as the list does (its label: order number, size, budget...), changing \
+                     nothing else:\n{}",
                     rules.update,
                     list.join("\n")
                 ),

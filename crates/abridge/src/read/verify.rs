@@ -312,12 +312,13 @@ fn pins_carried(
             .map_or(crate::pins::DEFAULT_PINS_WINDOW, |w| w.max(0) as usize);
         for pin in store::live_pins(conn, c.session_id, c.up_to_turn_index, window)? {
             checked += 1;
-            if !summary.contains(&pin.value)
+            let carried = pin.carried_by(summary);
+            if !carried
                 && (store::redaction_mark(conn, "compactions", c.id.0)?.is_some()
                     || store::row_redacted(conn, "pins", pin.id)?)
             {
                 redacted += 1;
-            } else if !summary.contains(&pin.value) {
+            } else if !carried {
                 lost.push(format!(
                     "compaction {} (session {}, up to turn {}) lost pin {} ({}: {:?}, turn {})",
                     c.id,
