@@ -34,12 +34,13 @@ use abridge::store::{CompactionRow, CompactionStatus, StepRow};
 use std::collections::HashMap;
 use std::fmt::Write;
 
-/// What the store does not know about the host's settings, drawn as lines.
+/// The host's settings, drawn as lines: each over what the store recorded.
 #[derive(Debug, Clone, Default)]
 pub struct ReportOptions {
-    /// The hard threshold, in tokens (the host's `compact_at`).
+    /// The hard threshold, in tokens (the host's `compact_at`); None: the
+    /// one the store recorded with the session's newest compaction.
     pub threshold: Option<u64>,
-    /// The soft (background) threshold, in tokens.
+    /// The soft (background) threshold, in tokens; None: the recorded one.
     pub soft_threshold: Option<u64>,
     /// The model's context window, in tokens; None: the built-in table's, if
     /// it knows the session's model.
@@ -215,12 +216,11 @@ pub fn session_page(conn: &Connection, key: &str, opts: &ReportOptions) -> Resul
     // The chart.
     b.push_str("<section aria-labelledby=\"context\"><h2 id=\"context\">Context per step</h2>\n");
     let readers = first_readers(&points);
-    let background = detail.compactions.iter().any(|c| c.background);
     b.push_str(&chart(
         &points,
         &readers,
         &detail.compactions,
-        &levels(opts, background),
+        &levels(opts, &detail.compactions),
         window,
     ));
     b.push_str("</section>\n");
@@ -286,39 +286,50 @@ struct Level {
     tokens: u64,
 }
 
-/// The thresholds drawn: the hard one given, and the soft one given, or,
-/// when the session's compactions ran in the background and none was
-/// given, the engine's default share of the hard one (said as such).
-fn levels(opts: &ReportOptions, background: bool) -> Vec<Level> {
+/// The thresholds drawn: those given on the command line, else those the
+/// store recorded when the session's newest compaction was claimed (schema
+/// version 8); for an older store whose compactions ran in the background,
+/// the engine's default share of the hard one (said as such).
+fn levels(opts: &ReportOptions, compactions: &[CompactionRow]) -> Vec<Level> {
+    let recorded = compactions
+        .iter()
+        .rev()
+        .find(|c| c.threshold_tokens.is_some());
+    let as_tokens = |t: i64| u64::try_from(t).ok();
+    let hard = opts.threshold.or_else(|| {
+        recorded
+            .and_then(|c| c.threshold_tokens)
+            .and_then(as_tokens)
+    });
     let mut out = Vec::new();
-    if let Some(t) = opts.threshold {
+    if let Some(t) = hard {
         out.push(Level {
             class: "hard",
             label: "threshold".into(),
             tokens: t,
         });
     }
-    let default_soft = || {
-        let background = abridge::compaction::Background::default();
-        let t = opts.threshold?;
-        Some((background.soft_share, background.soft_tokens(t)))
-    };
-    match (opts.soft_threshold, background) {
-        (Some(t), _) => out.push(Level {
+    let soft = opts.soft_threshold.or_else(|| {
+        recorded
+            .and_then(|c| c.soft_threshold_tokens)
+            .and_then(as_tokens)
+    });
+    if let Some(t) = soft {
+        out.push(Level {
             class: "soft",
             label: "soft threshold".into(),
             tokens: t,
-        }),
-        (None, true) => {
-            if let Some((share, t)) = default_soft() {
-                out.push(Level {
-                    class: "soft",
-                    label: format!("soft threshold (default {:.0}%)", share * 100.0),
-                    tokens: t,
-                });
-            }
-        }
-        (None, false) => {}
+        });
+    } else if let (Some(h), true) = (hard, compactions.iter().any(|c| c.background)) {
+        let background = abridge::compaction::Background::default();
+        out.push(Level {
+            class: "soft",
+            label: format!(
+                "soft threshold (default {:.0}%)",
+                background.soft_share * 100.0
+            ),
+            tokens: background.soft_tokens(h),
+        });
     }
     out
 }

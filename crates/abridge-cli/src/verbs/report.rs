@@ -21,12 +21,12 @@ pub struct Args {
     /// the store's page needs it).
     #[arg(short = 'o', long = "out")]
     pub out: Option<PathBuf>,
-    /// The host's hard threshold, in tokens, drawn as a line (the store does
-    /// not record the host's settings).
+    /// The hard threshold, in tokens, drawn as a line (default: the one the
+    /// store recorded when the session's newest compaction was claimed).
     #[arg(long)]
     pub compact_at: Option<u64>,
     /// The soft (background) threshold as a share of `--compact-at`, drawn
-    /// as a line.
+    /// as a line (default: the recorded one).
     #[arg(long)]
     pub soft_share: Option<f64>,
     /// The model's context window, in tokens (default: the built-in table's

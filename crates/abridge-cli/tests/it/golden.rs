@@ -10,7 +10,7 @@
 //!
 //! To write the fixture of the current schema version (only when the version
 //! changes): `ABRIDGE_GOLDEN_OUT=$PWD/crates/abridge-cli/tests/fixtures/golden-vN.db cargo test --test
-//! golden -- --ignored write_golden_store`.
+//! it -- --ignored golden::write_golden_store`.
 
 use abridge::{
     CompactionConfig, ModelClient, ModelError, ModelRequest, ModelResponse, ResponseBlock, Runner,

@@ -98,10 +98,18 @@ fn concurrent_first_opens_of_one_schema_make_one_store() {
         h.join().unwrap().unwrap();
     }
     let store = Store::open(&url).unwrap();
-    let stamps: i64 = store
-        .with_conn(|c| c.query_row("SELECT count(*) FROM abridge_schema", [], |r| r.get(0)))
+    // One stamp per version, from the baseline up: made once, by one opener.
+    let (stamps, versions): (i64, i64) = store
+        .with_conn(|c| {
+            c.query_row(
+                "SELECT count(*), count(DISTINCT version) FROM abridge_schema",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+        })
         .unwrap();
-    assert_eq!(stamps, 1);
+    let want = abridge::store::SCHEMA_VERSION - abridge::store::PG_BASELINE + 1;
+    assert_eq!((stamps, versions), (want, want));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -441,8 +449,20 @@ fn a_version_7_postgres_store_is_restored_upgraded_and_rebuilds_to_its_hashes() 
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let before = abridge::store::read_only_version(&url).unwrap();
-    assert_eq!(before, 7);
+    // Its version is read as a file's is (not refused for being older:
+    // `upgrade` reads it first).
+    assert_eq!(abridge::store::read_only_version(&url).unwrap(), 7);
+    // The read-only verbs refuse it until it is upgraded, as a file.
+    let refused = abridge_cmd()
+        .args(["inspect", "--db", &url])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("abridge upgrade"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
     let upgrade = abridge_cmd()
         .args(["upgrade", "--db", &url])
         .output()

@@ -313,20 +313,72 @@ fn the_session_page_shows_what_the_store_holds() {
     }
 }
 
-/// Without a soft threshold given, a session whose compactions ran in the
-/// background gets the engine's default soft line, said to be the default.
+/// Without thresholds on the command line, the page draws those the store
+/// recorded when the session's newest compaction was claimed; given ones
+/// win.
 #[test]
-fn the_soft_line_is_drawn_whenever_compaction_ran_in_the_background() {
+fn the_thresholds_drawn_are_those_the_store_recorded_unless_given() {
     let dir = tempfile::tempdir().unwrap();
     let db = demo_store(dir.path());
-    let background = query::<i64>(
+    let levels_of = |opts: &ReportOptions| {
+        let html = page(&db, "id:1", opts);
+        let doc = roxmltree::Document::parse_with_options(
+            &html,
+            roxmltree::ParsingOptions {
+                allow_dtd: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        with_class(&doc, "g", "level")
+            .map(|n| {
+                (
+                    attr(n, "data-level").to_string(),
+                    attr(n, "data-tokens").to_string(),
+                )
+            })
+            .collect::<BTreeMap<String, String>>()
+    };
+    let recorded = query::<i64>(
         &db,
-        "SELECT count(*) FROM compactions WHERE session_id = 1 AND background = 1",
+        "SELECT threshold_tokens, soft_threshold_tokens FROM compactions \
+         WHERE session_id = 1 AND threshold_tokens IS NOT NULL ORDER BY id DESC LIMIT 1",
+    );
+    // The demo's: 3,000 tokens, and 80% of it in the background.
+    assert_eq!(recorded, vec![vec![3_000, 2_400]]);
+    let drawn = levels_of(&ReportOptions::default());
+    assert_eq!(drawn.get("hard").map(String::as_str), Some("3000"));
+    assert_eq!(drawn.get("soft").map(String::as_str), Some("2400"));
+    let given = levels_of(&ReportOptions {
+        threshold: Some(5_000),
+        soft_threshold: Some(4_500),
+        window: None,
+    });
+    assert_eq!(given.get("hard").map(String::as_str), Some("5000"));
+    assert_eq!(given.get("soft").map(String::as_str), Some("4500"));
+}
+
+/// A store from before the thresholds were recorded (a version-7 golden
+/// store, upgraded): with the threshold given and none recorded, a session
+/// whose compactions ran in the background gets the engine's default soft
+/// line, said to be the default.
+#[test]
+fn an_older_store_gets_the_default_soft_line_when_compaction_ran_in_the_background() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("v7.db");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden-v7.db"),
+        &db,
+    )
+    .unwrap();
+    drop(abridge::Store::open(&db).unwrap());
+    let sid = query::<i64>(
+        &db,
+        "SELECT session_id FROM compactions WHERE background = 1 LIMIT 1",
     )[0][0];
-    assert!(background > 0);
     let html = page(
         &db,
-        "id:1",
+        &format!("id:{sid}"),
         &ReportOptions {
             threshold: Some(3_000),
             soft_threshold: None,

@@ -513,6 +513,14 @@ fn shipped_migrations_are_never_edited() {
             "4cec86ec8899cd3dd4c88d2ae4ddf4c264cb13bb27df902053da2fc36df80a54",
         ),
         (
+            "v8",
+            "bc86c660ee4edca1898251c6df43e590563d7481cbb9c572f5869bf2b4f7f94d",
+        ),
+        (
+            "v8 (PostgreSQL)",
+            "b5c0d43b13a07282d6d8729f77ada3e0c8832ebe629e269aca1cfb68065a6b00",
+        ),
+        (
             "schema_pg.sql (PostgreSQL baseline)",
             "519649a80dc5008c7aaf8accd7cbd44adef54017a733e0f51b46d9e4e4fdfcaa",
         ),

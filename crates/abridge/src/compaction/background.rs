@@ -16,12 +16,13 @@ impl Compactor {
         latest: Option<&CompactionRow>,
     ) -> Result<()> {
         let (this, sid) = (self.clone(), subject.session_id);
+        let thresholds = self.thresholds(&subject.model);
         // A short write transaction, as a step's: on the calling worker
         // when the store allows it (no thread hand-off before the summary's
         // task is spawned).
         let claimed = self
             .store
-            .call_inline(move |c| this.claim_background(c, sid, boundary, measure))
+            .call_inline(move |c| this.claim_background(c, sid, boundary, measure, thresholds))
             .await?;
         self.say_if_often(subject, boundary, measure, latest);
         if let Some(claimed) = claimed {
@@ -39,9 +40,10 @@ impl Compactor {
         sid: SessionId,
         boundary: i64,
         measure: Option<i64>,
+        thresholds: store::Thresholds,
     ) -> Result<Option<BackgroundClaim>> {
         if self.config.background.unwrap_or_default().worker == BackgroundWorker::Elsewhere {
-            if store::enqueue_compaction(c, sid, boundary, measure)? {
+            if store::enqueue_compaction(c, sid, boundary, measure, thresholds)? {
                 info!(session_id = %sid, boundary, "compaction queued for a background server");
             }
             return Ok(None);
@@ -65,6 +67,7 @@ impl Compactor {
                 focus: None,
                 trigger_tokens: measure,
                 background: true,
+                thresholds,
             },
             &self.gone_check(),
         )?;

@@ -130,13 +130,15 @@ impl Compactor {
     /// [`store::claim_compaction`] for the outcomes).
     pub(super) async fn claim(
         &self,
-        session_id: SessionId,
+        subject: &Subject,
         boundary: i64,
         trigger: Trigger,
         focus: &Option<String>,
         measure: Option<i64>,
         holder: &str,
     ) -> Result<ClaimOutcome> {
+        let session_id = subject.session_id;
+        let thresholds = self.thresholds(&subject.model);
         let owner = holder.to_string();
         let ttl = self.config.lease_ttl.as_millis() as i64;
         let focus_c = focus.clone();
@@ -158,6 +160,7 @@ impl Compactor {
                         background: trigger == Trigger::Background,
                         focus: focus_c.as_deref(),
                         trigger_tokens: measure,
+                        thresholds,
                     },
                     &dead,
                 )
@@ -199,7 +202,7 @@ impl Compactor {
                 Some(outcome) => outcome,
                 None => {
                     self.claim(
-                        session_id,
+                        subject,
                         boundary,
                         trigger,
                         &focus,

@@ -298,6 +298,8 @@ mod tests {
             pins_added: None,
             pins_window: None,
             background: false,
+            threshold_tokens: None,
+            soft_threshold_tokens: None,
         }
     }
     use CompactionStatus::{Completed, Failed, Pending};

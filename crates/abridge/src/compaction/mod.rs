@@ -183,6 +183,20 @@ impl Compactor {
         }
     }
 
+    /// The thresholds in force for `model` (recorded on a new row).
+    fn thresholds(&self, model: &str) -> store::Thresholds {
+        let hard = self
+            .config
+            .compact_at
+            .tokens(self.config.context_window(model));
+        let soft = hard.and_then(|h| self.config.background.map(|b| b.soft_tokens(h)));
+        let tokens = |t: u64| i64::try_from(t).unwrap_or(i64::MAX);
+        store::Thresholds {
+            hard: hard.map(tokens),
+            soft: soft.map(tokens),
+        }
+    }
+
     /// The threshold in tokens for `model`, None when compaction is off for it.
     fn threshold_tokens(&self, session: &SessionRow, turn_idx: i64) -> Option<u64> {
         let model = session.model.as_str();

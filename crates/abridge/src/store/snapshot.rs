@@ -18,7 +18,11 @@ pub fn open_read_only(path: impl Into<Location>) -> Result<Connection> {
 /// [`open_read_only`] for a store encrypted with `key` (see [`super::Key`]).
 pub fn open_read_only_keyed(path: impl Into<Location>, key: Option<&Key>) -> Result<Connection> {
     let path = match path.into() {
-        Location::Postgres(url) => return open_server(&url, key).map(|(c, _)| c),
+        Location::Postgres(url) => {
+            let (conn, version, display) = open_server(&url, key)?;
+            current(&display, version)?;
+            return Ok(conn);
+        }
         Location::File(path) => path,
     };
     let path = path.as_path();
@@ -37,15 +41,16 @@ pub fn read_only_version(path: impl Into<Location>) -> Result<i64> {
 /// [`read_only_version`] for a store encrypted with `key`.
 pub fn read_only_version_keyed(path: impl Into<Location>, key: Option<&Key>) -> Result<i64> {
     match path.into() {
-        Location::Postgres(url) => open_server(&url, key).map(|(_, v)| v),
+        Location::Postgres(url) => open_server(&url, key).map(|(_, v, _)| v),
         Location::File(path) => Ok(open_checked(&path, key)?.1),
     }
 }
 
-/// A connection to the PostgreSQL store at `url` and its schema version
-/// (refused when older or newer than this build's, or missing).
+/// A connection to the PostgreSQL store at `url`, its schema version
+/// (refused when newer than this build's, or missing: an older one is for
+/// the caller to refuse or upgrade, as for a file) and its display name.
 #[cfg(feature = "postgres")]
-fn open_server(url: &str, key: Option<&Key>) -> Result<(Connection, i64)> {
+fn open_server(url: &str, key: Option<&Key>) -> Result<(Connection, i64, PathBuf)> {
     if key.is_some() {
         return Err(Error::Config(
             "a PostgreSQL store takes no key: encryption at rest is the server's".into(),
@@ -54,12 +59,15 @@ fn open_server(url: &str, key: Option<&Key>) -> Result<(Connection, i64)> {
     let target = super::pg::parse(url)?;
     let conn = target.connect()?;
     let version = target.version(&conn)?;
-    current(Path::new(&target.display), version)?;
-    Ok((Connection::from(conn), version))
+    Ok((
+        Connection::from(conn),
+        version,
+        PathBuf::from(&target.display),
+    ))
 }
 
 #[cfg(not(feature = "postgres"))]
-fn open_server(_: &str, _: Option<&Key>) -> Result<(Connection, i64)> {
+fn open_server(_: &str, _: Option<&Key>) -> Result<(Connection, i64, PathBuf)> {
     Err(Error::Unsupported {
         what: "a postgres:// store (build with the `postgres` feature)",
         backend: super::BackendKind::Postgres,
@@ -117,8 +125,10 @@ pub fn read_only_keyed<T>(
 ) -> Result<T> {
     let path = match path.into() {
         Location::Postgres(url) => {
-            // One snapshot for every read, as a file read gives.
-            let conn = open_server(&url, key)?.0;
+            // One snapshot for every read, as a file read gives; an older
+            // schema is refused as a file's is.
+            let (conn, version, display) = open_server(&url, key)?;
+            current(&display, version)?;
             return conn.in_read_tx(|c| read(c));
         }
         Location::File(path) => path,

@@ -69,6 +69,12 @@ pub const MIGRATIONS: &[Migration] = &[
     sqlite_only(5, include_str!("migrations/0005_providers.sql")),
     sqlite_only(6, include_str!("migrations/0006_erasure.sql")),
     sqlite_only(7, include_str!("migrations/0007_redaction.sql")),
+    Migration {
+        version: 8,
+        sqlite: include_str!("migrations/0008_thresholds.sql"),
+        postgres: Some(include_str!("migrations/postgres/0008_thresholds.sql")),
+        hook: None,
+    },
 ];
 
 /// The schema version this build writes (`PRAGMA user_version`; the

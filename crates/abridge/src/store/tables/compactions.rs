@@ -158,6 +158,16 @@ pub(crate) struct Claim<'a> {
     pub trigger_tokens: Option<i64>,
     /// Claimed at the soft threshold, to be summarised in the background.
     pub background: bool,
+    /// The thresholds in force (hard, soft), recorded on a new row.
+    pub thresholds: Thresholds,
+}
+
+/// The thresholds in force when a row is claimed or queued, in tokens:
+/// the hard one (None: off) and the soft one (None: no background).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Thresholds {
+    pub hard: Option<i64>,
+    pub soft: Option<i64>,
 }
 
 /// Claims the compaction row for (session, boundary).
@@ -198,11 +208,11 @@ pub(crate) fn claim_compaction(
         format!(
             "INSERT INTO compactions (id, session_id, up_to_turn_index, up_to_turn_id, \
              previous_id, status, trigger, focus, attempts, lease_owner, lease_expires_at, \
-             trigger_tokens, created_at, background) \
+             trigger_tokens, created_at, background, threshold_tokens, soft_threshold_tokens) \
              SELECT {}, ?1, ?2, t.id, \
                (SELECT id FROM compactions WHERE session_id = ?1 AND status = 'completed' \
                 AND up_to_turn_index < ?2 ORDER BY up_to_turn_index DESC LIMIT 1), \
-               'pending', ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9 \
+               'pending', ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9, ?10, ?11 \
              FROM turns t WHERE t.session_id = ?1 AND t.idx = ?2 \
              ON CONFLICT (session_id, up_to_turn_index) DO NOTHING RETURNING {}",
             crate::store::next_id!("compactions"),
@@ -221,7 +231,9 @@ pub(crate) fn claim_compaction(
                 now + c.ttl_ms,
                 c.trigger_tokens,
                 now,
-                c.background
+                c.background,
+                c.thresholds.hard,
+                c.thresholds.soft
             ],
             CompactionRow::from_row,
         )
@@ -271,20 +283,29 @@ pub(crate) fn enqueue_compaction(
     session_id: SessionId,
     boundary: i64,
     trigger_tokens: Option<i64>,
+    thresholds: Thresholds,
 ) -> Result<bool> {
     let tx = write_tx(conn)?;
     let n = tx
         .prepare_cached(
             concat!("INSERT INTO compactions (id, session_id, up_to_turn_index, up_to_turn_id, previous_id, \
-             status, trigger, attempts, trigger_tokens, created_at, background) \
+             status, trigger, attempts, trigger_tokens, created_at, background, threshold_tokens, \
+             soft_threshold_tokens) \
              SELECT ", crate::store::next_id!("compactions"), ", ?1, ?2, t.id, \
                (SELECT id FROM compactions WHERE session_id = ?1 AND status = 'completed' \
                 AND up_to_turn_index < ?2 ORDER BY up_to_turn_index DESC LIMIT 1), \
-               'pending', 'auto', 0, ?3, ?4, 1 \
+               'pending', 'auto', 0, ?3, ?4, 1, ?5, ?6 \
              FROM turns t WHERE t.session_id = ?1 AND t.idx = ?2 \
              ON CONFLICT (session_id, up_to_turn_index) DO NOTHING"),
         )?
-        .execute(params![session_id, boundary, trigger_tokens, tx.now_ms()])?;
+        .execute(params![
+            session_id,
+            boundary,
+            trigger_tokens,
+            tx.now_ms(),
+            thresholds.hard,
+            thresholds.soft
+        ])?;
     tx.commit()?;
     Ok(n == 1)
 }

@@ -365,13 +365,20 @@ pub struct CompactionRow {
     pub pins_window: Option<i64>,
     /// Claimed at the soft threshold and summarised in the background.
     pub background: bool,
+    /// The threshold in force when it was claimed, in tokens (None: claimed
+    /// before version 8, or compaction was off by threshold).
+    pub threshold_tokens: Option<i64>,
+    /// The soft (background) threshold in force when it was claimed (None:
+    /// no background compaction, or claimed before version 8).
+    pub soft_threshold_tokens: Option<i64>,
 }
 
 impl CompactionRow {
     pub(crate) const COLUMNS: &'static str = "id, session_id, up_to_turn_index, up_to_turn_id, \
          previous_id, status, summary, summary_sha256, trigger, focus, attempts, lease_owner, lease_expires_at, \
          model, prompt_sha256, trigger_tokens, tokens_before, tokens_after, input_tokens, \
-         output_tokens, summary_calls, error, created_at, completed_at, pins_live, pins_added, pins_window, background";
+         output_tokens, summary_calls, error, created_at, completed_at, pins_live, pins_added, pins_window, background, \
+         threshold_tokens, soft_threshold_tokens";
     pub(crate) fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
         Ok(CompactionRow {
             id: r.get(0)?,
@@ -402,6 +409,8 @@ impl CompactionRow {
             pins_added: r.get(25)?,
             pins_window: r.get(26)?,
             background: r.get(27)?,
+            threshold_tokens: r.get(28)?,
+            soft_threshold_tokens: r.get(29)?,
         })
     }
 }
