@@ -201,15 +201,8 @@ impl Compactor {
             let outcome = match peeked {
                 Some(outcome) => outcome,
                 None => {
-                    self.claim(
-                        subject,
-                        boundary,
-                        trigger,
-                        &focus,
-                        measure,
-                        claim.holder(),
-                    )
-                    .await?
+                    self.claim(subject, boundary, trigger, &focus, measure, claim.holder())
+                        .await?
                 }
             };
             info!(

@@ -1,0 +1,430 @@
+//! Many sessions at once: a host (or several processes) running N sessions
+//! concurrently on one store for S seconds, with a scripted instant model
+//! and background compaction on, measured beside the store's floor.
+//!
+//! ```sh
+//! cargo run --release --example many_sessions -- --sessions 1000 --seconds 10 --json
+//! cargo run --release --example many_sessions -- --sessions 400 --procs 4 --json
+//! cargo run --release --features postgres --example many_sessions -- \
+//!     --sessions 100 --procs 4 --db 'postgres://postgres@127.0.0.1/test?schema=many' --json
+//! ```
+//!
+//! Each turn is two steps: a tool call (an idempotent instant tool) and an
+//! answer; the model reports the request's size as its input tokens, so the
+//! sessions compact (in the background, at 80% of 4,000 tokens). With
+//! `--procs P` the example runs itself P times as child processes, each with
+//! N/P sessions on the same store, and merges what they measured.
+//!
+//! The JSON (one object): `steps_per_s` (all processes), `floor_tx_per_s`
+//! (bare one-row insert transactions on the same store, one writer, measured
+//! right after), `cpu_us_per_step` (process CPU, user and system, over
+//! steps), `step_p50_ms`/`step_p99_ms` (from a step's start event to its
+//! completion event), `turn_p50_ms`/`turn_p99_ms` (one `run_turn_at`),
+//! `progressed_share` (sessions that finished a turn in every whole 10 s
+//! window; every session when the run is shorter than one), and the counts
+//! behind them. Machines are shared and noisy: read the ratios of one run.
+
+use abridge::events::EventKind;
+use abridge::{
+    CompactionConfig, ContentBlock, ModelClient, ModelError, ModelRequest, ModelResponse,
+    ResponseBlock, Role, Runner, RunnerConfig, Store, Threshold, Tool, ToolCall, ToolError,
+    ToolSpec, Tools, Usage,
+};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Step 0 of every turn calls `lookup`; step 1 answers. Input tokens: the
+/// request's characters / 4.
+struct Scripted;
+
+#[async_trait::async_trait]
+impl ModelClient for Scripted {
+    async fn complete(&self, req: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        let chars: usize = req
+            .messages
+            .iter()
+            .flat_map(|m| m.content.iter())
+            .map(|b| match b {
+                ContentBlock::Text { text } => text.len(),
+                ContentBlock::ToolResult { content, .. } => content.len(),
+                _ => 40,
+            })
+            .sum();
+        let answered = matches!(
+            req.messages.last().map(|m| (m.role, m.content.first())),
+            Some((Role::User, Some(ContentBlock::ToolResult { .. })))
+        );
+        let blocks = if answered {
+            vec![ResponseBlock::Text {
+                text: "Order ORD-10042 left the warehouse; it arrives Friday.".into(),
+            }]
+        } else {
+            vec![ResponseBlock::ToolUse {
+                id: "call_1".into(),
+                name: "lookup".into(),
+                input: json!({"order_id": "ORD-10042"}),
+                raw_input: None,
+            }]
+        };
+        Ok(ModelResponse {
+            blocks,
+            usage: Usage {
+                input_tokens: Some((chars / 4) as u64),
+                output_tokens: Some(20),
+                ..Usage::default()
+            },
+            stop_reason: None,
+        })
+    }
+}
+
+struct Lookup;
+
+#[async_trait::async_trait]
+impl Tool for Lookup {
+    async fn call(&self, _: &ToolCall) -> Result<Value, ToolError> {
+        Ok(
+            json!({"order": "ORD-10042", "status": "in transit", "eta": "Friday",
+                  "notes": "x".repeat(600)}),
+        )
+    }
+}
+
+struct Opts {
+    sessions: usize,
+    procs: usize,
+    db: Option<String>,
+    seconds: f64,
+    json: bool,
+    /// A child process: its index (its sessions are named after it).
+    child: Option<usize>,
+}
+
+fn parse() -> Opts {
+    let mut o = Opts {
+        sessions: 100,
+        procs: 1,
+        db: None,
+        seconds: 10.0,
+        json: false,
+        child: None,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    let value = |i: usize| {
+        args.get(i + 1)
+            .unwrap_or_else(|| panic!("{} needs a value", args[i]))
+            .clone()
+    };
+    while i < args.len() {
+        match args[i].as_str() {
+            "--sessions" => o.sessions = value(i).parse().expect("--sessions N"),
+            "--procs" => o.procs = value(i).parse().expect("--procs P"),
+            "--db" => o.db = Some(value(i)),
+            "--seconds" => o.seconds = value(i).parse().expect("--seconds S"),
+            "--child" => o.child = Some(value(i).parse().expect("--child I")),
+            "--json" => {
+                o.json = true;
+                i += 1;
+                continue;
+            }
+            other => panic!("unknown argument {other}"),
+        }
+        i += 2;
+    }
+    assert!(o.sessions >= 1 && o.procs >= 1 && o.seconds > 0.0);
+    o
+}
+
+/// This process's CPU time (user + system), from /proc (Linux); None
+/// elsewhere.
+fn cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // The kernel's USER_HZ, 100 on Linux.
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// What one process measured.
+#[derive(Default)]
+struct Measured {
+    steps: u64,
+    turns: u64,
+    cpu_us: u64,
+    step_us: Vec<u64>,
+    turn_us: Vec<u64>,
+    /// Per session, the 10 s windows in which it finished a turn.
+    windows: Vec<Vec<u64>>,
+    lagged: u64,
+    elapsed_s: f64,
+}
+
+impl Measured {
+    fn to_json(&self) -> Value {
+        json!({"steps": self.steps, "turns": self.turns, "cpu_us": self.cpu_us,
+               "step_us": self.step_us, "turn_us": self.turn_us, "windows": self.windows,
+               "lagged": self.lagged, "elapsed_s": self.elapsed_s})
+    }
+
+    fn from_json(v: &Value) -> Measured {
+        let list = |k: &str| -> Vec<u64> {
+            v[k].as_array()
+                .map(|a| a.iter().filter_map(Value::as_u64).collect())
+                .unwrap_or_default()
+        };
+        Measured {
+            steps: v["steps"].as_u64().unwrap_or(0),
+            turns: v["turns"].as_u64().unwrap_or(0),
+            cpu_us: v["cpu_us"].as_u64().unwrap_or(0),
+            step_us: list("step_us"),
+            turn_us: list("turn_us"),
+            windows: v["windows"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|w| {
+                            w.as_array()
+                                .map(|x| x.iter().filter_map(Value::as_u64).collect())
+                                .unwrap_or_default()
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            lagged: v["lagged"].as_u64().unwrap_or(0),
+            elapsed_s: v["elapsed_s"].as_f64().unwrap_or(0.0),
+        }
+    }
+
+    fn merge(&mut self, other: Measured) {
+        self.steps += other.steps;
+        self.turns += other.turns;
+        self.cpu_us += other.cpu_us;
+        self.step_us.extend(other.step_us);
+        self.turn_us.extend(other.turn_us);
+        self.windows.extend(other.windows);
+        self.lagged += other.lagged;
+        self.elapsed_s = self.elapsed_s.max(other.elapsed_s);
+    }
+}
+
+/// Runs `sessions` sessions on `db` for `seconds`; `tag` names them apart
+/// from other processes'.
+async fn run_sessions(db: &str, sessions: usize, seconds: f64, tag: usize) -> Measured {
+    let store = Store::open(db).expect("open the store");
+    let tools = Tools::new().idempotent(
+        ToolSpec {
+            name: "lookup".into(),
+            description: "Looks an order up.".into(),
+            input_schema: json!({"type": "object"}),
+        },
+        Lookup,
+    );
+    let runner = Runner::builder(store, Arc::new(Scripted))
+        .tools(tools)
+        .config(RunnerConfig::default().with_owner(format!("many-{tag}")))
+        .compaction(CompactionConfig::default().with_compact_at(Threshold::Tokens(4_000)))
+        .build()
+        .expect("a runner");
+    // Step latencies from the runner's events: start to completion.
+    let step_us = Arc::new(Mutex::new(Vec::new()));
+    let lagged = Arc::new(Mutex::new(0u64));
+    let mut events = runner.subscribe();
+    let (su, lg) = (step_us.clone(), lagged.clone());
+    let listener = tokio::spawn(async move {
+        let mut started: HashMap<abridge::StepId, Instant> = HashMap::new();
+        loop {
+            match events.recv().await {
+                Ok(e) => match e.kind {
+                    EventKind::StepStarted { step_id, .. } => {
+                        started.insert(step_id, Instant::now());
+                    }
+                    EventKind::StepCompleted { step_id, .. } => {
+                        if let Some(t) = started.remove(&step_id) {
+                            su.lock().unwrap().push(t.elapsed().as_micros() as u64);
+                        }
+                    }
+                    _ => {}
+                },
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    *lg.lock().unwrap() += n
+                }
+                Err(_) => return,
+            }
+        }
+    });
+    let mut ids = Vec::with_capacity(sessions);
+    for i in 0..sessions {
+        let s = runner
+            .create_session(
+                &format!("many-{tag}-{i}"),
+                "scripted",
+                "You help with orders.",
+            )
+            .await
+            .expect("a session");
+        ids.push(s.id);
+    }
+    let cpu0 = cpu_time();
+    let start = Instant::now();
+    let until = start + Duration::from_secs_f64(seconds);
+    let mut tasks = tokio::task::JoinSet::new();
+    for id in ids {
+        let runner = runner.clone();
+        tasks.spawn(async move {
+            let (mut turns, mut turn_us, mut windows) = (0u64, Vec::new(), Vec::new());
+            while Instant::now() < until {
+                let t = Instant::now();
+                match runner
+                    .run_turn_at(id, turns as i64, "Where is my order?")
+                    .await
+                {
+                    Ok(_) => {
+                        turn_us.push(t.elapsed().as_micros() as u64);
+                        let w = start.elapsed().as_secs() / 10;
+                        if windows.last() != Some(&w) {
+                            windows.push(w);
+                        }
+                        turns += 1;
+                    }
+                    Err(e) if e.is_resumable() => continue,
+                    Err(e) => panic!("turn failed: {e}"),
+                }
+            }
+            (turns, turn_us, windows)
+        });
+    }
+    let mut m = Measured::default();
+    while let Some(r) = tasks.join_next().await {
+        let (turns, turn_us, windows) = r.expect("a session task");
+        m.turns += turns;
+        m.turn_us.extend(turn_us);
+        m.windows.push(windows);
+    }
+    m.elapsed_s = start.elapsed().as_secs_f64();
+    m.steps = m.turns * 2;
+    m.cpu_us = match (cpu0, cpu_time()) {
+        (Some(a), Some(b)) => (b - a).as_micros() as u64,
+        _ => 0,
+    };
+    runner.finish_background().await;
+    drop(runner);
+    listener.abort();
+    m.step_us = std::mem::take(&mut *step_us.lock().unwrap());
+    m.lagged = *lagged.lock().unwrap();
+    m
+}
+
+/// Bare one-row insert transactions per second on the same store, over
+/// `seconds`, one writer.
+fn floor_tx_per_s(db: &str, seconds: f64) -> f64 {
+    let store = Store::open(db).expect("open the store");
+    store
+        .with_conn(|c| {
+            c.execute_batch(
+                "CREATE TABLE IF NOT EXISTS bench_floor (id INTEGER PRIMARY KEY, v TEXT NOT NULL)",
+            )?;
+            let start = Instant::now();
+            let mut n = 0u64;
+            while start.elapsed().as_secs_f64() < seconds {
+                // Autocommit: each insert is a transaction of its own.
+                c.execute(
+                    "INSERT INTO bench_floor (v) VALUES (?1)",
+                    ["a step's worth"],
+                )?;
+                n += 1;
+            }
+            c.execute_batch("DROP TABLE bench_floor")?;
+            Ok(n as f64 / start.elapsed().as_secs_f64())
+        })
+        .expect("the floor")
+}
+
+fn percentile(v: &mut [u64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_unstable();
+    let i = ((v.len() - 1) as f64 * p).round() as usize;
+    v[i] as f64 / 1000.0
+}
+
+fn main() {
+    let o = parse();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let db =
+        o.db.clone()
+            .unwrap_or_else(|| dir.path().join("many.db").display().to_string());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    if let Some(tag) = o.child {
+        let m = rt.block_on(run_sessions(&db, o.sessions, o.seconds, tag));
+        println!("{}", m.to_json());
+        return;
+    }
+    // Open once first: the schema exists before the children race to it.
+    drop(Store::open(&db).expect("open the store"));
+    let mut m = Measured::default();
+    if o.procs == 1 {
+        m = rt.block_on(run_sessions(&db, o.sessions, o.seconds, 0));
+    } else {
+        let me = std::env::current_exe().expect("this program");
+        let per = o.sessions.div_ceil(o.procs);
+        let children: Vec<_> = (0..o.procs)
+            .map(|i| {
+                std::process::Command::new(&me)
+                    .args([
+                        "--sessions",
+                        &per.to_string(),
+                        "--seconds",
+                        &o.seconds.to_string(),
+                    ])
+                    .args(["--db", &db, "--child", &i.to_string()])
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("a child process")
+            })
+            .collect();
+        for c in children {
+            let out = c.wait_with_output().expect("a child's output");
+            assert!(out.status.success(), "a child process failed");
+            let v: Value = serde_json::from_slice(&out.stdout).expect("a child's JSON");
+            m.merge(Measured::from_json(&v));
+        }
+    }
+    let floor = floor_tx_per_s(&db, 2.0);
+    let whole_windows = (m.elapsed_s / 10.0).floor() as u64;
+    let progressed = m
+        .windows
+        .iter()
+        .filter(|w| whole_windows == 0 || (0..whole_windows).all(|k| w.contains(&k)))
+        .count();
+    let sessions = m.windows.len().max(1);
+    let steps_per_s = m.steps as f64 / m.elapsed_s.max(1e-9);
+    let out = json!({
+        "sessions": o.sessions,
+        "procs": o.procs,
+        "seconds": m.elapsed_s,
+        "steps": m.steps,
+        "turns": m.turns,
+        "steps_per_s": steps_per_s,
+        "floor_tx_per_s": floor,
+        "steps_per_floor_tx": steps_per_s / floor.max(1e-9),
+        "cpu_us_per_step": m.cpu_us as f64 / (m.steps.max(1)) as f64,
+        "step_p50_ms": percentile(&mut m.step_us, 0.50),
+        "step_p99_ms": percentile(&mut m.step_us, 0.99),
+        "turn_p50_ms": percentile(&mut m.turn_us, 0.50),
+        "turn_p99_ms": percentile(&mut m.turn_us, 0.99),
+        "progressed_share": progressed as f64 / sessions as f64,
+        "step_events_lagged": m.lagged,
+    });
+    if o.json {
+        println!("{out}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(&out).expect("JSON"));
+    }
+}
