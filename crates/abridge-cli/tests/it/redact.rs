@@ -799,3 +799,61 @@ fn a_redaction_or_a_delete_killed_at_any_moment_is_all_or_nothing() {
     // Which side each kill fell on is timing; that both are all or nothing is not.
     assert_eq!(before + after, 22);
 }
+
+/// A regex redaction removes a secret also where a truncation cut it: a
+/// pinned fact's sentence is the words around its value, and a secret
+/// standing at that window's edge is kept there cut (`…ve-…`), which the
+/// regex alone no longer matches. Its whole matches elsewhere in the
+/// session say what to look for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_regex_redaction_removes_a_secret_a_pinned_sentence_cut_in_two() {
+    let (s, _) = setup(quoting(), None);
+    let sid = s.session("cut-secret", 2).await;
+    let key = "sk-live-ABCD1234EFGH";
+    // The tool-result fact's sentence, as the extractor keeps it: 40
+    // characters either side of the value, here starting inside the key.
+    let cut = &key[5..];
+    s.runner
+        .pin(
+            sid,
+            abridge::pins::Fact {
+                kind: abridge::pins::FactKind::Id,
+                slot: None,
+                value: "txn_8f3a2".into(),
+                sentence: format!("…{cut}\",\"txn\":\"txn_8f3a2\",\"ok\":true…"),
+            },
+        )
+        .await
+        .unwrap();
+    s.runner
+        .run_turn_at(sid, 2, &format!("my other key is {key}, keep it safe"))
+        .await
+        .unwrap();
+    let r = s
+        .store
+        .redact(sid, Pattern::regex(r"sk-live-[A-Za-z0-9]+").unwrap())
+        .await
+        .unwrap();
+    assert!(r.redaction_id.is_some());
+    let sentences: Vec<String> = s
+        .store
+        .pins(sid)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|p| p.sentence)
+        .collect();
+    assert!(
+        sentences
+            .iter()
+            .all(|t| !t.contains(cut) && !t.contains("ABCD1234")),
+        "{sentences:?}"
+    );
+    assert!(
+        sentences
+            .iter()
+            .any(|t| t.contains("txn_8f3a2") && t.contains(REDACTION_MARKER)),
+        "{sentences:?}"
+    );
+    assert!(!contains(&file_bytes(&s.db), b"ABCD1234EFGH"));
+}

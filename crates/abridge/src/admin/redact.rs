@@ -72,49 +72,38 @@ impl Pattern {
     }
 
     /// `s` with every occurrence replaced, and how many; None when none.
-    fn replace(&self, s: &str) -> Option<(String, i64)> {
-        match self {
+    /// `found`: the whole matches of a regex in the session's texts, whose
+    /// forms cut by a truncation (a pinned fact's sentence, a capped block)
+    /// are redacted too, as a text pattern's are.
+    fn replace(&self, s: &str, found: &[String]) -> Option<(String, i64)> {
+        let (out, n) = match self {
             Pattern::Text(t) => {
                 // As written, and as written inside a JSON string (a tool's
                 // JSON result, quoted in a summary): `"` as `\"`, and so on.
                 let escaped = serde_json::to_string(t).unwrap_or_default();
                 let escaped = &escaped[1..escaped.len().max(2) - 1];
-                let mut out = std::borrow::Cow::Borrowed(s);
-                let mut n = 0;
-                for form in std::iter::once(t.as_str()).chain((escaped != t).then_some(escaped)) {
-                    let k = out.matches(form).count();
-                    if k > 0 {
-                        n += k as i64;
-                        out = std::borrow::Cow::Owned(out.replace(form, REDACTION_MARKER));
-                    }
-                    let cuts = cut_ranges(&out, form);
-                    if !cuts.is_empty() {
-                        n += cuts.len() as i64;
-                        let mut o = out.into_owned();
-                        for r in cuts.into_iter().rev() {
-                            o.replace_range(r, REDACTION_MARKER);
-                        }
-                        out = std::borrow::Cow::Owned(o);
-                    }
-                }
-                (n > 0).then(|| (out.into_owned(), n))
+                let forms: Vec<&str> = std::iter::once(t.as_str())
+                    .chain((escaped != t).then_some(escaped))
+                    .collect();
+                replace_forms(std::borrow::Cow::Borrowed(s), &forms)
             }
             Pattern::Regex(re) => {
-                let n = re.find_iter(s).count();
-                (n > 0).then(|| {
-                    let out = re.replace_all(s, regex::NoExpand(REDACTION_MARKER));
-                    (out.into_owned(), n as i64)
-                })
+                let n = re.find_iter(s).count() as i64;
+                let out = re.replace_all(s, regex::NoExpand(REDACTION_MARKER));
+                let forms: Vec<&str> = found.iter().map(String::as_str).collect();
+                let (out, cut) = replace_forms(out, &forms);
+                (out, n + cut)
             }
-        }
+        };
+        (n > 0).then(|| (out.into_owned(), n))
     }
 
     /// A stored text: when it is a JSON object or array (a tool's JSON
     /// result), first inside its strings, decoded (see `replace_in_json`),
     /// then as written.
-    fn replace_in_text(&self, text: &str) -> Option<(String, i64)> {
+    fn replace_in_text(&self, text: &str, found: &[String]) -> Option<(String, i64)> {
         let inner = if is_json_container(text) {
-            self.replace_in_json(text).ok().flatten()
+            self.replace_in_json(text, found).ok().flatten()
         } else {
             None
         };
@@ -122,7 +111,7 @@ impl Pattern {
             Some((t, n)) => (t.as_str(), *n),
             None => (text, 0),
         };
-        match self.replace(text) {
+        match self.replace(text, found) {
             Some((t, k)) => Some((t, n + k)),
             None => inner,
         }
@@ -132,10 +121,14 @@ impl Pattern {
     /// an escaped occurrence is found, and re-encoded) and in what lies
     /// between them (a number, as a string holding the marker). The result
     /// must still be JSON: a pattern that matches the structure is refused.
-    fn replace_in_json(&self, json: &str) -> std::result::Result<Option<(String, i64)>, String> {
+    fn replace_in_json(
+        &self,
+        json: &str,
+        found: &[String],
+    ) -> std::result::Result<Option<(String, i64)>, String> {
         let b = json.as_bytes();
         let (mut out, mut last, mut i, mut n) = (String::new(), 0, 0, 0);
-        let bare = |out: &mut String, seg: &str, n: &mut i64| match self.replace(seg) {
+        let bare = |out: &mut String, seg: &str, n: &mut i64| match self.replace(seg, found) {
             Some((s, k)) => {
                 out.push_str(&s.replace(REDACTION_MARKER, &format!("\"{REDACTION_MARKER}\"")));
                 *n += k;
@@ -158,8 +151,8 @@ impl Pattern {
             // A string that is itself JSON (a tool call's arguments kept as
             // the exact text received) is redacted as JSON, so it stays JSON.
             let replaced = match serde_json::from_str::<String>(literal) {
-                Ok(s) if is_json_container(&s) => self.replace_in_json(&s)?,
-                Ok(s) => self.replace(&s),
+                Ok(s) if is_json_container(&s) => self.replace_in_json(&s, found)?,
+                Ok(s) => self.replace(&s, found),
                 Err(_) => None,
             };
             match replaced {
@@ -181,6 +174,93 @@ impl Pattern {
         })?;
         Ok(Some((out, n)))
     }
+}
+
+/// `out` with every occurrence of each form, whole or cut by a truncation
+/// ([`cut_ranges`]), replaced by the marker, and how many.
+fn replace_forms<'s>(
+    mut out: std::borrow::Cow<'s, str>,
+    forms: &[&str],
+) -> (std::borrow::Cow<'s, str>, i64) {
+    let mut n = 0;
+    for form in forms {
+        let k = out.matches(form).count();
+        if k > 0 {
+            n += k as i64;
+            out = std::borrow::Cow::Owned(out.replace(form, REDACTION_MARKER));
+        }
+        let cuts = cut_ranges(&out, form);
+        if !cuts.is_empty() {
+            n += cuts.len() as i64;
+            let mut o = out.into_owned();
+            for r in cuts.into_iter().rev() {
+                o.replace_range(r, REDACTION_MARKER);
+            }
+            out = std::borrow::Cow::Owned(o);
+        }
+    }
+    (out, n)
+}
+
+/// Every whole match of `pattern` (a regex) in the session's stored texts,
+/// as written and inside their JSON strings decoded, each once, with its
+/// JSON-escaped form: what its cut forms are looked for as. Empty for a text
+/// pattern (its cut forms are its own).
+fn regex_matches(tx: &Connection, sid: SessionId, pattern: &Pattern) -> Result<Vec<String>> {
+    let Pattern::Regex(re) = pattern else {
+        return Ok(Vec::new());
+    };
+    fn strings(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::String(s) => {
+                out.push(s.clone());
+                if is_json_container(s) {
+                    if let Ok(inner) = serde_json::from_str(s) {
+                        strings(&inner, out);
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|x| strings(x, out)),
+            serde_json::Value::Object(o) => o.values().for_each(|x| strings(x, out)),
+            _ => {}
+        }
+    }
+    let mut found = std::collections::BTreeSet::new();
+    for t in COLUMNS {
+        let mut st = tx.prepare(t.select)?;
+        let mut rows = st.query([sid])?;
+        while let Some(r) = rows.next()? {
+            for i in 0..t.columns.len() {
+                let Some(text) = r.get::<_, Option<String>>(i + 1)? else {
+                    continue;
+                };
+                let mut texts = vec![text.clone()];
+                if is_json_container(&text) {
+                    if let Ok(v) = serde_json::from_str(&text) {
+                        strings(&v, &mut texts);
+                    }
+                }
+                for x in &texts {
+                    for m in re.find_iter(x) {
+                        found.insert(m.as_str().to_string());
+                    }
+                }
+            }
+        }
+    }
+    let mut out: Vec<String> = Vec::new();
+    for m in found {
+        let escaped = serde_json::to_string(&m).unwrap_or_default();
+        let escaped = escaped[1..escaped.len().max(2) - 1].to_string();
+        if escaped != m {
+            out.push(escaped);
+        }
+        out.push(m);
+    }
+    // Longest first: a cut form of a longer match is not taken for a
+    // shorter one's.
+    out.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    Ok(out)
 }
 
 /// True when `text` is a JSON object or array.
@@ -346,6 +426,7 @@ const COLUMNS: &[Columns] = &[
 /// Every row of the session the pattern changes, with its new values, and
 /// the occurrences replaced.
 fn scan(tx: &Connection, sid: SessionId, pattern: &Pattern) -> Result<(Vec<Change>, i64)> {
+    let found = regex_matches(tx, sid, pattern)?;
     let mut changes = Vec::new();
     let mut occurrences = 0;
     for t in COLUMNS {
@@ -366,7 +447,9 @@ fn scan(tx: &Connection, sid: SessionId, pattern: &Pattern) -> Result<(Vec<Chang
                                 t.tbl
                             ))
                         };
-                        let new = pattern.replace_in_json(text).map_err(|why| refuse(&why))?;
+                        let new = pattern
+                            .replace_in_json(text, &found)
+                            .map_err(|why| refuse(&why))?;
                         // A response must still read back as one: a pattern
                         // that takes a number abridge reads (its usage) is
                         // refused, not left to break the session.
@@ -377,7 +460,7 @@ fn scan(tx: &Connection, sid: SessionId, pattern: &Pattern) -> Result<(Vec<Chang
                         }
                         new
                     }
-                    Some(text) => pattern.replace_in_text(text),
+                    Some(text) => pattern.replace_in_text(text, &found),
                 };
                 match new {
                     Some((text, n)) => {
@@ -617,10 +700,10 @@ mod tests {
     fn text_is_replaced_every_time_and_counted() {
         let p = Pattern::text("sk-123").unwrap();
         assert_eq!(
-            p.replace("a sk-123 b sk-123"),
+            p.replace("a sk-123 b sk-123", &[]),
             Some((format!("a {REDACTION_MARKER} b {REDACTION_MARKER}"), 2))
         );
-        assert_eq!(p.replace("nothing"), None);
+        assert_eq!(p.replace("nothing", &[]), None);
     }
 
     #[test]
@@ -629,22 +712,24 @@ mod tests {
         let m = REDACTION_MARKER;
         // A pinned fact's sentence, cut on both sides.
         assert_eq!(
-            p.replace("…4f9a8b7c and more… key sk-live-4f9…").unwrap().0,
+            p.replace("…4f9a8b7c and more… key sk-live-4f9…", &[])
+                .unwrap()
+                .0,
             format!("…{m} and more… key {m}…")
         );
         // A capped block, and a text cut at its end.
         assert_eq!(
-            p.replace("head sk-live-4\n[… 10 chars omitted …]\nf9a8b7c tail")
+            p.replace("head sk-live-4\n[… 10 chars omitted …]\nf9a8b7c tail", &[])
                 .unwrap()
                 .0,
             format!("head {m}\n[… 10 chars omitted …]\n{m} tail")
         );
         assert_eq!(
-            p.replace("ends with sk-live").unwrap().0,
+            p.replace("ends with sk-live", &[]).unwrap().0,
             format!("ends with {m}")
         );
         // Fewer than six bytes left is not taken for it.
-        assert_eq!(p.replace("the sk-l… …8b7c"), None);
+        assert_eq!(p.replace("the sk-l… …8b7c", &[]), None);
     }
 
     /// Exotic text never panics, and what comes back is what it claims:
@@ -674,16 +759,16 @@ mod tests {
             // brackets next to what is left ("\n[" before "[redacted]"):
             // only checked for panics.
             let checked = !secret.contains(['[', ']']);
-            if let Some((out, n)) = p.replace(&text) {
+            if let Some((out, n)) = p.replace(&text, &[]) {
                 assert!(n > 0, "{text:?} / {secret:?}");
                 assert!(
                     !checked || !out.contains(secret.as_str()),
                     "{text:?} / {secret:?}"
                 );
             }
-            let _ = p.replace_in_text(&text);
+            let _ = p.replace_in_text(&text, &[]);
             let json = serde_json::json!({ "k": text, "n": [text.clone(), 1] }).to_string();
-            if let Ok(Some((out, _))) = p.replace_in_json(&json) {
+            if let Ok(Some((out, _))) = p.replace_in_json(&json, &[]) {
                 let v: serde_json::Value = serde_json::from_str(&out).unwrap();
                 for s in [&v["k"], &v["n"][0]] {
                     if let (Some(s), true) = (s.as_str(), checked) {
@@ -698,7 +783,7 @@ mod tests {
     fn regex_replacement_is_literal_and_empty_matches_are_refused() {
         let p = Pattern::regex(r"sk-\d+").unwrap();
         assert_eq!(
-            p.replace("x sk-1 $1 sk-22"),
+            p.replace("x sk-1 $1 sk-22", &[]),
             Some((format!("x {REDACTION_MARKER} $1 {REDACTION_MARKER}"), 2))
         );
         assert!(matches!(Pattern::regex("a*"), Err(Error::Config(_))));
@@ -710,7 +795,7 @@ mod tests {
     fn json_strings_are_matched_decoded_and_stay_json() {
         let p = Pattern::text("pa\"ss").unwrap();
         let (out, n) = p
-            .replace_in_json(r#"{"k":"my pa\"ss here","n":1}"#)
+            .replace_in_json(r#"{"k":"my pa\"ss here","n":1}"#, &[])
             .unwrap()
             .unwrap();
         assert_eq!(n, 1);
@@ -718,14 +803,14 @@ mod tests {
         // A number is replaced by a string holding the marker.
         let p = Pattern::text("4111111111111111").unwrap();
         let (out, _) = p
-            .replace_in_json(r#"{"card":4111111111111111}"#)
+            .replace_in_json(r#"{"card":4111111111111111}"#, &[])
             .unwrap()
             .unwrap();
         assert_eq!(out, r#"{"card":"[redacted]"}"#);
         // JSON kept as a string (the exact arguments received) stays JSON.
         let p = Pattern::regex(r#"pa"ss"#).unwrap();
         let raw = r#"{"raw_input":"{\"pw\":\"pa\\\"ss\"}"}"#;
-        let (out, n) = p.replace_in_json(raw).unwrap().unwrap();
+        let (out, n) = p.replace_in_json(raw, &[]).unwrap().unwrap();
         assert_eq!(n, 1);
         let inner: String = serde_json::from_value(
             serde_json::from_str::<serde_json::Value>(&out).unwrap()["raw_input"].clone(),
@@ -734,7 +819,7 @@ mod tests {
         assert_eq!(inner, r#"{"pw":"[redacted]"}"#);
         // A pattern that takes the structure with it is refused.
         let p = Pattern::text(",").unwrap();
-        assert!(p.replace_in_json(r#"{"a":1,"b":2}"#).is_err());
-        assert_eq!(p.replace_in_json("[]").unwrap(), None);
+        assert!(p.replace_in_json(r#"{"a":1,"b":2}"#, &[]).is_err());
+        assert_eq!(p.replace_in_json("[]", &[]).unwrap(), None);
     }
 }
