@@ -104,12 +104,15 @@ impl Tool for Lookup {
 struct Quoting {
     gate: Option<watch::Receiver<bool>>,
     calls: AtomicUsize,
+    /// Told at each call (a permit is kept for a waiter that comes later).
+    called: tokio::sync::Notify,
 }
 
 #[abridge::async_trait]
 impl Summariser for Quoting {
     async fn summarise(&self, r: &SummaryRequest) -> Result<SummaryResponse, ModelError> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        self.called.notify_one();
         if let Some(gate) = &self.gate {
             // Only the first call waits: the test redacts while it is held.
             if n == 0 {
@@ -198,6 +201,7 @@ fn quoting() -> Arc<Quoting> {
     Arc::new(Quoting {
         gate: None,
         calls: AtomicUsize::new(0),
+        called: tokio::sync::Notify::new(),
     })
 }
 
@@ -529,6 +533,7 @@ async fn a_summary_made_while_the_session_is_redacted_is_made_again_from_the_red
     let summariser = Arc::new(Quoting {
         gate: Some(gate),
         calls: AtomicUsize::new(0),
+        called: tokio::sync::Notify::new(),
     });
     let (s, _) = setup(summariser.clone(), None);
     let sid = s
@@ -540,14 +545,16 @@ async fn a_summary_made_while_the_session_is_redacted_is_made_again_from_the_red
     let mut compacting = None;
     for i in 0..12 {
         let r = s.runner.clone();
-        let turn = tokio::spawn(async move { r.run_turn_at(sid, i, &input(i as usize)).await });
-        // A turn whose step waits for the held summary is the one.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        if summariser.calls.load(Ordering::SeqCst) > 0 {
-            compacting = Some(turn);
-            break;
+        let mut turn = tokio::spawn(async move { r.run_turn_at(sid, i, &input(i as usize)).await });
+        // The turn whose step waits for the held summary is the one: told by
+        // the summariser's call, not guessed from a pause.
+        tokio::select! {
+            done = &mut turn => done.unwrap().map(|_| ()).unwrap(),
+            _ = summariser.called.notified() => {
+                compacting = Some(turn);
+                break;
+            }
         }
-        turn.await.unwrap().unwrap();
     }
     let compacting = compacting.expect("a compaction began");
     let r = s
