@@ -246,9 +246,20 @@ static RULE: LazyLock<Regex> = LazyLock::new(|| {
     )
     .expect("static regex")
 });
+/// The same rule words in other languages: German, Portuguese, Spanish,
+/// French (on word boundaries), Japanese and Hindi (as written: their words
+/// are not set apart by spaces).
+static RULE_INTL: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?i)\b(?:unless|only if|only when|except when|no later than|niemals|nie|immer|nur wenn|nur|darf nicht|dürfen nicht|muss|müssen|auf keinen fall|nunca|sempre|somente|apenas|só se|não pode|jamais|toujours|seulement|uniquement|sauf si|ne jamais|il faut|siempre|solo si|sólo si|únicamente|no debe|debe)\b|絶対|必ず|決して|しないで|してはいけない|だけ|कभी नहीं|कभी भी|हमेशा|केवल|सिर्फ|मत ",
+    )
+    .expect("static regex")
+});
+/// An amount: a currency (its sign, `R$`, `US$`, or its code after) with a
+/// figure in either notation (`1,250.50` or `1.250,50`, `2 500`).
 static AMOUNT: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r"(?:[$€£¥]\s?\d[\d,]*(?:\.\d+)?|(?-u:\b)\d[\d,]*(?:\.\d+)?\s?(?:EUR|USD|GBP|JPY|CHF|CAD|AUD|€|£|euros?(?-u:\b)|dollars?(?-u:\b)|pounds?(?-u:\b)))",
+        r"(?:(?:R\$|US\$|A\$|C\$|[$€£¥₹])\s?\d{1,3}(?:[.,]\d{3})*(?:[.,]\d{1,2})?(?:\d*)|(?-u:\b)\d{1,3}(?:[.,]\d{3})*(?:[.,]\d{1,2})?\d*\s?(?:EUR|USD|GBP|JPY|CHF|CAD|AUD|BRL|INR|€|£|₹|euros?(?-u:\b)|dollars?(?-u:\b)|pounds?(?-u:\b)|reais(?-u:\b)))",
     )
     .expect("static regex")
 });
@@ -341,7 +352,8 @@ fn normalise_slot(raw: &str) -> String {
         .unwrap_or(&s)
         .to_string();
     match s.as_str() {
-        "postal code" | "zip" | "zip code" | "post code" | "postcode" => "postcode".into(),
+        "postal code" | "zip" | "zip code" | "post code" | "postcode" | "cep" | "plz"
+        | "postleitzahl" | "código postal" | "code postal" => "postcode".into(),
         "e-mail" | "email address" | "e-mail address" | "mail" => "email".into(),
         "shipping address" | "delivery address" | "ship-to address" | "ship to address" => {
             "ship-to address".into()
@@ -578,7 +590,16 @@ fn is_mixed_id(w: &str) -> bool {
 }
 
 fn is_bare_number(w: &str) -> bool {
-    w.len() >= 3 && w.chars().all(|c| c.is_ascii_digit())
+    // A postal code in two parts counts too: 01310-100 (a CEP), 1100-148.
+    let mut parts = w.splitn(2, '-');
+    let head = parts.next().unwrap_or("");
+    let digits = |p: &str| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit());
+    match parts.next() {
+        None => w.len() >= 3 && digits(w),
+        Some(tail) => {
+            head.len() >= 4 && digits(head) && (3..=4).contains(&tail.len()) && digits(tail)
+        }
+    }
 }
 
 impl RuleExtractor {
@@ -623,7 +644,7 @@ impl RuleExtractor {
                     out.push(FactKind::Stated, Some("name".into()), v, kept.clone());
                 }
             }
-            if RULE.is_match(sentence) {
+            if RULE.is_match(sentence) || RULE_INTL.is_match(sentence) {
                 long.push(kept.clone());
                 out.push(FactKind::Rule, None, kept.clone(), kept.clone());
             }
@@ -1091,6 +1112,50 @@ mod tests {
     fn ordinary_chatter_pins_nothing() {
         assert!(values("ok thanks, that sounds good to me").is_empty());
         assert!(values("Hello! How are you today?").is_empty());
+    }
+
+    /// Rules in other languages and conditional ones, amounts in local
+    /// notations, a Brazilian postal code.
+    #[test]
+    fn rules_amounts_and_postcodes_beyond_english_notation() {
+        for rule in [
+            "Only if the lamp is in stock, add it to the order.",
+            "Unless I confirm, do not ship the second parcel.",
+            "Bitte niemals vor 9 Uhr liefern.",
+            "Nunca entregue aos domingos.",
+            "Solo si hay stock, añada la lámpara.",
+            "Ne livrez jamais le samedi.",
+            "土曜日には絶対に配達しないでください。",
+            "कृपया रविवार को कभी नहीं भेजें।",
+        ] {
+            let f = facts(rule, FactSource::User);
+            assert!(
+                f.iter().any(|(k, _, v)| *k == FactKind::Rule && v == rule),
+                "{rule}: {f:?}"
+            );
+        }
+        let amount = |text: &str| {
+            facts(text, FactSource::User)
+                .into_iter()
+                .filter(|(k, ..)| *k == FactKind::Amount)
+                .map(|(_, _, v)| v)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            amount("O total ficou em R$ 2.500,00 ontem."),
+            ["R$ 2.500,00"]
+        );
+        assert_eq!(
+            amount("Es kostet 1.000,00 EUR mit Versand."),
+            ["1.000,00 EUR"]
+        );
+        assert_eq!(amount("It costs $1,250.50 all in."), ["$1,250.50"]);
+        assert_eq!(amount("Keep it under 1,250 EUR please."), ["1,250 EUR"]);
+        let f = facts("Meu CEP 01310-100 mudou.", FactSource::User);
+        assert!(
+            f.contains(&(FactKind::Id, Some("postcode".into()), "01310-100".into())),
+            "{f:?}"
+        );
     }
 
     /// G8 on what the model can use: a short value inside a longer token, or
