@@ -282,6 +282,25 @@ fn env_like(w: &str) -> bool {
 
 /// Words that open sentences or are too common to be a proper name.
 const NOT_NAMES: &[&str] = &[
+    // Codes written in capitals that name no one: currencies, clothing
+    // sizes, tax and shop abbreviations.
+    "EUR",
+    "USD",
+    "GBP",
+    "JPY",
+    "CHF",
+    "CAD",
+    "AUD",
+    "BRL",
+    "INR",
+    "XS",
+    "XL",
+    "XXL",
+    "XXXL",
+    "VAT",
+    "SKU",
+    "ETA",
+    "PDF",
     "I",
     "I'm",
     "I'll",
@@ -659,6 +678,9 @@ impl RuleExtractor {
                 let v = m.as_str().trim();
                 if !inside(v, &carried, &long) {
                     carried.insert(v.to_string());
+                    // Its figures are its own: "245" of "245 EUR" is not an
+                    // id besides.
+                    long.push(v.to_string());
                     let sentence = sentence_of(v, Some(offset(v)));
                     out.push(kind, None, v.to_string(), sentence);
                 }
@@ -1112,6 +1134,24 @@ mod tests {
     fn ordinary_chatter_pins_nothing() {
         assert!(values("ok thanks, that sounds good to me").is_empty());
         assert!(values("Hello! How are you today?").is_empty());
+    }
+
+    /// What the demo's lists showed as junk: a currency code, a size and a
+    /// tax abbreviation taken for names, an amount's figure taken for an id.
+    #[test]
+    fn codes_are_not_names_and_an_amounts_figure_is_not_an_id() {
+        let f = facts(
+            "I'd also like a wool sweater for ORD-93411, size XS, under 245 EUR before VAT.",
+            FactSource::User,
+        );
+        assert!(
+            !f.iter().any(|(k, _, v)| *k == FactKind::Name
+                && ["EUR", "XS", "VAT"].contains(&v.as_str())),
+            "{f:?}"
+        );
+        assert!(!f.iter().any(|(_, _, v)| v == "245"), "{f:?}");
+        assert!(f.contains(&(FactKind::Amount, None, "245 EUR".into())), "{f:?}");
+        assert!(f.iter().any(|(_, _, v)| v == "ORD-93411"), "{f:?}");
     }
 
     /// Rules in other languages and conditional ones, amounts in local
