@@ -1150,7 +1150,10 @@ mod tests {
             "{f:?}"
         );
         assert!(!f.iter().any(|(_, _, v)| v == "245"), "{f:?}");
-        assert!(f.contains(&(FactKind::Amount, None, "245 EUR".into())), "{f:?}");
+        assert!(
+            f.contains(&(FactKind::Amount, None, "245 EUR".into())),
+            "{f:?}"
+        );
         assert!(f.iter().any(|(_, _, v)| v == "ORD-93411"), "{f:?}");
     }
 
