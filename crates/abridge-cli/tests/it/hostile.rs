@@ -55,7 +55,8 @@ fn clients(
     ]
 }
 
-fn request() -> ModelRequest {
+/// A request of two messages (the clients' tests share it).
+pub(crate) fn request() -> ModelRequest {
     ModelRequest {
         model: "m".into(),
         messages: Arc::new(vec![

@@ -52,6 +52,17 @@ fn with_class<'a, 'i>(
     })
 }
 
+/// A page as XML (it is well-formed XML as well as HTML), its DOCTYPE allowed.
+fn parse(html: &str) -> Result<roxmltree::Document<'_>, roxmltree::Error> {
+    roxmltree::Document::parse_with_options(
+        html,
+        roxmltree::ParsingOptions {
+            allow_dtd: true,
+            ..Default::default()
+        },
+    )
+}
+
 fn page(db: &Path, session: &str, opts: &ReportOptions) -> String {
     abridge::store::read_only(db, |c| report::session_page(c, session, opts)).unwrap()
 }
@@ -76,14 +87,7 @@ fn the_session_page_shows_what_the_store_holds() {
         );
         let key = format!("id:{sid}");
         let html = page(&db, &key, &opts);
-        let doc = roxmltree::Document::parse_with_options(
-            &html,
-            roxmltree::ParsingOptions {
-                allow_dtd: true,
-                ..Default::default()
-            },
-        )
-        .expect("the page is well-formed");
+        let doc = parse(&html).expect("the page is well-formed");
         assert!(html.contains(&sid_of[0][0]));
 
         // Steps: every executed step with a measure, as stored.
@@ -322,14 +326,7 @@ fn the_thresholds_drawn_are_those_the_store_recorded_unless_given() {
     let db = demo_store(dir.path());
     let levels_of = |opts: &ReportOptions| {
         let html = page(&db, "id:1", opts);
-        let doc = roxmltree::Document::parse_with_options(
-            &html,
-            roxmltree::ParsingOptions {
-                allow_dtd: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let doc = parse(&html).unwrap();
         with_class(&doc, "g", "level")
             .map(|n| {
                 (
@@ -385,14 +382,7 @@ fn an_older_store_gets_the_default_soft_line_when_compaction_ran_in_the_backgrou
             window: None,
         },
     );
-    let doc = roxmltree::Document::parse_with_options(
-        &html,
-        roxmltree::ParsingOptions {
-            allow_dtd: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let doc = parse(&html).unwrap();
     let soft = with_class(&doc, "g", "level")
         .find(|n| attr(*n, "data-level") == "soft")
         .expect("a soft line");
@@ -428,14 +418,7 @@ fn the_store_page_links_a_page_per_session() {
         String::from_utf8_lossy(&run.stderr)
     );
     let html = std::fs::read_to_string(&out).unwrap();
-    let doc = roxmltree::Document::parse_with_options(
-        &html,
-        roxmltree::ParsingOptions {
-            allow_dtd: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let doc = parse(&html).unwrap();
     let links: BTreeSet<&str> = doc
         .descendants()
         .filter_map(|n| n.attribute("href"))

@@ -13,13 +13,13 @@
 //! does not, and sends the pieces to its subscribers.
 
 use crate::common;
-use crate::hostile::{answer, hostile, Reply};
+use crate::hostile::{answer, hostile, request, Reply};
 
 use abridge::events::EventKind;
 use abridge::providers::{Anthropic, ApiKey, HttpOptions, OpenAiChat, OpenAiResponses};
 use abridge::{
-    CompactionConfig, Delta, Message, ModelClient, ModelError, ModelRequest, ModelResponse, Role,
-    Runner, RunnerConfig, Store, Threshold, Tool, ToolCall, ToolError, ToolSpec, Tools,
+    CompactionConfig, Delta, ModelClient, ModelError, ModelResponse, Runner, RunnerConfig, Store,
+    Threshold, Tool, ToolCall, ToolError, ToolSpec, Tools,
 };
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
@@ -300,18 +300,6 @@ fn client(wire: Wire, base: &str, idle: Duration) -> Arc<dyn ModelClient> {
         Wire::Chat => Arc::new(OpenAiChat::new(o, Some(key())).unwrap()),
         Wire::Responses => Arc::new(OpenAiResponses::new(o, Some(key())).unwrap()),
         Wire::Anthropic => Arc::new(Anthropic::new(o, key()).unwrap()),
-    }
-}
-
-fn request() -> ModelRequest {
-    ModelRequest {
-        model: "m".into(),
-        messages: Arc::new(vec![
-            Message::text(Role::System, "sys"),
-            Message::text(Role::User, "where is it?"),
-        ]),
-        tools: Vec::new(),
-        max_output_tokens: None,
     }
 }
 
