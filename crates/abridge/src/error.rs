@@ -241,6 +241,49 @@ pub enum Error {
         running_idx: i64,
     },
 
+    /// The session's running turn is parked: a tool call of it waits for a
+    /// decision or a result. Decide the calls (`Store::decide`) and resume
+    /// it, or abandon it (`Runner::abandon_turn`), before a new turn.
+    #[error("turn {parked_idx} of this session is parked: {calls} tool call(s) wait for a decision or a result (abridge pending)")]
+    TurnParked {
+        /// The session.
+        session_id: SessionId,
+        /// The parked turn's index.
+        parked_idx: i64,
+        /// How many of its calls wait.
+        calls: i64,
+    },
+
+    /// No parked call has this id (never had, or its session was deleted).
+    #[error("no tool call {call} waits for a decision (abridge pending lists those that do)")]
+    UnknownCall {
+        /// The id given.
+        call: crate::ids::CallId,
+    },
+
+    /// The call was decided already: the first decision wins, and this
+    /// is it. Final.
+    #[error("tool call {call} was already decided: {status}{}", by.as_deref().map(|b| format!(" by {b}")).unwrap_or_default())]
+    AlreadyDecided {
+        /// The call.
+        call: crate::ids::CallId,
+        /// The first decision's outcome (`approved`, `rejected`, `delivered`, `abandoned`).
+        status: String,
+        /// Who took it, as they said.
+        by: Option<String>,
+    },
+
+    /// The decision does not fit the call: a result delivered to a call
+    /// that waits for an approval, an approval of a deferred tool's call,
+    /// edited arguments that are not a JSON object. Final.
+    #[error("tool call {call}: {reason}")]
+    WrongDecision {
+        /// The call.
+        call: crate::ids::CallId,
+        /// Why.
+        reason: String,
+    },
+
     /// `begin_turn` named an index that exists with a different input, or that is
     /// not the next one. Final: the host's script and the store disagree.
     #[error("turn {idx}: {reason}")]

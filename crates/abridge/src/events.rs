@@ -168,6 +168,40 @@ pub enum EventKind {
         /// False when the model gets an error result.
         ok: bool,
     },
+    /// A tool call waits for a decision or a delivered result (committed
+    /// with its step's transaction).
+    ApprovalRequested {
+        /// The step that made the call.
+        step_id: StepId,
+        /// The parked call (`abridge approve --call`).
+        call: crate::ids::CallId,
+        /// The tool.
+        tool: String,
+        /// What it waits for.
+        kind: crate::store::ApprovalKind,
+    },
+    /// The turn stopped to wait: its lease is released, no process holds it.
+    TurnParked {
+        /// The turn.
+        turn_id: TurnId,
+        /// How many of its calls wait.
+        calls: usize,
+    },
+    /// A parked turn went on: the decisions taken for its calls were applied.
+    TurnResumed {
+        /// The turn.
+        turn_id: TurnId,
+    },
+    /// A decision was taken for a parked call (by [`crate::Runner::decide`]);
+    /// `status` is `approved`, `rejected` or `delivered`.
+    CallDecided {
+        /// The call.
+        call: crate::ids::CallId,
+        /// The tool.
+        tool: String,
+        /// The decision's outcome.
+        status: crate::store::ApprovalStatus,
+    },
     /// This runner took over a turn's lease from another holder (expired, or
     /// provably gone).
     LeaseTakenOver {

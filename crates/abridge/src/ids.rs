@@ -86,3 +86,9 @@ row_id!(
     /// A tool invocation's row id.
     InvocationId
 );
+row_id!(
+    /// A tool call waiting for a decision or a result: its `approvals` row
+    /// id (what `abridge approve --call` takes). Never reused, not even
+    /// after its session is deleted.
+    CallId
+);

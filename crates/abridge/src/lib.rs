@@ -112,7 +112,7 @@ pub use compaction::{
 pub use error::{Error, Result};
 pub use events::{Event, EventKind, Subject};
 pub use fault::{FaultHook, FaultPoint, Sabotage, TestKnobs};
-pub use ids::{CompactionId, InvocationId, SessionId, StepId, TurnId};
+pub use ids::{CallId, CompactionId, InvocationId, SessionId, StepId, TurnId};
 pub use inspect::{ExportFormat, SessionKey};
 pub use message::{
     ContentBlock, Message, ModelRequest, ModelResponse, ResponseBlock, Role, ToolSpec, Usage,
@@ -121,8 +121,9 @@ pub use model::{Delta, ModelClient, ModelError, OnDelta};
 pub use replay::Rebuilt;
 pub use retry::RetryPolicy;
 pub use runner::{Runner, RunnerBuilder, RunnerConfig, TurnOutcome};
+pub use store::Decision;
 pub use store::{Blocking, Checkpoints, Store, StoreOptions, Synchronous};
-pub use tools::{Tool, ToolCall, ToolError, Tools, TransactionalTool};
+pub use tools::{Approval, Tool, ToolCall, ToolError, Tools, TransactionalTool};
 
 /// The SQLite binding of [`TransactionalTool::call`]'s transaction, re-exported
 /// so a host uses the very version abridge was built with.

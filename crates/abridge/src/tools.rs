@@ -10,6 +10,12 @@
 //!
 //! In every mode a completed invocation is never called again: its stored
 //! result is reused (G5).
+//!
+//! A call can also wait: for a human's decision ([`Approval`], set on the
+//! runner), or for a result another process delivers (a tool registered
+//! with [`Tools::deferred`]). The step then records the call as parked and
+//! the turn stops there, holding no process: see
+//! [`Runner::decide`](crate::Runner::decide).
 
 use crate::message::ToolSpec;
 use crate::store::Effect;
@@ -86,6 +92,91 @@ pub trait TransactionalTool: Send + Sync {
 pub(crate) enum ToolImpl {
     Transactional(Arc<dyn TransactionalTool>),
     Async(Arc<dyn Tool>),
+    /// No code runs here: the result is delivered (`Decision::Deliver`).
+    Deferred,
+}
+
+/// Which tool calls wait for a human's decision before they run. Default:
+/// none.
+///
+/// A call that needs one is recorded as pending in the step's transaction
+/// and its turn is parked (see [`Runner::decide`](crate::Runner::decide));
+/// a call a decision approved runs under its tool's effect mode, once.
+/// Whether a call needs a decision is asked once, when the step that made it
+/// first runs its tools; a parked call keeps waiting whatever a later
+/// runner's policy says.
+#[derive(Clone, Default)]
+pub struct Approval {
+    rule: ApprovalRule,
+}
+
+#[derive(Clone, Default)]
+enum ApprovalRule {
+    #[default]
+    None,
+    All,
+    Tools(std::collections::BTreeSet<String>),
+    When(Arc<dyn Fn(&ToolCall) -> bool + Send + Sync>),
+}
+
+impl std::fmt::Debug for Approval {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.rule {
+            ApprovalRule::None => f.write_str("Approval::none"),
+            ApprovalRule::All => f.write_str("Approval::all"),
+            ApprovalRule::Tools(t) => f.debug_tuple("Approval::tools").field(t).finish(),
+            ApprovalRule::When(_) => f.write_str("Approval::when(..)"),
+        }
+    }
+}
+
+impl Approval {
+    /// No call waits (the default).
+    pub fn none() -> Approval {
+        Approval::default()
+    }
+
+    /// Every call of every tool waits.
+    pub fn all() -> Approval {
+        Approval {
+            rule: ApprovalRule::All,
+        }
+    }
+
+    /// Every call of these tools waits.
+    pub fn tools<I, S>(names: I) -> Approval
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Approval {
+            rule: ApprovalRule::Tools(names.into_iter().map(Into::into).collect()),
+        }
+    }
+
+    /// The calls for which `needs` says true wait (a host's rule over the
+    /// tool and its arguments: a refund above an amount, a shell command
+    /// outside a list). It must be a pure function of the call.
+    pub fn when(needs: impl Fn(&ToolCall) -> bool + Send + Sync + 'static) -> Approval {
+        Approval {
+            rule: ApprovalRule::When(Arc::new(needs)),
+        }
+    }
+
+    /// Whether no call ever waits.
+    pub fn is_none(&self) -> bool {
+        matches!(self.rule, ApprovalRule::None)
+    }
+
+    /// Whether `call` waits for a decision.
+    pub fn requires(&self, call: &ToolCall) -> bool {
+        match &self.rule {
+            ApprovalRule::None => false,
+            ApprovalRule::All => true,
+            ApprovalRule::Tools(t) => t.contains(&call.name),
+            ApprovalRule::When(f) => f(call),
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -138,6 +229,17 @@ impl Tools {
     /// Adds an at-most-once tool.
     pub fn at_most_once(mut self, spec: ToolSpec, tool: impl Tool + 'static) -> Tools {
         self.insert(spec, Effect::AtMostOnce, ToolImpl::Async(Arc::new(tool)));
+        self
+    }
+
+    /// Adds a deferred tool: a call of it parks its turn until another
+    /// process delivers the result ([`Runner::decide`](crate::Runner::decide)
+    /// with [`Decision::Deliver`](crate::store::Decision::Deliver), or
+    /// `abridge deliver`), once; the host hands the call to whatever
+    /// produces the result (a job queue, a webhook) from the turn's outcome,
+    /// its events or [`Store::pending_calls`](crate::Store::pending_calls).
+    pub fn deferred(mut self, spec: ToolSpec) -> Tools {
+        self.insert(spec, Effect::None, ToolImpl::Deferred);
         self
     }
 

@@ -7,6 +7,7 @@
 
 mod common;
 
+mod approvals;
 mod background;
 mod bad_input;
 mod cancel_safety;

@@ -40,6 +40,9 @@ pub struct RunnerConfig {
     /// [`crate::events::EventKind::ModelDelta`]. What is stored is the same
     /// either way. Default false.
     pub stream: bool,
+    /// Which tool calls wait for a human's decision before they run.
+    /// Default none.
+    pub approval: crate::tools::Approval,
     /// Compaction settings.
     pub compaction: CompactionConfig,
     /// Finds the facts a compaction must never lose (G8) when a turn is
@@ -63,6 +66,12 @@ impl std::fmt::Debug for RunnerConfig {
 }
 
 impl RunnerConfig {
+    /// Sets which tool calls wait for a decision.
+    pub fn with_approval(mut self, approval: crate::tools::Approval) -> Self {
+        self.approval = approval;
+        self
+    }
+
     /// Sets the lease owner name.
     pub fn with_owner(mut self, owner: impl Into<String>) -> Self {
         self.owner = owner.into();
@@ -94,6 +103,7 @@ impl Default for RunnerConfig {
             context_cache_bytes: 64 << 20,
             log_content: false,
             stream: false,
+            approval: crate::tools::Approval::none(),
             compaction: CompactionConfig::default(),
             pin_extractor: Some(Arc::new(RuleExtractor)),
             testing: TestKnobs::default(),
@@ -114,6 +124,7 @@ pub struct RunnerBuilder {
     pub(super) compaction: Option<CompactionConfig>,
     pub(super) fault_hook: Option<FaultHook>,
     pub(super) stream: Option<bool>,
+    pub(super) approval: Option<crate::tools::Approval>,
     pub(super) models: Vec<String>,
 }
 
@@ -164,6 +175,12 @@ impl RunnerBuilder {
         self.stream = Some(on);
         self
     }
+    /// Which tool calls wait for a human's decision (over that of any
+    /// [`config`](Self::config)). Default: none.
+    pub fn approval(mut self, approval: crate::tools::Approval) -> Self {
+        self.approval = Some(approval);
+        self
+    }
     /// A fault hook, for crash tests (over that of any [`config`](Self::config)).
     pub fn fault_hook(mut self, hook: FaultHook) -> Self {
         self.fault_hook = Some(hook);
@@ -180,6 +197,9 @@ impl RunnerBuilder {
         }
         if let Some(on) = self.stream {
             cfg.stream = on;
+        }
+        if let Some(a) = self.approval {
+            cfg.approval = a;
         }
         if cfg.max_steps == 0 {
             return Err(Error::Config("max_steps must be > 0".into()));

@@ -32,8 +32,9 @@ use crate::replay::{rebuild_step, Rebuilt};
 use crate::retry::RetryPolicy;
 use crate::runner::context::{Context, ContextCache};
 use crate::store::{
-    self, CompactionRow, Effect, InvocationStatus, Lease, NewInvocation, Responded, SessionRow,
-    StepStatus, Store, TurnRow, TurnStatus,
+    self, ApprovalKind, ApprovalRow, ApprovalStatus, CompactionRow, Effect, InvocationStatus,
+    Lease, NewApproval, NewInvocation, Responded, SessionRow, StepStatus, Store, TurnRow,
+    TurnStatus,
 };
 use crate::store::{HistoryStep, HistoryTurn};
 use crate::tools::{idempotency_key, render_result, ToolCall, ToolImpl, Tools};
@@ -44,15 +45,27 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tracing::{instrument, warn};
 
-/// How a turn ended.
+/// How a turn ended, or where it stopped to wait.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TurnOutcome {
-    /// The turn row, as finished.
+    /// The turn row, as finished (or as parked: still `running`, its lease
+    /// released).
     pub turn: TurnRow,
-    /// The final answer.
+    /// The final answer (empty while the turn is parked).
     pub output: String,
-    /// Steps the turn took.
+    /// Steps the turn took (so far).
     pub steps: i64,
+    /// The tool calls the turn is parked on, waiting for a decision or a
+    /// delivered result (see [`Runner::decide`]); empty when it finished.
+    pub pending: Vec<ApprovalRow>,
+}
+
+impl TurnOutcome {
+    /// Whether the turn stopped to wait ([`TurnOutcome::pending`]) rather
+    /// than finished.
+    pub fn is_parked(&self) -> bool {
+        !self.pending.is_empty()
+    }
 }
 
 struct Inner {
@@ -95,6 +108,7 @@ impl Runner {
             compaction: None,
             fault_hook: None,
             stream: None,
+            approval: None,
             models: Vec::new(),
         }
     }
@@ -358,6 +372,7 @@ impl Runner {
                 output: turn.output.clone().unwrap_or_default(),
                 turn,
                 steps,
+                pending: Vec::new(),
             }),
             _ => Err(Error::TurnFinished {
                 turn_id: turn.id,
@@ -423,6 +438,68 @@ impl Runner {
                 let at = store::pin_host_fact(&tx, session_id, &fact)?;
                 tx.commit()?;
                 Ok(at)
+            })
+            .await
+    }
+
+    /// Takes a decision for a parked call (see [`Store::decide`]) and tells
+    /// subscribers ([`EventKind::CallDecided`]). The turn is not resumed
+    /// here: resume it ([`Runner::resume_turn`]) once none of its calls
+    /// waits, from this process or any other.
+    ///
+    /// ```no_run
+    /// # async fn f(runner: abridge::Runner, outcome: abridge::TurnOutcome) -> abridge::Result<()> {
+    /// use abridge::store::Decision;
+    /// for call in &outcome.pending {
+    ///     runner.decide(call.id, Decision::approve(), Some("alice")).await?;
+    /// }
+    /// let done = runner.resume_turn(outcome.turn.id).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn decide(
+        &self,
+        call: crate::ids::CallId,
+        decision: store::Decision,
+        by: Option<&str>,
+    ) -> Result<ApprovalRow> {
+        let row = self.inner.store.decide(call, decision, by).await?;
+        if self.inner.events.listened() {
+            let session = self.inner.store.session(row.session_id).await?;
+            let turn = self
+                .inner
+                .store
+                .call(move |c| store::get_turn(c, row.turn_id))
+                .await;
+            let (id, tool, status) = (row.id, row.tool_name.clone(), row.status);
+            self.tell(&session, turn.ok().map(|t| t.idx), || {
+                EventKind::CallDecided {
+                    call: id,
+                    tool,
+                    status,
+                }
+            });
+        }
+        Ok(row)
+    }
+
+    /// Abandons a parked turn: its waiting calls are marked abandoned and
+    /// the turn failed with `abandoned: {reason}`, in one transaction (an
+    /// explicit, recorded action), so the session can take a new turn.
+    /// Refuses a turn a live runner holds ([`Error::LeaseHeld`]) and one
+    /// that finished ([`Error::TurnFinished`]).
+    pub async fn abandon_turn(&self, turn_id: TurnId, reason: &str) -> Result<TurnRow> {
+        let claim = ClaimGuard::new(&self.inner.cfg.owner);
+        let holder = claim.holder().to_string();
+        let ttl = self.inner.cfg.lease_ttl.as_millis() as i64;
+        let gone = self.gone_check();
+        let msg = format!("abandoned: {reason}");
+        let pins = self.inner.cfg.pin_extractor.clone();
+        self.inner
+            .store
+            .call(move |c| {
+                let (_, lease) = store::acquire_lease(c, turn_id, &holder, ttl, &gone)?;
+                store::abandon_turn(c, &lease, &msg, pins.as_deref())?;
+                store::get_turn(c, turn_id)
             })
             .await
     }

@@ -76,6 +76,7 @@ impl Runner {
             Err(Stop::Error(e)) => Err(self.fail(&lease, at_step, e).await),
         };
         match &out {
+            Ok(done) if done.is_parked() => {}
             Ok(done) => self.tell(&session, turn_idx, || EventKind::TurnFinished {
                 turn_id: turn.id,
                 steps: done.steps,
@@ -153,6 +154,8 @@ impl Runner {
                 step_id: step.id,
                 step_idx: step.idx,
                 ctx: std::sync::Mutex::new(ctx),
+                parked: std::sync::Mutex::new(Vec::new()),
+                resumed: std::sync::atomic::AtomicBool::new(false),
             });
             let mut advanced = self.advance(&plan, 0, persist, None).await?;
             next = loop {
@@ -171,6 +174,19 @@ impl Runner {
                             turn,
                             output,
                             steps: step.idx + 1,
+                            pending: Vec::new(),
+                        })
+                    }
+                    Advanced::Parked(pending) => {
+                        return Ok(TurnOutcome {
+                            turn: TurnRow {
+                                lease_owner: None,
+                                lease_expires_at: None,
+                                ..turn.clone()
+                            },
+                            output: String::new(),
+                            steps: step.idx + 1,
+                            pending,
                         })
                     }
                     Advanced::Async {

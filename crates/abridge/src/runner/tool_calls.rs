@@ -119,6 +119,21 @@ impl Runner {
                 });
             }
         }
+        let parked = std::mem::take(&mut *plan.parked.lock().unwrap_or_else(|e| e.into_inner()));
+        if !parked.is_empty() {
+            // Calls wait: the step stays `responded`, the turn `running` with
+            // its lease released. Resuming it comes back here, where the
+            // decided calls run and the pending ones park it again.
+            store::park_turn(&tx, lease)?;
+            tx.commit()?;
+            if tell {
+                happened.push(EventKind::TurnParked {
+                    turn_id: plan.turn.id,
+                    calls: parked.len(),
+                });
+            }
+            return Ok(Advanced::Parked(parked));
+        }
         crate::error::check_fault(hook, FaultPoint::BeforeStepComplete)?;
         let final_output = (n == 0).then_some(plan.final_text.as_str());
         let finished = store::complete_step(
@@ -201,7 +216,31 @@ impl Runner {
         let hook = &self.inner.cfg.testing.fault_hook;
         let rerun = self.inner.cfg.testing.sabotage.rerun_completed_effects;
         let lease = &plan.lease;
-        let call = plan.call(pos);
+        let mut call = plan.call(pos);
+        match self.gate(tx, plan, pos, &call, fresh, tell, happened)? {
+            Gate::Open => {}
+            Gate::Park(row) => {
+                plan.park(*row);
+                return Ok(ToolStep::Ran);
+            }
+            Gate::Run(input) => {
+                if let Some(input) = input {
+                    call.input = input;
+                }
+            }
+            Gate::Answer(ok, text) => {
+                // The decision's result, recorded as the call's: no tool runs.
+                let inv = new_invocation(plan.step_id, pos, &call, Effect::None);
+                let body = Box::new(move |_: &crate::store::Transaction<'_>| {
+                    Ok(if ok { Ok(text) } else { Err(text) })
+                });
+                let ran = store::run_transactional(tx, lease, &inv, body, tell, fresh, rerun)?;
+                if let Some((_, ok, result)) = &ran {
+                    plan.wrote_result(pos, *ok, result);
+                }
+                return Ok(ToolStep::Ran);
+            }
+        }
         let (ran, effect) = match self.prepare_tool(&call) {
             Err(refusal) => {
                 // No tool runs: record the error result the model sees.
@@ -239,6 +278,16 @@ impl Runner {
                     store::run_transactional(tx, lease, &inv, Box::new(body), tell, fresh, rerun)?;
                 (ran, Effect::Transactional)
             }
+            Ok((ToolImpl::Deferred, _)) => {
+                // Not reached: a deferred call always passes the gate.
+                let inv = new_invocation(plan.step_id, pos, &call, Effect::None);
+                let msg = format!("{} has no result: it is delivered, never run", call.name);
+                let body = Box::new(move |_: &crate::store::Transaction<'_>| Ok(Err(msg)));
+                (
+                    store::run_transactional(tx, lease, &inv, body, tell, fresh, rerun)?,
+                    Effect::None,
+                )
+            }
             Ok((ToolImpl::Async(tool), effect)) => {
                 let inv = new_invocation(plan.step_id, pos, &call, effect);
                 let (row, inserted) = store::start_invocation(tx, &inv)?;
@@ -270,6 +319,88 @@ impl Runner {
             });
         }
         Ok(ToolStep::Ran)
+    }
+
+    /// Whether call `pos` runs now, waits, or is answered by a decision,
+    /// inside the step's transaction.
+    ///
+    /// A fresh step (its response written in this transaction) has no
+    /// parked call: only a call the policy or a deferred tool wants parked
+    /// is looked at, so a host without approvals reads nothing more. A
+    /// resumed step's call is looked up: a decision taken for it is applied
+    /// whatever the policy says now, and one that ran before is never asked
+    /// about.
+    #[allow(clippy::too_many_arguments)]
+    fn gate(
+        &self,
+        tx: &crate::store::Transaction<'_>,
+        plan: &StepPlan,
+        pos: usize,
+        call: &ToolCall,
+        fresh: bool,
+        tell: bool,
+        happened: &mut Vec<EventKind>,
+    ) -> Result<Gate> {
+        let registered = self.inner.tools.get(&call.name);
+        let deferred = matches!(registered.map(|r| &r.imp), Some(ToolImpl::Deferred));
+        let wants = deferred
+            || (registered.is_some()
+                && call.input.is_object()
+                && self.inner.cfg.approval.requires(call));
+        if fresh && !wants {
+            return Ok(Gate::Open);
+        }
+        if !fresh {
+            if let Some(row) = store::approval_for_call(tx, plan.step_id, &call.tool_call_id)? {
+                if row.status != ApprovalStatus::Pending
+                    && tell
+                    && !plan
+                        .resumed
+                        .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    happened.push(EventKind::TurnResumed {
+                        turn_id: plan.turn.id,
+                    });
+                }
+                return Ok(decided(row));
+            }
+            if !wants || store::invocation_exists(tx, plan.step_id, &call.tool_call_id)? {
+                return Ok(Gate::Open);
+            }
+        }
+        let granted = !deferred && store::granted(tx, plan.session.id, &call.name)?;
+        let effect = match registered {
+            Some(r) if !deferred => r.effect.as_str(),
+            _ => "deferred",
+        };
+        let kind = match deferred {
+            true => ApprovalKind::Result,
+            false => ApprovalKind::Approval,
+        };
+        let new = NewApproval {
+            session_id: plan.session.id,
+            turn_id: plan.turn.id,
+            step_id: plan.step_id,
+            position: pos as i64,
+            tool_call_id: &call.tool_call_id,
+            tool_name: &call.name,
+            arguments: call.input.to_string(),
+            effect,
+            kind,
+        };
+        let (row, inserted) = store::park_call(tx, &new, granted)?;
+        if row.status != ApprovalStatus::Pending {
+            return Ok(decided(row));
+        }
+        if inserted && tell {
+            happened.push(EventKind::ApprovalRequested {
+                step_id: plan.step_id,
+                call: row.id,
+                tool: row.tool_name.clone(),
+                kind,
+            });
+        }
+        Ok(Gate::Park(Box::new(row)))
     }
 
     /// The registered tool for a call, or the refusal the model sees instead.
@@ -336,6 +467,10 @@ pub(super) struct StepPlan {
     pub(super) step_idx: i64,
     /// The session's message context, handed to the next step's `prepare`.
     pub(super) ctx: std::sync::Mutex<Option<Context>>,
+    /// The calls of the step that wait (for a decision or a result).
+    pub(super) parked: std::sync::Mutex<Vec<ApprovalRow>>,
+    /// Whether `TurnResumed` was told.
+    pub(super) resumed: std::sync::atomic::AtomicBool,
 }
 
 /// A step's rows as this process writes them, rendered later exactly as the
@@ -365,6 +500,14 @@ impl Written {
 }
 
 impl StepPlan {
+    /// Records that a call waits (once, whatever retried the transaction).
+    pub(super) fn park(&self, row: ApprovalRow) {
+        let mut parked = self.parked.lock().unwrap_or_else(|e| e.into_inner());
+        if !parked.iter().any(|p| p.id == row.id) {
+            parked.push(row);
+        }
+    }
+
     /// Records the result written for call `pos`.
     pub(super) fn wrote_result(&self, pos: usize, ok: bool, result: &str) {
         let mut w = self.written.lock().unwrap_or_else(|e| e.into_inner());
@@ -408,8 +551,52 @@ impl From<Error> for Stop {
     }
 }
 
+/// What a call's parked row (or its absence) says of it.
+pub(super) enum Gate {
+    /// Not parked: runs as any call.
+    Open,
+    /// Waits: the step parks its turn.
+    Park(Box<ApprovalRow>),
+    /// Approved: runs, with the edited arguments when given.
+    Run(Option<serde_json::Value>),
+    /// Rejected, delivered or abandoned: this is its result (ok, text).
+    Answer(bool, String),
+}
+
+/// The gate of a decided call.
+fn decided(row: ApprovalRow) -> Gate {
+    match row.status {
+        ApprovalStatus::Pending => Gate::Park(Box::new(row)),
+        ApprovalStatus::Approved => match row.input.as_deref().map(serde_json::from_str) {
+            None => Gate::Run(None),
+            Some(Ok(v)) => Gate::Run(Some(v)),
+            Some(Err(e)) => {
+                Gate::Answer(false, format!("the approved arguments do not parse: {e}"))
+            }
+        },
+        ApprovalStatus::Rejected => Gate::Answer(false, rejection(row.note.as_deref())),
+        ApprovalStatus::Delivered => {
+            Gate::Answer(row.ok.unwrap_or(true), row.note.unwrap_or_default())
+        }
+        ApprovalStatus::Abandoned => Gate::Answer(
+            false,
+            "the call was abandoned before a decision".to_string(),
+        ),
+    }
+}
+
+/// What the model sees of a rejected call.
+pub(crate) fn rejection(reason: Option<&str>) -> String {
+    match reason.map(str::trim) {
+        Some(r) if !r.is_empty() => format!("rejected: {r}"),
+        _ => "rejected".to_string(),
+    }
+}
+
 /// Where [`Runner::advance`] stopped.
 pub(super) enum Advanced {
+    /// Calls of the step wait: the turn is parked (committed).
+    Parked(Vec<ApprovalRow>),
     /// The async tool call at `pos` is to run; its invocation row is claimed.
     Async {
         pos: usize,

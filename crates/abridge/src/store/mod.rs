@@ -68,6 +68,11 @@ pub use snapshot::{
 };
 
 // The tables: each family's rows, statements and functions.
+pub use tables::approvals::Decision;
+pub(crate) use tables::approvals::{
+    abandon_calls, approval_for_call, granted, park_call, park_turn, waiting_calls, NewApproval,
+};
+pub use tables::approvals::{get_approval, list_approvals, pending_calls};
 pub(crate) use tables::audit::{
     all_compactions, duplicate_boundaries, executed_step_ids, integrity_check,
     invocation_anomalies, invocation_count, session_counts, steps_reading_non_completed,
@@ -86,7 +91,8 @@ pub(crate) use tables::erasures::{checkpoint, deletions_left_behind, next_id, wa
 pub(crate) use tables::history::{load_history, load_range, prefetch_range};
 pub use tables::history::{HistoryStep, HistoryTurn};
 pub(crate) use tables::invocations::{
-    finish_invocation, list_invocations, run_transactional, start_invocation, NewInvocation,
+    finish_invocation, invocation_exists, list_invocations, run_transactional, start_invocation,
+    NewInvocation,
 };
 pub use tables::leases::Lease;
 pub(crate) use tables::leases::{explain_lost, fenced_tx, renew_lease};
@@ -97,8 +103,8 @@ pub(crate) use tables::redactions::{
 };
 pub use tables::redactions::{RedactedRows, RedactionMark, RedactionRecord, REDACTION_MARKER};
 pub use tables::rows::{
-    CompactionRow, CompactionStatus, Effect, InvocationRow, InvocationStatus, SessionRow, StepRow,
-    StepStatus, TurnRow, TurnStatus,
+    ApprovalKind, ApprovalRow, ApprovalStatus, CompactionRow, CompactionStatus, Effect,
+    InvocationRow, InvocationStatus, SessionRow, StepRow, StepStatus, TurnRow, TurnStatus,
 };
 pub(crate) use tables::sessions::{create_session, find_session, get_session, list_sessions};
 pub(crate) use tables::steps::{
@@ -106,8 +112,8 @@ pub(crate) use tables::steps::{
     Responded,
 };
 pub(crate) use tables::turns::{
-    acquire_lease, begin_turn, fail_turn, get_turn, latest_context_tokens, list_turns,
-    prefetch_latest_context_tokens, recent_window_boundary, running_turns,
+    abandon_turn, acquire_lease, begin_turn, fail_turn, get_turn, latest_context_tokens,
+    list_turns, prefetch_latest_context_tokens, recent_window_boundary, running_turns,
 };
 
 use crate::error::{Error, Result};

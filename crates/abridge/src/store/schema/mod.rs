@@ -75,6 +75,12 @@ pub const MIGRATIONS: &[Migration] = &[
         postgres: Some(include_str!("migrations/postgres/0008_thresholds.sql")),
         hook: None,
     },
+    Migration {
+        version: 9,
+        sqlite: include_str!("migrations/0009_approvals.sql"),
+        postgres: Some(include_str!("migrations/postgres/0009_approvals.sql")),
+        hook: None,
+    },
 ];
 
 /// The schema version this build writes (`PRAGMA user_version`; the

@@ -45,6 +45,16 @@ pub(crate) fn insert_or_get_invocation(
     Ok((row, inserted))
 }
 
+/// Whether a step's call has an invocation row (it ran, or started to).
+pub(crate) fn invocation_exists(
+    conn: &Connection,
+    step_id: StepId,
+    tool_call_id: &str,
+) -> Result<bool> {
+    conn.prepare_cached("SELECT 1 FROM tool_invocations WHERE step_id = ?1 AND tool_call_id = ?2")?
+        .exists(params![step_id, tool_call_id])
+}
+
 /// Inserts an invocation row (`tail`: what follows its values); with
 /// `want_id`, returns the id of the row it made, else queues the insert
 /// ([`Transaction::execute_later`]) and returns None.

@@ -3,6 +3,7 @@
 //! into). Only these files, the schema and administration write SQL (and,
 //! under the `testing` feature, the bench seeder, as these files would).
 
+pub(crate) mod approvals;
 pub(crate) mod audit;
 pub(crate) mod compactions;
 pub(crate) mod erasures;

@@ -1,6 +1,6 @@
 //! Row structs: one per table, exactly as stored. Domain logic lives elsewhere.
 
-use crate::ids::{CompactionId, InvocationId, SessionId, StepId, TurnId};
+use crate::ids::{CallId, CompactionId, InvocationId, SessionId, StepId, TurnId};
 use crate::store::db::Row;
 use serde::Serialize;
 
@@ -412,5 +412,116 @@ impl CompactionRow {
             threshold_tokens: r.get(28)?,
             soft_threshold_tokens: r.get(29)?,
         })
+    }
+}
+
+status_enum!(
+    /// What a parked call waits for.
+    ApprovalKind {
+        /// A human's decision: approve (maybe with edited arguments) or reject.
+        Approval = "approval",
+        /// A result another process delivers (a deferred tool).
+        Result = "result",
+    }
+);
+
+status_enum!(
+    /// Where a parked call stands. Only `Pending` ever changes, once.
+    ApprovalStatus {
+        /// Waiting; its turn is parked.
+        Pending = "pending",
+        /// Approved: runs under its effect mode when the turn resumes.
+        Approved = "approved",
+        /// Rejected: the model sees the reason as the tool's result.
+        Rejected = "rejected",
+        /// Its result was delivered: the model sees it as the tool's result.
+        Delivered = "delivered",
+        /// Its turn was abandoned before a decision.
+        Abandoned = "abandoned",
+    }
+);
+
+/// An `approvals` row: one tool call that waited (or waits) for a decision
+/// or a delivered result.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ApprovalRow {
+    /// The call's id (`abridge approve --call`).
+    pub id: CallId,
+    /// Its session.
+    pub session_id: SessionId,
+    /// Its turn.
+    pub turn_id: TurnId,
+    /// The step whose response made the call.
+    pub step_id: StepId,
+    /// Position of the call in the response.
+    pub position: i64,
+    /// The model's call id.
+    pub tool_call_id: String,
+    /// Tool name.
+    pub tool_name: String,
+    /// The arguments as the model wrote them (JSON text).
+    pub arguments: String,
+    /// The effect mode the call runs under once approved (`deferred`: a
+    /// tool whose result is delivered).
+    pub effect: String,
+    /// What it waits for.
+    pub kind: ApprovalKind,
+    /// Where it stands.
+    pub status: ApprovalStatus,
+    /// Approved with edited arguments: those (JSON text).
+    pub input: Option<String>,
+    /// A rejection's reason or a delivered result.
+    pub note: Option<String>,
+    /// A delivered result: whether it is a success (false: an error result).
+    pub ok: Option<bool>,
+    /// Approved with "always allow this tool in this session".
+    pub always: bool,
+    /// Who decided, as the decider said.
+    pub decided_by: Option<String>,
+    /// When the call was parked, ms since the epoch.
+    pub created_at: i64,
+    /// When it was decided.
+    pub decided_at: Option<i64>,
+}
+
+impl ApprovalRow {
+    pub(crate) const COLUMNS: &'static str = "id, session_id, turn_id, step_id, position, \
+         tool_call_id, tool_name, arguments, effect, kind, status, input, note, ok, always, \
+         decided_by, created_at, decided_at";
+    pub(crate) fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(ApprovalRow {
+            id: r.get(0)?,
+            session_id: r.get(1)?,
+            turn_id: r.get(2)?,
+            step_id: r.get(3)?,
+            position: r.get(4)?,
+            tool_call_id: r.get(5)?,
+            tool_name: r.get(6)?,
+            arguments: r.get(7)?,
+            effect: r.get(8)?,
+            kind: ApprovalKind::parse(&r.get::<_, String>(9)?)?,
+            status: ApprovalStatus::parse(&r.get::<_, String>(10)?)?,
+            input: r.get(11)?,
+            note: r.get(12)?,
+            ok: r.get::<_, Option<i64>>(13)?.map(|v| v != 0),
+            always: r.get::<_, i64>(14)? != 0,
+            decided_by: r.get(15)?,
+            created_at: r.get(16)?,
+            decided_at: r.get(17)?,
+        })
+    }
+
+    /// The arguments the call runs with: the edited ones if it was approved
+    /// with them, else the model's.
+    pub fn effective_arguments(&self) -> &str {
+        self.input.as_deref().unwrap_or(&self.arguments)
+    }
+
+    /// How long it waited (or has waited, at `now`), ms.
+    pub fn waited_ms(&self, now: i64) -> i64 {
+        self.decided_at
+            .unwrap_or(now)
+            .saturating_sub(self.created_at)
+            .max(0)
     }
 }

@@ -28,11 +28,13 @@ pub(crate) fn list_turns(conn: &Connection, session_id: SessionId) -> Result<Vec
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
-/// Every running turn; the runner keeps those a host may resume (lease expired
-/// or owner dead).
+/// Every running turn but the parked ones (a call of theirs waits for a
+/// decision); the runner keeps those a host may resume (lease expired or
+/// owner dead). A parked turn whose calls are all decided is among them.
 pub(crate) fn running_turns(conn: &mut Connection) -> Result<Vec<TurnRow>> {
     let mut st = conn.prepare(&format!(
-        "SELECT {} FROM turns WHERE status = 'running' ORDER BY id",
+        "SELECT {} FROM turns t WHERE status = 'running' AND NOT EXISTS \
+         (SELECT 1 FROM approvals a WHERE a.turn_id = t.id AND a.status = 'pending') ORDER BY id",
         TurnRow::COLUMNS
     ))?;
     let rows = st.query_map([], TurnRow::from_row)?;
@@ -51,7 +53,7 @@ const RUNNING_TURN_SQL: &str = "SELECT idx FROM turns WHERE session_id = ?1 AND 
 /// the same input is returned as it is (the host re-running its script after a
 /// crash) and its lease is acquired as [`acquire_lease`] would. A different input
 /// or a gap in the indices is [`Error::TurnConflict`]; another running turn is
-/// [`Error::TurnRunning`].
+/// [`Error::TurnRunning`] ([`Error::TurnParked`] when it waits for a decision).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn begin_turn<R>(
     conn: &mut Connection,
@@ -112,6 +114,17 @@ pub(crate) fn begin_turn<R>(
         .query_row([session_id], |r| r.get::<_, i64>(0))
         .optional()?
     {
+        let turn: TurnId = tx
+            .prepare_cached("SELECT id FROM turns WHERE session_id = ?1 AND idx = ?2")?
+            .query_row(params![session_id, running], |r| r.get(0))?;
+        let calls = crate::store::waiting_calls(&tx, turn)?;
+        if calls > 0 {
+            return Err(Error::TurnParked {
+                session_id,
+                parked_idx: running,
+                calls,
+            });
+        }
         return Err(Error::TurnRunning {
             session_id,
             running_idx: running,
@@ -215,6 +228,39 @@ pub(crate) fn fail_turn(
         tx.commit()
     })();
     failed.map_err(|e| explain_lost(conn, e))
+}
+
+/// Abandons the leased (parked) turn: its waiting calls marked abandoned,
+/// then the turn and its responded step failed with `error`, in one fenced
+/// transaction.
+pub(crate) fn abandon_turn(
+    conn: &mut Connection,
+    lease: &Lease,
+    error: &str,
+    pins: Option<&dyn crate::pins::PinExtractor>,
+) -> Result<()> {
+    let done = (|| {
+        let tx = write_tx(conn)?;
+        fence(&tx, lease)?;
+        crate::store::abandon_calls(&tx, lease.turn_id, error)?;
+        let now = tx.now_ms();
+        tx.execute(
+            "UPDATE steps SET status = 'failed', error = ?1, completed_at = ?2 \
+             WHERE turn_id = ?3 AND status IN ('running', 'responded')",
+            params![error, now, lease.turn_id],
+        )?;
+        tx.execute(
+            "UPDATE turns SET status = 'failed', error = ?1, finished_at = ?2, \
+             lease_expires_at = NULL WHERE id = ?3",
+            params![error, now, lease.turn_id],
+        )?;
+        if let Some(extractor) = pins {
+            let turn = get_turn(&tx, lease.turn_id)?;
+            crate::store::pins::pin_turn(&tx, turn.session_id, turn.idx, extractor, None)?;
+        }
+        tx.commit()
+    })();
+    done.map_err(|e| explain_lost(conn, e))
 }
 
 /// The context measure of the newest executed step of the session (before turn

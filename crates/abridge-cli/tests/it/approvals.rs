@@ -1,0 +1,636 @@
+//! Waiting for a human: tool calls that park their turn until a decision (or
+//! a delivered result) is recorded, from any process, once.
+//!
+//! Scenarios: a call that needs approval parks the turn (a row, no process
+//! holds it) and the session refuses a new turn; an approval, an edited
+//! approval, a rejection and a delivered result each reach the model as the
+//! call's result when the turn resumes; the first of racing decisions wins
+//! and the rest are refused naming it; an "always allow" decision is recorded
+//! and lets later calls of the tool run at once; an abandoned turn frees the
+//! session; a crash at every point between a decision and the approved
+//! call's effect leaves that effect done once; a parked turn is never folded
+//! into a summary; every step of a parked-then-resumed turn rebuilds byte for
+//! byte, and `verify` checks the decisions.
+
+use crate::common::*;
+use abridge::store::{ApprovalKind, ApprovalStatus, TurnStatus};
+use abridge::{
+    CallId, ContentBlock, Decision, Error, FaultPoint, ModelError, ModelRequest, ModelResponse,
+    ResponseBlock, Runner, Store, Threshold, ToolCall, ToolError, Tools, TransactionalTool,
+};
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+
+/// Turn by turn: the first step calls each tool of `calls` (with
+/// `{"amount": N}`); the next answers with every tool result it was shown,
+/// so what reached the model is in the turn's output.
+struct CallsThenEcho {
+    calls: Vec<&'static str>,
+}
+
+#[abridge::async_trait]
+impl abridge::ModelClient for CallsThenEcho {
+    async fn complete(&self, req: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        let last = req.messages.last().expect("a message");
+        let results: Vec<String> = last
+            .content
+            .iter()
+            .filter_map(|b| match b {
+                ContentBlock::ToolResult {
+                    content, is_error, ..
+                } => Some(format!(
+                    "{}{content}",
+                    if *is_error { "error: " } else { "" }
+                )),
+                _ => None,
+            })
+            .collect();
+        let blocks = if results.is_empty() {
+            self.calls
+                .iter()
+                .enumerate()
+                .map(|(i, name)| ResponseBlock::ToolUse {
+                    id: format!("c{i}"),
+                    name: (*name).into(),
+                    input: json!({"amount": 10 * (i + 1)}),
+                    raw_input: None,
+                })
+                .collect()
+        } else {
+            vec![ResponseBlock::Text {
+                text: results.join(" | "),
+            }]
+        };
+        Ok(ModelResponse {
+            blocks,
+            ..Default::default()
+        })
+    }
+}
+
+fn spec(name: &str) -> abridge::ToolSpec {
+    abridge::ToolSpec {
+        name: name.into(),
+        description: "d".into(),
+        input_schema: json!({"type": "object"}),
+    }
+}
+
+/// An outside tool that counts its calls and records their arguments.
+#[derive(Clone, Default)]
+struct Outside(Arc<Mutex<Vec<Value>>>);
+
+#[abridge::async_trait]
+impl abridge::Tool for Outside {
+    async fn call(&self, call: &ToolCall) -> Result<Value, ToolError> {
+        self.0.lock().unwrap().push(call.input.clone());
+        Ok(json!(format!("refunded {}", call.input["amount"])))
+    }
+}
+
+/// A transactional tool that writes one `demo_effects` row per call.
+struct Ledger;
+
+impl TransactionalTool for Ledger {
+    fn call(
+        &self,
+        tx: &abridge::store::Transaction<'_>,
+        call: &ToolCall,
+    ) -> Result<Value, ToolError> {
+        // As a host writes for its backend (PostgreSQL's placeholders too).
+        abridge_testkit::demo_tables::append_effect(
+            tx,
+            abridge_testkit::demo_tables::DemoTable::Effects,
+            &call.idempotency_key,
+            &call.name,
+            &call.input.to_string(),
+        )
+        .map_err(|e| ToolError::new(e.to_string()))?;
+        Ok(json!("booked"))
+    }
+
+    fn may_block(&self) -> bool {
+        false
+    }
+}
+
+struct Host {
+    refunds: Outside,
+    runner: Runner,
+}
+
+/// A runner whose model calls `calls`; `refund` (at-most-once) and `ledger`
+/// (transactional) need approval, `lookup` (idempotent) does not, `job` is
+/// deferred.
+fn host(store: &Store, calls: Vec<&'static str>, hook: Option<abridge::FaultHook>) -> Host {
+    host_owned(store, calls, hook, "runner")
+}
+
+fn host_owned(
+    store: &Store,
+    calls: Vec<&'static str>,
+    hook: Option<abridge::FaultHook>,
+    owner: &str,
+) -> Host {
+    let refunds = Outside::default();
+    let tools = Tools::new()
+        .at_most_once(spec("refund"), refunds.clone())
+        .idempotent(spec("lookup"), Outside::default())
+        .transactional(spec("ledger"), Ledger)
+        .deferred(spec("job"));
+    let runner = Runner::builder(store.clone(), Arc::new(CallsThenEcho { calls }))
+        .tools(tools)
+        .config(test_config(Threshold::Off, hook, owner))
+        .approval(abridge::Approval::tools(["refund", "ledger"]))
+        .build()
+        .unwrap();
+    Host { refunds, runner }
+}
+
+fn ledger_rows(store: &Store) -> i64 {
+    store
+        .with_conn(|c| {
+            c.query_row(
+                "SELECT count(*) FROM demo_effects WHERE tool = 'ledger'",
+                [],
+                |r| r.get(0),
+            )
+        })
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_needs_approval_parks_its_turn_and_runs_once_approved() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let h = host(&store, vec!["lookup", "refund"], None);
+    let s = h
+        .runner
+        .create_session("s", "demo-model", "sys")
+        .await
+        .unwrap();
+    let events = h.runner.subscribe();
+
+    let parked = h.runner.run_turn_at(s.id, 0, "refund me").await.unwrap();
+    assert!(parked.is_parked());
+    assert_eq!(parked.output, "");
+    let call = &parked.pending[0];
+    assert_eq!(
+        (
+            parked.pending.len(),
+            call.tool_name.as_str(),
+            call.effect.as_str()
+        ),
+        (1, "refund", "at_most_once")
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(&call.arguments).unwrap(),
+        json!({"amount": 20})
+    );
+    // A row, not a future: no lease is held, the turn is still running, the
+    // call that needed no approval ran, the one that did did not.
+    let turn = store.turns(s.id).await.unwrap().remove(0);
+    assert_eq!(
+        (turn.status, turn.lease_owner.clone()),
+        (TurnStatus::Running, None)
+    );
+    assert!(h.refunds.0.lock().unwrap().is_empty());
+    assert_eq!(store.pending_calls(None).await.unwrap(), parked.pending);
+    // Not among the turns to recover: nothing to do until a decision.
+    assert!(h.runner.recoverable_turns().await.unwrap().is_empty());
+    // The session refuses a new turn, saying why.
+    match h.runner.run_turn(s.id, "another").await {
+        Err(Error::TurnParked {
+            parked_idx: 0,
+            calls: 1,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    // Running it again before a decision parks it again, changing nothing.
+    let again = h.runner.run_turn_at(s.id, 0, "refund me").await.unwrap();
+    assert_eq!(again.pending, parked.pending);
+
+    let decided = h
+        .runner
+        .decide(call.id, Decision::approve(), Some("alice"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (decided.status, decided.decided_by.as_deref()),
+        (ApprovalStatus::Approved, Some("alice"))
+    );
+    assert_eq!(h.runner.recoverable_turns().await.unwrap().len(), 1);
+    let done = h.runner.resume_turn(turn.id).await.unwrap();
+    assert!(!done.is_parked());
+    assert_eq!(done.output, "refunded 10 | refunded 20");
+    assert_eq!(h.refunds.0.lock().unwrap().len(), 1);
+    // Resuming the finished turn again runs nothing.
+    h.runner.resume_turn(turn.id).await.unwrap();
+    assert_eq!(h.refunds.0.lock().unwrap().len(), 1);
+
+    let mut events = events;
+    let mut seen = Vec::new();
+    while let Ok(e) = events.try_recv() {
+        let name = serde_json::to_value(&e).unwrap()["event"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        if [
+            "approval_requested",
+            "turn_parked",
+            "call_decided",
+            "turn_resumed",
+            "turn_finished",
+        ]
+        .contains(&name.as_str())
+        {
+            seen.push(name);
+        }
+    }
+    seen.dedup();
+    assert_eq!(
+        seen,
+        [
+            "approval_requested",
+            "turn_parked",
+            "call_decided",
+            "turn_resumed",
+            "turn_finished"
+        ]
+    );
+    assert_verified(&store);
+    assert!(assert_all_steps_rebuild(&store) > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_calls_message_reaches_the_model_and_the_tool_never_runs() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let h = host(&store, vec!["refund", "ledger"], None);
+    let s = h
+        .runner
+        .create_session("s", "demo-model", "sys")
+        .await
+        .unwrap();
+    let parked = h.runner.run_turn_at(s.id, 0, "go").await.unwrap();
+    let [refund, ledger] = [&parked.pending[0], &parked.pending[1]];
+    h.runner
+        .decide(refund.id, Decision::reject("over the limit"), None)
+        .await
+        .unwrap();
+    // One decided of two: the turn still waits.
+    let still = h.runner.run_turn_at(s.id, 0, "go").await.unwrap();
+    assert_eq!(still.pending.len(), 1);
+    assert_eq!(still.pending[0].id, ledger.id);
+    // Approved with edited arguments, recorded as such.
+    let edited = h
+        .runner
+        .decide(
+            ledger.id,
+            Decision::Approve {
+                input: Some(json!({"amount": 5})),
+                always: false,
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(edited.input.as_deref(), Some(r#"{"amount":5}"#));
+    assert_eq!(edited.effective_arguments(), r#"{"amount":5}"#);
+    let done = h.runner.run_turn_at(s.id, 0, "go").await.unwrap();
+    assert_eq!(done.output, "error: rejected: over the limit | booked");
+    assert!(h.refunds.0.lock().unwrap().is_empty());
+    assert_eq!(ledger_rows(&store), 1);
+    let args: String = store
+        .with_conn(|c| {
+            c.query_row(
+                "SELECT arguments FROM demo_effects WHERE tool = 'ledger'",
+                [],
+                |r| r.get(0),
+            )
+        })
+        .unwrap();
+    assert_eq!(args, r#"{"amount":5}"#);
+    assert_verified(&store);
+    assert!(assert_all_steps_rebuild(&store) > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_tools_result_is_delivered_once_and_reaches_the_model() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let h = host(&store, vec!["job"], None);
+    let s = h
+        .runner
+        .create_session("s", "demo-model", "sys")
+        .await
+        .unwrap();
+    let parked = h.runner.run_turn_at(s.id, 0, "go").await.unwrap();
+    let call = parked.pending[0].id;
+    assert_eq!(parked.pending[0].kind, ApprovalKind::Result);
+    // A result is not an approval.
+    assert!(matches!(
+        store.decide(call, Decision::approve(), None).await,
+        Err(Error::WrongDecision { .. })
+    ));
+    store
+        .decide(call, Decision::deliver("report ready"), Some("queue"))
+        .await
+        .unwrap();
+    match store.decide(call, Decision::deliver("again"), None).await {
+        Err(Error::AlreadyDecided { status, by, .. }) => {
+            assert_eq!(
+                (status.as_str(), by.as_deref()),
+                ("delivered", Some("queue"))
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    let done = h.runner.run_turn_at(s.id, 0, "go").await.unwrap();
+    assert_eq!(done.output, "report ready");
+    assert_verified(&store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_for_a_call_that_is_not_pending_is_a_typed_error() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    match store.decide(CallId(4_242), Decision::approve(), None).await {
+        Err(Error::UnknownCall { call }) => assert_eq!(call, 4_242),
+        other => panic!("{other:?}"),
+    }
+    let h = host(&store, vec!["refund"], None);
+    let s = h
+        .runner
+        .create_session("s", "demo-model", "sys")
+        .await
+        .unwrap();
+    let parked = h.runner.run_turn_at(s.id, 0, "go").await.unwrap();
+    let call = parked.pending[0].id;
+    let bad = Decision::Approve {
+        input: Some(json!([1, 2])),
+        always: false,
+    };
+    assert!(matches!(
+        store.decide(call, bad, None).await,
+        Err(Error::WrongDecision { .. })
+    ));
+    assert!(matches!(
+        store.decide(call, Decision::deliver("x"), None).await,
+        Err(Error::WrongDecision { .. })
+    ));
+    // Abandoned: the session takes a new turn; a decision is refused.
+    let turn = h
+        .runner
+        .abandon_turn(parked.turn.id, "customer left")
+        .await
+        .unwrap();
+    assert_eq!(
+        (turn.status, turn.error.as_deref()),
+        (TurnStatus::Failed, Some("abandoned: customer left"))
+    );
+    match store.decide(call, Decision::approve(), None).await {
+        Err(Error::AlreadyDecided { status, .. }) => assert_eq!(status, "abandoned"),
+        other => panic!("{other:?}"),
+    }
+    let next = h.runner.run_turn_at(s.id, 1, "hello").await.unwrap();
+    assert!(next.is_parked(), "the new turn's refund waits in turn");
+    assert!(h.refunds.0.lock().unwrap().is_empty());
+    assert_verified(&store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn always_allow_is_recorded_and_later_calls_of_the_tool_run_at_once() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let h = host(&store, vec!["refund"], None);
+    let s = h
+        .runner
+        .create_session("s", "demo-model", "sys")
+        .await
+        .unwrap();
+    let parked = h.runner.run_turn_at(s.id, 0, "one").await.unwrap();
+    let always = Decision::Approve {
+        input: None,
+        always: true,
+    };
+    let row = h
+        .runner
+        .decide(parked.pending[0].id, always, Some("bob"))
+        .await
+        .unwrap();
+    assert!(row.always);
+    h.runner.run_turn_at(s.id, 0, "one").await.unwrap();
+    let second = h.runner.run_turn_at(s.id, 1, "two").await.unwrap();
+    assert!(!second.is_parked());
+    assert_eq!(h.refunds.0.lock().unwrap().len(), 2);
+    // The later call is recorded as approved by the grant.
+    let rows = store.approvals(s.id).await.unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(
+        (rows[1].status, rows[1].decided_by.as_deref()),
+        (
+            ApprovalStatus::Approved,
+            Some("always allowed in this session")
+        )
+    );
+    // Another session still asks.
+    let s2 = h
+        .runner
+        .create_session("s2", "demo-model", "sys")
+        .await
+        .unwrap();
+    assert!(h
+        .runner
+        .run_turn_at(s2.id, 0, "x")
+        .await
+        .unwrap()
+        .is_parked());
+    assert_verified(&store);
+}
+
+/// Scenario: several tasks decide the same call at once, some approving,
+/// some rejecting. Exactly one decision is taken; every other is refused
+/// with [`Error::AlreadyDecided`] naming that one, and the turn resumes by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_decisions_one_wins_and_the_rest_are_refused_naming_it() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let h = host(&store, vec!["refund"], None);
+    let s = h
+        .runner
+        .create_session("s", "demo-model", "sys")
+        .await
+        .unwrap();
+    let parked = h.runner.run_turn_at(s.id, 0, "go").await.unwrap();
+    let call = parked.pending[0].id;
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let store = store_at(&path);
+        tasks.push(tokio::spawn(async move {
+            let d = match i % 2 {
+                0 => Decision::approve(),
+                _ => Decision::reject(format!("no ({i})")),
+            };
+            store.decide(call, d, Some(&format!("d{i}"))).await
+        }));
+    }
+    let mut won = Vec::new();
+    let mut refused = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(row) => won.push(row),
+            Err(Error::AlreadyDecided { status, by, .. }) => refused.push((status, by)),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!((won.len(), refused.len()), (1, 7));
+    let first = &won[0];
+    for (status, by) in refused {
+        assert_eq!(
+            (status, by),
+            (first.status.to_string(), first.decided_by.clone())
+        );
+    }
+    let done = h.runner.run_turn_at(s.id, 0, "go").await.unwrap();
+    let ran = h.refunds.0.lock().unwrap().len();
+    match first.status {
+        ApprovalStatus::Approved => assert_eq!((ran, done.output.as_str()), (1, "refunded 10")),
+        _ => assert_eq!(ran, 0),
+    }
+    assert_verified(&store);
+}
+
+/// Scenario: a call is approved; the process resuming the turn crashes at
+/// each point between the decision and the approved call's recorded result
+/// (before the call is claimed, between calls, inside the transactional
+/// tool, after the outside call's effect, before the step completes). A new
+/// runner resumes. The at-most-once refund runs once (a crash after its
+/// claim committed leaves its outcome unknown, never a second call), the
+/// transactional ledger writes exactly once, and the decision stays as taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_the_decision_and_the_approved_calls_effect_runs_it_at_most_once() {
+    for point in [
+        FaultPoint::BetweenTools,
+        FaultPoint::InsideTransactionalTool,
+        FaultPoint::AfterToolEffect,
+        FaultPoint::BeforeStepComplete,
+    ] {
+        let (_d, path) = temp_db();
+        let store = open(&path);
+        let first = host(&store, vec!["ledger", "refund"], None);
+        let s = first
+            .runner
+            .create_session("s", "demo-model", "sys")
+            .await
+            .unwrap();
+        let parked = first.runner.run_turn_at(s.id, 0, "go").await.unwrap();
+        for call in &parked.pending {
+            store
+                .decide(call.id, Decision::approve(), None)
+                .await
+                .unwrap();
+        }
+        let crashing = host_owned(
+            &store,
+            vec!["ledger", "refund"],
+            Some(fail_at(point, 1)),
+            "crashing",
+        );
+        let err = crashing.runner.run_turn_at(s.id, 0, "go").await;
+        assert!(matches!(err, Err(Error::Injected(_))), "{point}: {err:?}");
+        drop(crashing.runner);
+        let after = host_owned(&store, vec!["ledger", "refund"], None, "crashing");
+        let done = after.runner.run_turn_at(s.id, 0, "go").await.unwrap();
+        let refunds =
+            crashing.refunds.0.lock().unwrap().len() + after.refunds.0.lock().unwrap().len();
+        assert_eq!(refunds, 1, "{point}: the refund ran {refunds} times");
+        assert_eq!(
+            ledger_rows(&store),
+            1,
+            "{point}: the ledger wrote twice or never"
+        );
+        // A crash after the refund's claim committed leaves its outcome
+        // unknown: it is not called again (at-most-once), and the model is
+        // told so.
+        let want = match point {
+            FaultPoint::AfterToolEffect | FaultPoint::BeforeStepComplete => {
+                "booked | error: outcome unknown: the call to refund may or may not have taken \
+                 effect (the process stopped during it); it was not repeated"
+            }
+            _ => "booked | refunded 20",
+        };
+        assert_eq!(done.output, want, "{point}");
+        let rows = store.approvals(s.id).await.unwrap();
+        assert!(rows.iter().all(|r| r.status == ApprovalStatus::Approved));
+        assert_verified(&store);
+        assert!(assert_all_steps_rebuild(&store) > 0);
+    }
+}
+
+/// Scenario: a session well past its compaction threshold parks a turn. The
+/// turn resumes after a decision: every step reads a compaction whose
+/// boundary is before the parked turn, and a manual compaction meanwhile
+/// refuses (a turn is running): the parked call and its result are never
+/// folded apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_turn_is_never_folded_into_a_summary() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let mut cfg = test_config(Threshold::Tokens(60), None, "runner");
+    cfg.compaction = cfg.compaction.with_keep_last_turns(0);
+    let refunds = Outside::default();
+    let runner = Runner::builder(
+        store.clone(),
+        Arc::new(CallsThenEcho {
+            calls: vec!["refund"],
+        }),
+    )
+    .tools(Tools::new().at_most_once(spec("refund"), refunds.clone()))
+    .config(cfg)
+    .summariser(abridge::ExtractiveSummariser)
+    .approval(abridge::Approval::when(|c: &ToolCall| {
+        c.input["amount"] == 10 && c.turn_idx == 4
+    }))
+    .build()
+    .unwrap();
+    let s = runner
+        .create_session("s", "demo-model", "sys")
+        .await
+        .unwrap();
+    for i in 0..4 {
+        let out = runner
+            .run_turn_at(
+                s.id,
+                i,
+                &format!("turn {i}: a long enough input to pass the threshold soon"),
+            )
+            .await
+            .unwrap();
+        assert!(!out.is_parked());
+    }
+    let parked = runner
+        .run_turn_at(s.id, 4, "turn 4: refund please")
+        .await
+        .unwrap();
+    assert!(parked.is_parked());
+    assert!(matches!(
+        runner.compact_now(s.id, None).await,
+        Err(Error::TurnRunning { .. })
+    ));
+    runner
+        .decide(parked.pending[0].id, Decision::approve(), None)
+        .await
+        .unwrap();
+    let done = runner
+        .run_turn_at(s.id, 4, "turn 4: refund please")
+        .await
+        .unwrap();
+    assert_eq!(done.output, "refunded 10");
+    let compactions = store.compactions(s.id).await.unwrap();
+    assert!(!compactions.is_empty(), "the threshold was never passed");
+    assert!(compactions.iter().all(|c| c.up_to_turn_index < 4));
+    assert_verified(&store);
+    assert!(assert_all_steps_rebuild(&store) > 0);
+}
