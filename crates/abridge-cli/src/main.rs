@@ -6,8 +6,8 @@ mod verbs;
 #[cfg(unix)]
 use verbs::chaos;
 use verbs::{
-    args, chat, common, compact, demo, erase, export, inspect, migrate, rekey, replay, report,
-    serve, upgrade, verify,
+    approve, args, chat, common, compact, demo, erase, export, inspect, migrate, rekey, replay,
+    report, serve, upgrade, verify,
 };
 
 use clap::{Parser, Subcommand};
@@ -126,6 +126,27 @@ enum Cmd {
         Exit status 0 when every pending compaction it took was completed."
     )]
     Serve(serve::Args),
+    /// List the tool calls that wait for a decision or a delivered result.
+    #[command(
+        after_help = "Examples:\n  abridge pending --db agent.db\n  abridge pending --db agent.db --session user-42 --json"
+    )]
+    Pending(approve::PendingArgs),
+    /// Approve a waiting tool call (optionally with edited arguments), once.
+    #[command(
+        after_help = "Examples:\n  abridge approve --db agent.db --call 7\n  abridge approve --db agent.db --call 7 --input '{\"amount\": 50}' --by alice\n\n\
+        The first decision for a call wins; another is refused naming it. The turn goes on when its host resumes it."
+    )]
+    Approve(approve::ApproveArgs),
+    /// Reject a waiting tool call: the model sees the reason as its result.
+    #[command(
+        after_help = "Example:\n  abridge reject --db agent.db --call 7 --reason \"refunds above 100 EUR need a manager\""
+    )]
+    Reject(approve::RejectArgs),
+    /// Deliver the result of a deferred tool's call, once.
+    #[command(
+        after_help = "Examples:\n  abridge deliver --db agent.db --call 9 --result 'report ready: https://...'\n  job-output | abridge deliver --db agent.db --call 9 --result -"
+    )]
+    Deliver(approve::DeliverArgs),
     /// Check guarantees G1-G8 on a whole database; exit 0 only when all hold.
     #[command(after_help = "Example:\n  abridge verify --db abridge-demo.db --json")]
     Verify(verify::Args),
@@ -159,6 +180,10 @@ async fn run(cmd: Cmd) -> Result<ExitCode, Failure> {
         Cmd::Migrate(a) => migrate::run(a).await,
         Cmd::Serve(a) => serve::run(a).await,
         Cmd::Verify(a) => verify::run(a).await,
+        Cmd::Pending(a) => approve::pending(a).await,
+        Cmd::Approve(a) => approve::approve(a).await,
+        Cmd::Reject(a) => approve::reject(a).await,
+        Cmd::Deliver(a) => approve::deliver(a).await,
         Cmd::Upgrade(a) => upgrade::run(a).await,
     }
 }

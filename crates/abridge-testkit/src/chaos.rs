@@ -280,7 +280,55 @@ fn chaos_runner(
         report,
     })
     .config(chaos_config(owner, hook, w))
+    // Every charge waits for a decision: workers park turns, decide their
+    // calls (racing each other) and resume them while they are killed.
+    .approval(abridge::Approval::tools(["charge_card"]))
     .build()
+}
+
+/// Runs turn `t`; while it parks, decides its calls as [`decision_for`]
+/// says (a decision another worker took first stands: it is the same one)
+/// and runs it again.
+async fn run_turn_deciding(
+    runner: &Runner,
+    seed: u64,
+    ext: &str,
+    session: abridge::SessionId,
+    t: i64,
+    input: &str,
+) -> Result<abridge::TurnOutcome> {
+    loop {
+        let out = runner.run_turn_at(session, t, input).await?;
+        if !out.is_parked() {
+            return Ok(out);
+        }
+        for call in &out.pending {
+            let d = decision_for(seed, ext, t, call);
+            match runner.decide(call.id, d, Some("chaos")).await {
+                Ok(_) | Err(Error::AlreadyDecided { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// The decision any decider takes for a parked call: a function of the call
+/// alone, so workers racing to decide it, and the control run, agree on it
+/// whoever wins.
+fn decision_for(
+    seed: u64,
+    session: &str,
+    turn: i64,
+    call: &abridge::store::ApprovalRow,
+) -> abridge::Decision {
+    let h = stable_hash(
+        seed,
+        &[session, &turn.to_string(), &call.tool_call_id, "decide"],
+    );
+    match h % 4 {
+        0 => abridge::Decision::reject("declined by the supervisor"),
+        _ => abridge::Decision::approve(),
+    }
 }
 
 /// Opens (creating) a workload database with the demo tables.
@@ -389,7 +437,9 @@ async fn one_pass(runner: &Runner, w: &Workload, order_seed: u64, report: bool) 
         };
         for t in 0..w.turns {
             let input = user_turn(seed, i, t);
-            match runner.run_turn_at(session.id, t as i64, &input).await {
+            let outcome =
+                run_turn_deciding(runner, w.seed, &ext, session.id, t as i64, &input).await;
+            match outcome {
                 Ok(_) => {}
                 Err(Error::TurnFinished { .. }) => pass.failed_by_policy += 1,
                 Err(
@@ -606,6 +656,12 @@ pub struct ChaosReport {
     /// up to the cut only. With `--enumerate`, summed over the kill runs (each
     /// run counts the sessions it cut).
     pub at_most_once_unknown_sessions: u64,
+    /// Tool calls that parked their turn for a decision (every `charge_card`
+    /// call), and of those how many the deciders rejected: every one decided
+    /// once, by whichever worker came first.
+    pub calls_parked: u64,
+    /// Parked calls rejected.
+    pub calls_rejected: u64,
     /// Guarantee violations and differences from the control run (must be empty).
     pub violations: Vec<String>,
     /// Epochs of the workload run.
@@ -962,8 +1018,8 @@ async fn build_control(o: &ChaosOptions, w: &Workload) -> Result<PathBuf> {
                     .create_session(&ext, DEMO_MODEL, SYSTEM_PROMPT)
                     .await?;
                 for t in 0..w.turns {
-                    match runner
-                        .run_turn_at(session.id, t as i64, &user_turn(seed, i, t))
+                    let input = user_turn(seed, i, t);
+                    match run_turn_deciding(&runner, w.seed, &ext, session.id, t as i64, &input)
                         .await
                     {
                         Ok(_) | Err(Error::TurnFinished { .. }) => {}
@@ -1121,6 +1177,21 @@ fn compare(
     for c in verify.checks.iter().filter(|c| !c.ok) {
         for v in &c.violations {
             report.violations.push(format!("{}: {v}", c.name));
+        }
+    }
+    for (ext, _, _) in w.session_ids() {
+        let Ok(s) = abridge::inspect::resolve_session(&conn, &ext) else {
+            continue;
+        };
+        for a in abridge::inspect::approvals(&conn, s.id)? {
+            report.calls_parked += 1;
+            report.calls_rejected += (a.status == abridge::store::ApprovalStatus::Rejected) as u64;
+            if a.status == abridge::store::ApprovalStatus::Pending {
+                report.violations.push(format!(
+                    "session {ext}: call {} still waits for a decision",
+                    a.id
+                ));
+            }
         }
     }
     let cconn = abridge::store::open_read_only(control_path)?;

@@ -586,6 +586,10 @@ pub struct DemoOptions {
     pub background: bool,
     /// The key of an encrypted store (see [`abridge::store::Key`]).
     pub key: Option<abridge::store::Key>,
+    /// Tools whose calls wait for a decision (`abridge approve`/`reject`):
+    /// a session stops at its first such call; a run with the same options
+    /// resumes every turn whose calls were decided.
+    pub require_approval: Vec<String>,
 }
 
 impl Default for DemoOptions {
@@ -601,6 +605,7 @@ impl Default for DemoOptions {
             owner: None,
             background: true,
             key: None,
+            require_approval: Vec::new(),
         }
     }
 }
@@ -646,6 +651,12 @@ pub struct CompactionFigure {
 pub struct DemoReport {
     /// Sessions.
     pub sessions: i64,
+    /// Tool calls that wait for a decision (`--require-approval`).
+    pub calls_waiting: i64,
+    /// Tool calls that waited and were decided.
+    pub calls_decided: i64,
+    /// Sessions parked at a call that waits.
+    pub sessions_parked: i64,
     /// Turns.
     pub turns: i64,
     /// Turns failed by policy.
@@ -729,6 +740,9 @@ pub fn demo_runner(
     cfg.testing = crate::sabotage::apply(cfg.testing);
     let mut model = ScriptedModel::new(opts.seed);
     model.latency = opts.model_latency;
+    if !opts.require_approval.is_empty() {
+        cfg.approval = abridge::Approval::tools(opts.require_approval.iter().cloned());
+    }
     abridge::runner::Runner::builder(store.clone(), std::sync::Arc::new(model))
         .tools(demo_tools(None, Duration::ZERO))
         .summariser(SlowSummariser {
@@ -775,6 +789,9 @@ pub async fn run_demo(
                     Err(e) if !e.is_resumable() => None,
                     Err(e) => return Err(e),
                 };
+                // Parked at a call that waits for a decision: the session
+                // stops here until a run after the decision.
+                let parked = out.as_ref().is_some_and(|o| o.is_parked());
                 let sid = session.id;
                 let counts = patiently(|| {
                     runner
@@ -789,6 +806,9 @@ pub async fn run_demo(
                     context_tokens: counts.context_tokens,
                     compactions: counts.compactions_completed,
                 });
+                if parked {
+                    break;
+                }
             }
             Ok::<_, abridge::error::Error>(())
         });
@@ -836,6 +856,9 @@ pub async fn run_demo(
                 pins_live: 0,
                 pins_carried: 0,
                 pins_added: 0,
+                calls_waiting: 0,
+                calls_decided: 0,
+                sessions_parked: 0,
                 wall_seconds: 0.0,
                 db: String::new(),
             };
@@ -856,6 +879,14 @@ pub async fn run_demo(
                 rep.steps_waited_for_summary += waited;
                 rep.summary_wait_ms += wait_ms;
                 rep.pins += abridge::inspect::pins(c, s.id)?.len() as i64;
+                let calls = abridge::inspect::approvals(c, s.id)?;
+                let waiting = calls
+                    .iter()
+                    .filter(|a| a.status == abridge::store::ApprovalStatus::Pending)
+                    .count() as i64;
+                rep.calls_waiting += waiting;
+                rep.calls_decided += calls.len() as i64 - waiting;
+                rep.sessions_parked += (waiting > 0) as i64;
                 rep.pins_live += abridge::inspect::live_pins(
                     c,
                     s.id,

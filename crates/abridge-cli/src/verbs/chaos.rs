@@ -203,6 +203,10 @@ fn print_chaos(r: &abridge_testkit::chaos::ChaosReport) {
         "  at-most-once unknown   {} session(s)",
         r.at_most_once_unknown_sessions
     );
+    println!(
+        "  decisions              {} parked calls decided once ({} rejected)",
+        r.calls_parked, r.calls_rejected
+    );
     println!("  violations             {}", r.violations.len());
     for v in r.violations.iter().take(30) {
         println!("    - {v}");

@@ -38,6 +38,11 @@ pub struct Args {
     /// the threshold, which then waits for it (off).
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub background: String,
+    /// Tools whose calls wait for a decision (abridge pending / approve /
+    /// reject): sessions stop there, and running the same command again
+    /// resumes every turn whose calls were decided.
+    #[arg(long, value_delimiter = ',', value_name = "TOOL[,TOOL]")]
+    pub require_approval: Vec<String>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -57,6 +62,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         model_latency,
         summary_latency,
         background,
+        require_approval,
         json,
         progress,
     } = args;
@@ -71,6 +77,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         owner: None,
         background: background == "on",
         key: crate::common::key()?,
+        require_approval,
     };
     let tty = (progress || std::io::stdout().is_terminal()) && !json;
     let report = run_demo(&opts, move |p| {
@@ -90,6 +97,13 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         print_json(&report);
     } else {
         print_demo_table(&report);
+        if report.calls_waiting > 0 {
+            println!(
+                "\n{} tool call(s) wait for a decision in {} session(s): abridge pending --db {db}\n\
+                 decide them (abridge approve|reject --db {db} --call ID), then run this command again",
+                report.calls_waiting, report.sessions_parked
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -103,6 +117,12 @@ fn print_demo_table(r: &abridge_testkit::demo::DemoReport) {
     );
     println!("  steps                  {}", r.steps);
     println!("  tool calls             {}", r.tool_calls);
+    if r.calls_waiting + r.calls_decided > 0 {
+        println!(
+            "  awaiting a decision    {} calls ({} decided before)",
+            r.calls_waiting, r.calls_decided
+        );
+    }
     println!(
         "  compactions            {} completed ({} in the background), {} failed",
         r.compactions_completed, r.compactions_background, r.compactions_failed

@@ -121,10 +121,18 @@ fn print_session(d: &inspect::SessionDetail) {
                 .collect::<Vec<_>>()
                 .join(","),
         };
+        let parked = d
+            .approvals
+            .iter()
+            .any(|a| a.turn_id == t.turn.id && a.status == abridge::store::ApprovalStatus::Pending);
+        let status = match parked {
+            true => "parked".to_string(),
+            false => t.turn.status.to_string(),
+        };
         println!(
             "  {:>4}  {} {:<13}  {}",
             t.turn.idx,
-            pad(&t.turn.status.to_string(), 9),
+            pad(&status, 9),
             ids,
             abridge::compaction::truncate_chars(&t.turn.input.replace('\n', " "), 60)
         );
@@ -174,6 +182,41 @@ fn print_session(d: &inspect::SessionDetail) {
             abridge::compaction::truncate_chars(p.line(true).trim_start_matches("- "), 100)
         );
     }
+    if !d.approvals.is_empty() {
+        // The turn a call belongs to, by index.
+        let idx = |tid| {
+            d.turns
+                .iter()
+                .find(|t| t.turn.id == tid)
+                .map_or(-1, |t| t.turn.idx)
+        };
+        let now = now_ms();
+        println!("\ntool calls that waited for a decision or a result:");
+        for a in &d.approvals {
+            let waited = abridge::text::human_duration_ms(a.waited_ms(now));
+            let by = match a.decided_by.as_deref() {
+                Some(b) if b.starts_with("always allowed") => format!(", {b}"),
+                Some(b) => format!(" by {b}"),
+                None => String::new(),
+            };
+            let edited = if a.input.is_some() {
+                ", arguments edited"
+            } else {
+                ""
+            };
+            let verb = match a.status {
+                abridge::store::ApprovalStatus::Pending => "waiting for",
+                _ => "waited",
+            };
+            println!(
+                "  call {:>4}  turn {:>4}  {:<18} {:<10} {verb} {waited}{by}{edited}",
+                a.id,
+                idx(a.turn_id),
+                a.tool_name,
+                a.status.to_string(),
+            );
+        }
+    }
     if !d.redactions.is_empty() {
         println!("\nredactions:");
         for r in &d.redactions {
@@ -204,4 +247,11 @@ fn first_new_line(summary: &str, before: Option<&str>) -> String {
         .map_or("(no line the previous summary lacks)".into(), |l| {
             format!("new: {}", l.trim_start_matches("- "))
         })
+}
+
+/// Now, ms since the epoch (how long a waiting call has waited).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }

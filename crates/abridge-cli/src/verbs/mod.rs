@@ -1,5 +1,6 @@
 //! One file per verb: its arguments and its run.
 
+pub(crate) mod approve;
 pub(crate) mod args;
 #[cfg(unix)]
 pub(crate) mod chaos;

@@ -432,7 +432,7 @@ async fn always_allow_is_recorded_and_later_calls_of_the_tool_run_at_once() {
         (rows[1].status, rows[1].decided_by.as_deref()),
         (
             ApprovalStatus::Approved,
-            Some("always allowed in this session")
+            Some(format!("always allowed (call {})", row.id).as_str())
         )
     );
     // Another session still asks.

@@ -35,6 +35,8 @@ const TABLES: &[(&str, &str)] = &[
     ("erasures", "id"),
     ("redactions", "id"),
     ("redacted_rows", "redaction_id, tbl, row_id"),
+    ("approvals", "id"),
+    ("approval_grants", "session_id, tool_name"),
 ];
 
 /// The host tables of the demo workload, moved with the store when present
@@ -187,7 +189,10 @@ fn link_superseded_pins(src: &Connection, dst: &Connection) -> Result<()> {
 /// Moves each identity past the ids copied, so the next row inserted
 /// without an id takes a new one.
 fn advance_identities(dst: &Connection) -> Result<()> {
-    for (table, _) in TABLES.iter().filter(|(t, _)| *t != "redacted_rows") {
+    for (table, _) in TABLES
+        .iter()
+        .filter(|(t, _)| !["redacted_rows", "approval_grants"].contains(t))
+    {
         dst.query_row(
             &format!(
                 "SELECT setval(pg_get_serial_sequence('{table}', 'id'), \

@@ -67,6 +67,11 @@ pub(crate) fn delete_session(
         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
     )?;
     tx.execute("INSERT INTO erasing (session_id) VALUES (?1)", [sid])?;
+    // Its parked calls and grants (a store older than version 9 has none).
+    if tx.has_table("approvals")? {
+        tx.execute("DELETE FROM approval_grants WHERE session_id = ?1", [sid])?;
+        tx.execute("DELETE FROM approvals WHERE session_id = ?1", [sid])?;
+    }
     let tool_invocations = tx.execute(
         "DELETE FROM tool_invocations WHERE step_id IN \
          (SELECT s.id FROM steps s JOIN turns t ON t.id = s.turn_id WHERE t.session_id = ?1)",

@@ -421,6 +421,13 @@ const COLUMNS: &[Columns] = &[
         select: "SELECT id, value, sentence FROM pins WHERE session_id = ?1 ORDER BY id",
         columns: &[("value", false), ("sentence", false)],
     },
+    // Recorded in the redaction's counts only: no hash is kept of them.
+    Columns {
+        tbl: "approvals",
+        select: "SELECT id, arguments, input, note FROM approvals WHERE session_id = ?1 \
+                 ORDER BY id",
+        columns: &[("arguments", true), ("input", true), ("note", false)],
+    },
 ];
 
 /// Every row of the session the pattern changes, with its new values, and
@@ -572,6 +579,7 @@ pub(crate) fn redact(
             "steps" => &mut rows.steps,
             "tool_invocations" => &mut rows.tool_invocations,
             "compactions" => &mut rows.compactions,
+            "approvals" => &mut rows.approvals,
             _ => &mut rows.pins,
         } += 1;
     }
@@ -614,7 +622,7 @@ pub(crate) fn redact(
         let mut ins = tx.prepare(
             "INSERT INTO redacted_rows (redaction_id, tbl, row_id, sha256) VALUES (?1, ?2, ?3, ?4)",
         )?;
-        for c in &changes {
+        for c in changes.iter().filter(|c| c.tbl != "approvals") {
             ins.execute(params![redaction_id, c.tbl, c.id, c.sha256])?;
         }
         for (id, sha) in &rebuilt {

@@ -71,6 +71,9 @@ pub struct SessionDetail {
     pub live_pins: Vec<crate::pins::Pin>,
     /// Its redactions, oldest first.
     pub redactions: Vec<crate::store::RedactionRecord>,
+    /// Its tool calls that waited (or wait) for a decision or a result,
+    /// oldest first: a turn with one `pending` is parked.
+    pub approvals: Vec<crate::store::ApprovalRow>,
 }
 
 /// A session as a host names it: its row id or its external id.
@@ -114,6 +117,20 @@ pub fn session(conn: &Connection, key: &SessionKey) -> Result<SessionRow> {
             store::find_session(conn, ext)?.ok_or_else(|| Error::UnknownSession(ext.clone()))
         }
     }
+}
+
+/// One turn by id.
+pub fn turn(conn: &Connection, id: TurnId) -> Result<TurnRow> {
+    store::get_turn(conn, id)
+}
+
+/// Every tool call of a session that waited (or waits) for a decision or a
+/// delivered result, oldest first; none in a store older than version 9.
+pub fn approvals(conn: &Connection, session: SessionId) -> Result<Vec<crate::store::ApprovalRow>> {
+    if !conn.has_table("approvals")? {
+        return Ok(Vec::new());
+    }
+    store::list_approvals(conn, session)
 }
 
 /// A session's turns, in order.
@@ -299,6 +316,7 @@ pub fn session_detail(conn: &Connection, key: &str) -> Result<SessionDetail> {
         compactions: store::list_compactions(conn, s.id)?,
         live_pins: store::live_pins(conn, s.id, i64::MAX, crate::pins::DEFAULT_PINS_WINDOW)?,
         redactions: store::list_redactions(conn, s.id)?,
+        approvals: approvals(conn, s.id)?,
         summary: SessionSummary {
             counts: store::session_counts(conn, s.id)?,
             session: s,

@@ -114,6 +114,7 @@ pub fn verify_with(conn: &Connection, effect_checks: &[&dyn EffectCheck]) -> Res
     checks.push(redacted(g3, steps_redacted, &mut notes, "steps rebuild"));
     checks.push(no_draft_read(conn, steps.len() as i64)?);
     checks.push(effects_once(conn, effect_checks)?);
+    checks.push(decisions_once(conn)?);
     checks.extend(nothing_lost(conn)?);
     checks.push(summaries.g7);
     let (pairs, g8, pins_redacted) = pins_carried(conn, &compactions)?;
@@ -126,11 +127,121 @@ pub fn verify_with(conn: &Connection, effect_checks: &[&dyn EffectCheck]) -> Res
 
     notes.extend(compacting_often(&compactions));
     notes.extend(stalled_turns(conn, conn.now_ms())?);
+    notes.extend(parked_turns(conn, conn.now_ms())?);
     Ok(Report {
         ok: checks.iter().all(|c| c.ok),
         checks,
         notes,
     })
+}
+
+/// G5 for parked calls: every decision was taken once and recorded whole
+/// (a decided call has its time, a pending one none; the schema refuses a
+/// second decision); an approved call ran under the effect mode it was
+/// approved with and the arguments approved, in its one invocation row
+/// (UNIQUE per call: it runs at most once as its mode allows); a call that
+/// was not approved (rejected, delivered, abandoned, pending) had no effect
+/// of its own: its invocation, if any, is the recorded answer.
+fn decisions_once(conn: &Connection) -> Result<Check> {
+    const NAME: &str = "G5 a decision is taken once and an approved call runs at most once";
+    if !conn.has_table("approvals")? {
+        return Ok(check(NAME, 0, Vec::new()));
+    }
+    let mut st = conn.prepare(
+        "SELECT a.id, a.tool_name, a.status, a.effect, a.decided_at, a.input, a.arguments, \
+         i.effect, i.arguments, i.status \
+         FROM approvals a LEFT JOIN tool_invocations i \
+         ON i.step_id = a.step_id AND i.tool_call_id = a.tool_call_id ORDER BY a.id",
+    )?;
+    #[allow(clippy::type_complexity)]
+    let rows: Vec<(
+        i64,
+        String,
+        String,
+        String,
+        Option<i64>,
+        Option<String>,
+        String,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+    )> = st
+        .query_map([], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+                r.get(6)?,
+                r.get(7)?,
+                r.get(8)?,
+                r.get(9)?,
+            ))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut violations = Vec::new();
+    for (id, tool, status, effect, decided_at, input, args, i_effect, i_args, i_status) in &rows {
+        let call = format!("call {id} ({tool})");
+        let pending = status == "pending";
+        if pending == decided_at.is_some() {
+            violations.push(format!("{call}: {status} but decided_at is {decided_at:?}"));
+        }
+        match (status.as_str(), i_effect.as_deref()) {
+            ("pending", Some(_)) => violations.push(format!("{call}: ran while pending")),
+            ("approved", Some(e)) => {
+                if e != effect {
+                    violations.push(format!("{call}: approved as {effect} but ran as {e}"));
+                }
+                let want = input.as_deref().unwrap_or(args);
+                if i_args.as_deref() != Some(want) {
+                    violations.push(format!("{call}: ran with other arguments than approved"));
+                }
+            }
+            ("rejected" | "delivered" | "abandoned", Some(e)) if e != "none" => {
+                violations.push(format!("{call}: {status}, yet the tool ran ({e})"))
+            }
+            _ => {}
+        }
+        if i_status.as_deref() == Some("started") && status != "approved" {
+            violations.push(format!("{call}: {status} with a started invocation"));
+        }
+    }
+    Ok(check(NAME, rows.len() as i64, violations))
+}
+
+/// The turns parked on calls that wait for a decision or a result, and for
+/// how long the oldest has waited.
+fn parked_turns(conn: &Connection, now: i64) -> Result<Vec<String>> {
+    if !conn.has_table("approvals")? {
+        return Ok(Vec::new());
+    }
+    let mut q = conn.prepare(
+        "SELECT s.external_id, t.idx, count(*), min(a.created_at) \
+         FROM approvals a JOIN turns t ON t.id = a.turn_id JOIN sessions s ON s.id = t.session_id \
+         WHERE a.status = 'pending' GROUP BY s.external_id, t.idx ORDER BY s.external_id, t.idx",
+    )?;
+    let rows = q
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, i64>(3)?,
+            ))
+        })?
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(rows
+        .into_iter()
+        .map(|(session, idx, calls, since)| {
+            format!(
+                "turn {idx} of session {session} is parked: {calls} tool call(s) wait for a \
+                 decision or a result (for {}; abridge pending)",
+                crate::text::human_duration_ms(now - since)
+            )
+        })
+        .collect())
 }
 
 /// G1: no (session, boundary) holds two compaction rows.
@@ -342,14 +453,23 @@ fn pins_carried(
 /// error its session's pending compaction recorded, when there is one (a
 /// summariser failing on every attempt).
 fn stalled_turns(conn: &Connection, now: i64) -> Result<Vec<String>> {
-    let mut q = conn.prepare(
+    // A parked turn waits for a decision, not for a host (`parked_turns`).
+    let not_parked = match conn.has_table("approvals")? {
+        true => {
+            "AND NOT EXISTS (SELECT 1 FROM approvals a WHERE a.turn_id = t.id \
+                 AND a.status = 'pending')"
+        }
+        false => "",
+    };
+    let mut q = conn.prepare(&format!(
         "SELECT s.external_id, t.idx, coalesce(t.lease_expires_at, 0), \
                 (SELECT c.error FROM compactions c WHERE c.session_id = t.session_id \
                   AND c.status = 'pending' AND c.error IS NOT NULL ORDER BY c.id DESC LIMIT 1) \
          FROM turns t JOIN sessions s ON s.id = t.session_id \
-         WHERE t.status = 'running' AND coalesce(t.lease_expires_at, 0) < ?1 \
+         WHERE t.status = 'running' AND coalesce(t.lease_expires_at, 0) < ?1 {} \
          ORDER BY s.external_id, t.idx",
-    )?;
+        not_parked
+    ))?;
     let rows = q
         .query_map([now], |r| {
             Ok((

@@ -368,7 +368,10 @@ impl Runner {
                 return Ok(Gate::Open);
             }
         }
-        let granted = !deferred && store::granted(tx, plan.session.id, &call.name)?;
+        let granted = match deferred {
+            true => None,
+            false => store::granted(tx, plan.session.id, &call.name)?,
+        };
         let effect = match registered {
             Some(r) if !deferred => r.effect.as_str(),
             _ => "deferred",

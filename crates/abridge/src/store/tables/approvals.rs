@@ -103,30 +103,38 @@ pub fn get_approval(conn: &Connection, id: CallId) -> Result<ApprovalRow> {
     .ok_or(Error::UnknownCall { call: id })
 }
 
-/// Whether the session granted "always allow" for `tool`.
-pub(crate) fn granted(conn: &Connection, session_id: SessionId, tool: &str) -> Result<bool> {
-    conn.prepare_cached("SELECT 1 FROM approval_grants WHERE session_id = ?1 AND tool_name = ?2")?
-        .exists(params![session_id, tool])
+/// The decision that granted "always allow" for `tool` in the session, if one did.
+pub(crate) fn granted(
+    conn: &Connection,
+    session_id: SessionId,
+    tool: &str,
+) -> Result<Option<CallId>> {
+    conn.prepare_cached(
+        "SELECT approval_id FROM approval_grants WHERE session_id = ?1 AND tool_name = ?2",
+    )?
+    .query_row(params![session_id, tool], |r| r.get(0))
+    .optional()
 }
 
 /// Parks a call inside the step's fenced transaction: its row, `pending`
-/// (or `approved` by a grant, with `granted`), unless it has one already.
+/// (or `approved` by the grant of the decision `granted`), unless it has
+/// one already.
 ///
 /// Claim semantics: UNIQUE(step_id, tool_call_id); the existing row is
 /// returned as it is, with false.
 pub(crate) fn park_call(
     tx: &Transaction<'_>,
     new: &NewApproval<'_>,
-    granted: bool,
+    granted: Option<CallId>,
 ) -> Result<(ApprovalRow, bool)> {
     let now = tx.now_ms();
     let (status, by, decided_at) = match granted {
-        true => (
+        Some(by) => (
             "approved",
-            Some("always allowed in this session"),
+            Some(format!("always allowed (call {by})")),
             Some(now),
         ),
-        false => ("pending", None, None),
+        None => ("pending", None, None),
     };
     let inserted = tx.execute(
         "INSERT INTO approvals (session_id, turn_id, step_id, position, tool_call_id, tool_name, \

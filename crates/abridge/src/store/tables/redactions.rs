@@ -26,6 +26,9 @@ pub struct RedactedRows {
     pub compactions: i64,
     /// Pinned facts (value, sentence).
     pub pins: i64,
+    /// Parked tool calls (arguments, approved arguments, reason or result).
+    #[serde(default)]
+    pub approvals: i64,
 }
 /// A redaction an executed step's rebuilt messages are checked against.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
