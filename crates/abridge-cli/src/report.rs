@@ -232,6 +232,48 @@ pub fn session_page(conn: &Connection, key: &str, opts: &ReportOptions) -> Resul
         &points,
         &readers,
     )?);
+    // Calls that waited for a decision or a result, and how long.
+    if !detail.approvals.is_empty() {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let idx = |tid| {
+            detail
+                .turns
+                .iter()
+                .find(|t| t.turn.id == tid)
+                .map_or(-1, |t| t.turn.idx)
+        };
+        let waiting = detail
+            .approvals
+            .iter()
+            .filter(|a| a.status == abridge::store::ApprovalStatus::Pending)
+            .count();
+        let _ = writeln!(
+            b,
+            "<section aria-labelledby=\"decisions\"><h2 id=\"decisions\">Waiting for a decision</h2>\
+             <p data-total=\"calls_waiting\">{} of {} calls wait now{}</p>",
+            waiting,
+            detail.approvals.len(),
+            if waiting > 0 { ": their turn is parked" } else { "" }
+        );
+        b.push_str("<table><thead><tr><th class=\"n\">call</th><th class=\"n\">turn</th><th>tool</th><th>outcome</th><th>by</th><th class=\"n\">waited</th></tr></thead><tbody>\n");
+        for a in &detail.approvals {
+            let _ = writeln!(
+                b,
+                "<tr data-call=\"{}\"><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}{}</td><td>{}</td><td class=\"n\">{}</td></tr>",
+                a.id,
+                a.id,
+                idx(a.turn_id),
+                esc(&a.tool_name),
+                a.status,
+                if a.input.is_some() { ", arguments edited" } else { "" },
+                esc(a.decided_by.as_deref().unwrap_or("-")),
+                esc(&abridge::text::human_duration_ms(a.waited_ms(now)))
+            );
+        }
+        b.push_str("</tbody></table></section>\n");
+    }
     // The steps, as a table (the chart's data, for screen readers too).
     b.push_str("<section aria-labelledby=\"steps\"><h2 id=\"steps\">Steps</h2><details><summary>Every step's measure</summary>\n");
     b.push_str("<table><thead><tr><th class=\"n\">turn</th><th class=\"n\">step</th><th class=\"n\">context tokens</th><th>measure</th><th class=\"n\">waited for a summary (ms)</th></tr></thead><tbody>\n");

@@ -634,3 +634,161 @@ async fn a_parked_turn_is_never_folded_into_a_summary() {
     assert_verified(&store);
     assert!(assert_all_steps_rebuild(&store) > 0);
 }
+
+/// The `abridge` command over the demo workload, for the process tests.
+fn cli(args: &[&str]) -> std::process::Output {
+    abridge_cmd().args(args).output().unwrap()
+}
+
+fn demo_args<'a>(db: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec![
+        "demo",
+        "--db",
+        db,
+        "--sessions",
+        "2",
+        "--turns",
+        "10",
+        "--compact-at",
+        "1500",
+        "--seed",
+        "5",
+        "--background",
+        "off",
+        "--json",
+    ];
+    a.extend(extra);
+    a
+}
+
+fn demo_transcripts(db: &std::path::Path) -> Vec<String> {
+    let c = read_only_conn(db);
+    (0..2)
+        .map(|i| {
+            abridge::inspect::export(
+                &c,
+                &format!("demo-5-{i}"),
+                abridge::inspect::ExportFormat::Jsonl,
+            )
+            .unwrap()
+        })
+        .collect()
+}
+
+fn pending_ids(db: &str) -> Vec<i64> {
+    let out = cli(&["pending", "--db", db, "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            for field in ["call", "session", "turn", "tool", "input"] {
+                assert!(!c[field].is_null(), "{field} missing from {c}");
+            }
+            c["call"].as_i64().unwrap()
+        })
+        .collect()
+}
+
+/// Scenario: the demo, with every `place_change` call needing approval, is
+/// killed (SIGKILL) while it runs; the same command run again parks every
+/// session at its waiting call and exits. Each call is approved by another
+/// process (`abridge approve`), and a third process (the demo again)
+/// resumes the turns, until no call waits. The sessions then hold exactly
+/// the transcript of a run that never asked (an approved call runs as the
+/// model wrote it, once), `verify` holds, and every step rebuilds.
+#[test]
+#[cfg(unix)]
+fn parked_killed_decided_elsewhere_resumed_in_a_third_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = db_for(&dir.path().join("control.db"));
+    let control_s = control.to_str().unwrap();
+    let out = cli(&demo_args(control_s, &[]));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let db = db_for(&dir.path().join("parked.db"));
+    let db_s = db.to_str().unwrap();
+    let asking = ["--require-approval", "place_change", "--model-latency", "5"];
+    // Killed while it runs (after its first steps, before it ends).
+    let mut child = abridge_cmd()
+        .args(demo_args(db_s, &asking))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let mut rounds = 0;
+    loop {
+        let out = cli(&demo_args(db_s, &asking));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let waiting = pending_ids(db_s);
+        assert_eq!(report["calls_waiting"].as_i64(), Some(waiting.len() as i64));
+        if waiting.is_empty() {
+            break;
+        }
+        for call in waiting {
+            let out = cli(&["approve", "--db", db_s, "--call", &call.to_string()]);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            // A second decision is refused with one line naming the first.
+            let again = cli(&[
+                "reject",
+                "--db",
+                db_s,
+                "--call",
+                &call.to_string(),
+                "--reason",
+                "x",
+            ]);
+            let err = String::from_utf8_lossy(&again.stderr);
+            assert_eq!(again.status.code(), Some(1));
+            assert!(err.contains("already decided: approved"), "{err}");
+            assert_eq!(err.trim().lines().count(), 1, "{err}");
+        }
+        rounds += 1;
+        assert!(rounds < 50, "the sessions never finished");
+    }
+    assert!(rounds >= 2, "no call ever waited ({rounds} rounds)");
+    assert_eq!(demo_transcripts(&db), demo_transcripts(&control));
+    let c = read_only_conn(&db);
+    let r =
+        abridge::verify::verify_with(&c, &[&abridge_testkit::demo_tables::DemoEffects]).unwrap();
+    assert!(r.ok, "{r:#?}");
+    let decided = r
+        .checks
+        .iter()
+        .find(|c| c.name.starts_with("G5 a decision"))
+        .unwrap();
+    // Every call that waited was decided once and ran once, as approved.
+    assert!(decided.checked >= 1);
+    let c = read_only_conn(&db);
+    let unapproved: i64 = c
+        .query_row(
+            "SELECT count(*) FROM approvals WHERE status <> 'approved'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(unapproved, 0);
+}

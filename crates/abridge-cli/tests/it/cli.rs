@@ -87,7 +87,7 @@ fn demo_completes_and_compacts_and_verify_passes() {
     let out = ok(&["verify", "--db", db.to_str().unwrap(), "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["ok"], true);
-    assert_eq!(v["checks"].as_array().unwrap().len(), 11);
+    assert_eq!(v["checks"].as_array().unwrap().len(), 12);
     let text = ok(&["verify", "--db", db.to_str().unwrap()]);
     assert!(text.contains("all guarantees hold"));
 }

@@ -252,6 +252,45 @@ fn write_golden_store() {
             .await
             .unwrap();
         assert!(redacted.steps_rebuilt > 0);
+        // From schema 9: calls that waited for a decision: one approved with
+        // edited arguments and run, one rejected, and a turn left parked.
+        let asking = Runner::builder(store.clone(), Arc::new(GoldenModel))
+            .tools(
+                Tools::new()
+                    .transactional(spec("note"), Note)
+                    .idempotent(spec("lookup"), Lookup)
+                    .at_most_once(spec("send"), Send),
+            )
+            .config(RunnerConfig::default().with_owner("golden"))
+            .approval(abridge::Approval::all())
+            .build()
+            .unwrap();
+        let s2 = store.session("golden-2 ✓").await.unwrap();
+        for (t, decide) in [(8, true), (9, false), (10, true)] {
+            let input = format!("Turn {t}: where is order ORD-1002{t}? ⏳");
+            let parked = asking.run_turn_at(s2.id, t, &input).await.unwrap();
+            assert!(parked.is_parked(), "turn {t} did not park");
+            if t == 10 {
+                break; // left parked
+            }
+            for call in &parked.pending {
+                let d = match decide {
+                    true => {
+                        let mut edited: serde_json::Value =
+                            serde_json::from_str(&call.arguments).unwrap();
+                        edited["edited"] = serde_json::json!(true);
+                        abridge::Decision::Approve {
+                            input: Some(edited),
+                            always: false,
+                        }
+                    }
+                    false => abridge::Decision::reject("not now ✋"),
+                };
+                asking.decide(call.id, d, Some("golden")).await.unwrap();
+            }
+            let done = asking.run_turn_at(s2.id, t, &input).await.unwrap();
+            assert!(!done.is_parked());
+        }
         // A file's rows all in the main file (a server's are its own).
         if !abridge::store::is_url(&out.to_string_lossy()) {
             store

@@ -521,6 +521,14 @@ fn shipped_migrations_are_never_edited() {
             "b5c0d43b13a07282d6d8729f77ada3e0c8832ebe629e269aca1cfb68065a6b00",
         ),
         (
+            "v9",
+            "87e7962581726841923b0070b8f25aedcc05764cdf1aaa7d9b64a7e4f57db123",
+        ),
+        (
+            "v9 (PostgreSQL)",
+            "f81087b06de4be009d714e7e27126c3193cbc4edca0b1343101ec1ba075ad4bd",
+        ),
+        (
             "schema_pg.sql (PostgreSQL baseline)",
             "519649a80dc5008c7aaf8accd7cbd44adef54017a733e0f51b46d9e4e4fdfcaa",
         ),
