@@ -792,3 +792,184 @@ fn parked_killed_decided_elsewhere_resumed_in_a_third_process() {
         .unwrap();
     assert_eq!(unapproved, 0);
 }
+
+/// Scenario: six `abridge` processes decide one parked call at once, half
+/// approving, half rejecting. Exactly one exits 0; each other prints one
+/// line naming the decision that won, and the store holds that one.
+#[test]
+fn racing_decisions_from_several_processes_one_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = db_for(&dir.path().join("race.db"));
+    let db_s = db.to_str().unwrap().to_string();
+    let out = cli(&demo_args(&db_s, &["--require-approval", "lookup_order"]));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let call = pending_ids(&db_s)[0].to_string();
+    let children: Vec<_> = (0..6)
+        .map(|i| {
+            let by = format!("p{i}");
+            let mut c = abridge_cmd();
+            match i % 2 {
+                0 => c.args(["approve", "--db", &db_s, "--call", &call, "--by", &by]),
+                _ => c.args([
+                    "reject", "--db", &db_s, "--call", &call, "--reason", "no", "--by", &by,
+                ]),
+            };
+            c.stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let won: Vec<_> = outs.iter().filter(|o| o.status.success()).collect();
+    assert_eq!(won.len(), 1, "{outs:?}");
+    let c = read_only_conn(&db);
+    let (status, by): (String, String) = c
+        .query_row(
+            "SELECT status, decided_by FROM approvals WHERE id = ?1",
+            [call.parse::<i64>().unwrap()],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    for o in outs.iter().filter(|o| !o.status.success()) {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert_eq!(
+            err.trim(),
+            format!("abridge: error: tool call {call} was already decided: {status} by {by}")
+        );
+    }
+}
+
+/// Scenario: with a decision deadline of one hour, read through the store's
+/// clock, a parked call waits; before the hour the turn is not among the
+/// turns to recover and resuming it parks it again; past the hour it is,
+/// and resuming it rejects the call ("no decision within 1 h", decided by
+/// `deadline`) and the turn goes on. A call decided before its deadline
+/// keeps its decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_past_its_decision_deadline_is_rejected_when_its_turn_resumes() {
+    let (_d, path) = temp_db();
+    let clock = abridge::ManualClock::starting_at(1_000_000_000);
+    let store = open_with_clock(&path, &clock);
+    let mut cfg = test_config(Threshold::Off, None, "runner");
+    cfg.decision_deadline = Some(std::time::Duration::from_secs(3_600));
+    let refunds = Outside::default();
+    let runner = Runner::builder(
+        store.clone(),
+        Arc::new(CallsThenEcho {
+            calls: vec!["refund", "ledger"],
+        }),
+    )
+    .tools(
+        Tools::new()
+            .at_most_once(spec("refund"), refunds.clone())
+            .transactional(spec("ledger"), Ledger),
+    )
+    .config(cfg)
+    .approval(abridge::Approval::all())
+    .build()
+    .unwrap();
+    let s = runner
+        .create_session("s", "demo-model", "sys")
+        .await
+        .unwrap();
+    let parked = runner.run_turn_at(s.id, 0, "go").await.unwrap();
+    let (refund, ledger) = (parked.pending[0].id, parked.pending[1].id);
+    runner
+        .decide(ledger, Decision::approve(), Some("alice"))
+        .await
+        .unwrap();
+    clock.advance(std::time::Duration::from_secs(3_599));
+    assert!(runner.recoverable_turns().await.unwrap().is_empty());
+    assert!(runner.run_turn_at(s.id, 0, "go").await.unwrap().is_parked());
+    clock.advance(std::time::Duration::from_secs(1));
+    assert_eq!(runner.recoverable_turns().await.unwrap().len(), 1);
+    let done = runner.resume_turn(parked.turn.id).await.unwrap();
+    assert_eq!(
+        done.output,
+        "error: rejected: no decision within 1 h | booked"
+    );
+    let rows = store.approvals(s.id).await.unwrap();
+    let by: Vec<_> = rows
+        .iter()
+        .map(|r| (r.id, r.status, r.decided_by.clone()))
+        .collect();
+    assert_eq!(
+        by,
+        [
+            (
+                refund,
+                ApprovalStatus::Rejected,
+                Some("deadline".to_string())
+            ),
+            (ledger, ApprovalStatus::Approved, Some("alice".to_string())),
+        ]
+    );
+    assert!(refunds.0.lock().unwrap().is_empty());
+    assert_verified(&store);
+}
+
+/// Scenario: a secret the model put in a parked call's arguments, and in
+/// the reason a decider wrote, is redacted from the call's record too; a
+/// session deleted with a parked turn leaves none of its calls behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redaction_and_deletion_reach_the_parked_calls() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let h = host(&store, vec!["refund", "ledger"], None);
+    let s = h
+        .runner
+        .create_session("s", "demo-model", "sys")
+        .await
+        .unwrap();
+    let parked = h.runner.run_turn_at(s.id, 0, "go").await.unwrap();
+    h.runner
+        .decide(
+            parked.pending[0].id,
+            Decision::reject("card 4111-1111 declined"),
+            None,
+        )
+        .await
+        .unwrap();
+    let redacted = store
+        .redact("s", abridge::admin::Pattern::text("4111-1111").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(redacted.rows.approvals, 1);
+    let rows = store.approvals(s.id).await.unwrap();
+    assert_eq!(rows[0].note.as_deref(), Some("card [redacted] declined"));
+    // The turn goes on with the redacted reason.
+    h.runner
+        .decide(parked.pending[1].id, Decision::approve(), None)
+        .await
+        .unwrap();
+    let done = h.runner.run_turn_at(s.id, 0, "go").await.unwrap();
+    assert_eq!(
+        done.output,
+        "error: rejected: card [redacted] declined | booked"
+    );
+    assert_verified(&store);
+
+    let s2 = h
+        .runner
+        .create_session("s2", "demo-model", "sys")
+        .await
+        .unwrap();
+    assert!(h
+        .runner
+        .run_turn_at(s2.id, 0, "go")
+        .await
+        .unwrap()
+        .is_parked());
+    store.delete_session(s2.id).await.unwrap();
+    assert!(store.pending_calls(None).await.unwrap().is_empty());
+    assert_verified(&store);
+}

@@ -43,6 +43,12 @@ pub struct RunnerConfig {
     /// Which tool calls wait for a human's decision before they run.
     /// Default none.
     pub approval: crate::tools::Approval,
+    /// How long a parked call waits for its decision (or its delivered
+    /// result), by the store's [`Clock`](crate::Clock). Past it, the turn
+    /// is among [`Runner::recoverable_turns`], and resuming it rejects the
+    /// call ("rejected: no decision within …", decided by `deadline`) unless
+    /// a decision came first. Default None: a call waits for ever.
+    pub decision_deadline: Option<Duration>,
     /// Compaction settings.
     pub compaction: CompactionConfig,
     /// Finds the facts a compaction must never lose (G8) when a turn is
@@ -104,6 +110,7 @@ impl Default for RunnerConfig {
             log_content: false,
             stream: false,
             approval: crate::tools::Approval::none(),
+            decision_deadline: None,
             compaction: CompactionConfig::default(),
             pin_extractor: Some(Arc::new(RuleExtractor)),
             testing: TestKnobs::default(),

@@ -288,11 +288,27 @@ impl Runner {
     }
 
     /// Turns left running whose lease has expired (or whose owner is a dead
-    /// process on this machine): what a host resumes at start-up.
+    /// process on this machine): what a host resumes at start-up. A parked
+    /// turn is among them once none of its calls waits, or once a call has
+    /// waited past [`RunnerConfig::decision_deadline`].
     pub async fn recoverable_turns(&self) -> Result<Vec<TurnRow>> {
         let gone = self.gone_check();
-        let rows = self.inner.store.call(store::running_turns).await?;
+        let deadline = self.inner.cfg.decision_deadline;
         let now = self.inner.store.now_ms();
+        let rows = self
+            .inner
+            .store
+            .call(move |c| {
+                let mut rows = store::running_turns(c)?;
+                // Parked turns a deadline has passed for: resuming them
+                // rejects the calls that wait.
+                if let Some(d) = deadline {
+                    rows.extend(store::parked_since(c, now - d.as_millis() as i64)?);
+                    rows.sort_by_key(|t| t.id);
+                }
+                Ok(rows)
+            })
+            .await?;
         Ok(rows
             .into_iter()
             .filter(|t| {

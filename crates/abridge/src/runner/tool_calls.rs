@@ -351,7 +351,19 @@ impl Runner {
             return Ok(Gate::Open);
         }
         if !fresh {
-            if let Some(row) = store::approval_for_call(tx, plan.step_id, &call.tool_call_id)? {
+            if let Some(mut row) = store::approval_for_call(tx, plan.step_id, &call.tool_call_id)? {
+                if let Some(deadline) = self.inner.cfg.decision_deadline {
+                    let waited = tx.now_ms().saturating_sub(row.created_at);
+                    if row.status == ApprovalStatus::Pending
+                        && waited >= deadline.as_millis() as i64
+                    {
+                        let reason = format!(
+                            "no decision within {}",
+                            crate::text::human_duration_ms(deadline.as_millis() as i64)
+                        );
+                        row = store::expire_call(tx, row.id, &reason)?;
+                    }
+                }
                 if row.status != ApprovalStatus::Pending
                     && tell
                     && !plan

@@ -70,7 +70,8 @@ pub use snapshot::{
 // The tables: each family's rows, statements and functions.
 pub use tables::approvals::Decision;
 pub(crate) use tables::approvals::{
-    abandon_calls, approval_for_call, granted, park_call, park_turn, waiting_calls, NewApproval,
+    abandon_calls, approval_for_call, expire_call, granted, park_call, park_turn, parked_since,
+    waiting_calls, NewApproval,
 };
 pub use tables::approvals::{get_approval, list_approvals, pending_calls};
 pub(crate) use tables::audit::{

@@ -258,6 +258,35 @@ pub(crate) fn decide(
     Ok(decided)
 }
 
+/// Rejects a call that waited past the runner's deadline, inside the step's
+/// fenced transaction: `UPDATE … WHERE status = 'pending'`, so a decision
+/// taken first stands. Returns the row as it now reads.
+pub(crate) fn expire_call(tx: &Transaction<'_>, id: CallId, reason: &str) -> Result<ApprovalRow> {
+    tx.execute(
+        "UPDATE approvals SET status = 'rejected', note = ?1, decided_by = 'deadline', \
+         decided_at = ?2 WHERE id = ?3 AND status = 'pending'",
+        params![reason, tx.now_ms(), id],
+    )?;
+    get_approval(tx, id)
+}
+
+/// The running turns parked on a call that has waited since before `before`
+/// (ms since the epoch): those a deadline has passed for.
+pub(crate) fn parked_since(conn: &Connection, before: i64) -> Result<Vec<TurnRow>> {
+    let cols: Vec<String> = TurnRow::COLUMNS
+        .split(',')
+        .map(|c| format!("t.{}", c.trim()))
+        .collect();
+    let mut st = conn.prepare(&format!(
+        "SELECT {} FROM turns t WHERE t.status = 'running' AND EXISTS \
+         (SELECT 1 FROM approvals a WHERE a.turn_id = t.id AND a.status = 'pending' \
+          AND a.created_at <= ?1) ORDER BY t.id",
+        cols.join(", ")
+    ))?;
+    let rows = st.query_map([before], TurnRow::from_row)?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
 /// Parked calls that wait, oldest first: every session's, or one
 /// session's; over a connection (a read-only snapshot's too).
 pub fn pending_calls(conn: &Connection, session: Option<SessionId>) -> Result<Vec<ApprovalRow>> {
