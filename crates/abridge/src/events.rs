@@ -192,8 +192,15 @@ pub enum EventKind {
         /// The turn.
         turn_id: TurnId,
     },
+    /// A deferred call's result was delivered (by [`crate::Runner::decide`]).
+    ResultDelivered {
+        /// The call.
+        call: crate::ids::CallId,
+        /// The tool.
+        tool: String,
+    },
     /// A decision was taken for a parked call (by [`crate::Runner::decide`]);
-    /// `status` is `approved`, `rejected` or `delivered`.
+    /// `status` is `approved` or `rejected`.
     CallDecided {
         /// The call.
         call: crate::ids::CallId,

@@ -147,6 +147,37 @@ fn host_owned(
     Host { refunds, runner }
 }
 
+/// A store whose session `s` ran turn 0 (`input`) with a model calling
+/// `calls`, and what the turn returned (parked, when a call waits).
+struct Parked {
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+    store: Store,
+    h: Host,
+    s: abridge::store::SessionRow,
+    parked: abridge::TurnOutcome,
+}
+
+async fn parked(calls: Vec<&'static str>, input: &str) -> Parked {
+    let (_dir, path) = temp_db();
+    let store = open(&path);
+    let h = host(&store, calls, None);
+    let s = h
+        .runner
+        .create_session("s", "demo-model", "sys")
+        .await
+        .unwrap();
+    let parked = h.runner.run_turn_at(s.id, 0, input).await.unwrap();
+    Parked {
+        _dir,
+        path,
+        store,
+        h,
+        s,
+        parked,
+    }
+}
+
 fn ledger_rows(store: &Store) -> i64 {
     store
         .with_conn(|c| {
@@ -265,15 +296,14 @@ async fn a_call_that_needs_approval_parks_its_turn_and_runs_once_approved() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejected_calls_message_reaches_the_model_and_the_tool_never_runs() {
-    let (_d, path) = temp_db();
-    let store = open(&path);
-    let h = host(&store, vec!["refund", "ledger"], None);
-    let s = h
-        .runner
-        .create_session("s", "demo-model", "sys")
-        .await
-        .unwrap();
-    let parked = h.runner.run_turn_at(s.id, 0, "go").await.unwrap();
+    let Parked {
+        _dir,
+        store,
+        h,
+        s,
+        parked,
+        ..
+    } = parked(vec!["refund", "ledger"], "go").await;
     let [refund, ledger] = [&parked.pending[0], &parked.pending[1]];
     h.runner
         .decide(refund.id, Decision::reject("over the limit"), None)
@@ -318,15 +348,14 @@ async fn a_rejected_calls_message_reaches_the_model_and_the_tool_never_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deferred_tools_result_is_delivered_once_and_reaches_the_model() {
-    let (_d, path) = temp_db();
-    let store = open(&path);
-    let h = host(&store, vec!["job"], None);
-    let s = h
-        .runner
-        .create_session("s", "demo-model", "sys")
-        .await
-        .unwrap();
-    let parked = h.runner.run_turn_at(s.id, 0, "go").await.unwrap();
+    let Parked {
+        _dir,
+        store,
+        h,
+        s,
+        parked,
+        ..
+    } = parked(vec!["job"], "go").await;
     let call = parked.pending[0].id;
     assert_eq!(parked.pending[0].kind, ApprovalKind::Result);
     // A result is not an approval.
@@ -334,10 +363,16 @@ async fn a_deferred_tools_result_is_delivered_once_and_reaches_the_model() {
         store.decide(call, Decision::approve(), None).await,
         Err(Error::WrongDecision { .. })
     ));
-    store
+    let mut events = h.runner.subscribe();
+    h.runner
         .decide(call, Decision::deliver("report ready"), Some("queue"))
         .await
         .unwrap();
+    let e = serde_json::to_value(events.try_recv().unwrap()).unwrap();
+    assert_eq!(
+        (e["event"].as_str(), e["tool"].as_str()),
+        (Some("result_delivered"), Some("job"))
+    );
     match store.decide(call, Decision::deliver("again"), None).await {
         Err(Error::AlreadyDecided { status, by, .. }) => {
             assert_eq!(
@@ -402,15 +437,14 @@ async fn a_decision_for_a_call_that_is_not_pending_is_a_typed_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn always_allow_is_recorded_and_later_calls_of_the_tool_run_at_once() {
-    let (_d, path) = temp_db();
-    let store = open(&path);
-    let h = host(&store, vec!["refund"], None);
-    let s = h
-        .runner
-        .create_session("s", "demo-model", "sys")
-        .await
-        .unwrap();
-    let parked = h.runner.run_turn_at(s.id, 0, "one").await.unwrap();
+    let Parked {
+        _dir,
+        store,
+        h,
+        s,
+        parked,
+        ..
+    } = parked(vec!["refund"], "one").await;
     let always = Decision::Approve {
         input: None,
         always: true,
@@ -455,15 +489,15 @@ async fn always_allow_is_recorded_and_later_calls_of_the_tool_run_at_once() {
 /// with [`Error::AlreadyDecided`] naming that one, and the turn resumes by it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_decisions_one_wins_and_the_rest_are_refused_naming_it() {
-    let (_d, path) = temp_db();
-    let store = open(&path);
-    let h = host(&store, vec!["refund"], None);
-    let s = h
-        .runner
-        .create_session("s", "demo-model", "sys")
-        .await
-        .unwrap();
-    let parked = h.runner.run_turn_at(s.id, 0, "go").await.unwrap();
+    let Parked {
+        _dir,
+        store,
+        h,
+        s,
+        parked,
+        path,
+        ..
+    } = parked(vec!["refund"], "go").await;
     let call = parked.pending[0].id;
     let mut tasks = Vec::new();
     for i in 0..8 {
@@ -922,15 +956,14 @@ async fn a_call_past_its_decision_deadline_is_rejected_when_its_turn_resumes() {
 /// session deleted with a parked turn leaves none of its calls behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redaction_and_deletion_reach_the_parked_calls() {
-    let (_d, path) = temp_db();
-    let store = open(&path);
-    let h = host(&store, vec!["refund", "ledger"], None);
-    let s = h
-        .runner
-        .create_session("s", "demo-model", "sys")
-        .await
-        .unwrap();
-    let parked = h.runner.run_turn_at(s.id, 0, "go").await.unwrap();
+    let Parked {
+        _dir,
+        store,
+        h,
+        s,
+        parked,
+        ..
+    } = parked(vec!["refund", "ledger"], "go").await;
     h.runner
         .decide(
             parked.pending[0].id,
