@@ -459,7 +459,8 @@ impl Runner {
     }
 
     /// Takes a decision for a parked call (see [`Store::decide`]) and tells
-    /// subscribers ([`EventKind::CallDecided`]). The turn is not resumed
+    /// subscribers ([`EventKind::CallDecided`], [`EventKind::ResultDelivered`]).
+    /// The turn is not resumed
     /// here: resume it ([`Runner::resume_turn`]) once none of its calls
     /// waits, from this process or any other.
     ///
@@ -487,12 +488,13 @@ impl Runner {
                 .call(move |c| store::get_turn(c, row.turn_id))
                 .await;
             let (id, tool, status) = (row.id, row.tool_name.clone(), row.status);
-            self.tell(&session, turn.ok().map(|t| t.idx), || {
-                EventKind::CallDecided {
+            self.tell(&session, turn.ok().map(|t| t.idx), || match status {
+                ApprovalStatus::Delivered => EventKind::ResultDelivered { call: id, tool },
+                _ => EventKind::CallDecided {
                     call: id,
                     tool,
                     status,
-                }
+                },
             });
         }
         Ok(row)
