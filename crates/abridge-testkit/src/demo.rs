@@ -590,6 +590,9 @@ pub struct DemoOptions {
     /// a session stops at its first such call; a run with the same options
     /// resumes every turn whose calls were decided.
     pub require_approval: Vec<String>,
+    /// The verbatim tail as a share of the threshold
+    /// (`CompactionConfig::keep_recent_share`); None: the default.
+    pub keep_recent_share: Option<f64>,
 }
 
 impl Default for DemoOptions {
@@ -606,6 +609,7 @@ impl Default for DemoOptions {
             background: true,
             key: None,
             require_approval: Vec::new(),
+            keep_recent_share: None,
         }
     }
 }
@@ -736,6 +740,9 @@ pub fn demo_runner(
         .with_context_window(DEMO_MODEL, 32_000);
     if !opts.background {
         cfg.compaction.background = None;
+    }
+    if let Some(share) = opts.keep_recent_share {
+        cfg.compaction.keep_recent_share = Some(share);
     }
     cfg.testing = crate::sabotage::apply(cfg.testing);
     let mut model = ScriptedModel::new(opts.seed);

@@ -107,6 +107,29 @@ pub type OnDelta<'a> = &'a (dyn Fn(Delta) + Send + Sync);
 ///   `RunnerConfig::model_timeout` is dropped (cancelled), not left running.
 /// - It must not block its thread (await I/O instead): a blocking client holds
 ///   up a runtime worker for as long as it blocks.
+///
+/// # Implementing it
+/// Write the methods as `async fn` under `#[abridge::async_trait]` (the
+/// signatures rustdoc shows below are what that attribute expands them to:
+/// a boxed future with lifetimes, so that the trait can be used as
+/// `Arc<dyn ModelClient>`):
+///
+/// ```
+/// use abridge::{ModelClient, ModelError, ModelRequest, ModelResponse, ResponseBlock};
+///
+/// struct Echo;
+///
+/// #[abridge::async_trait]
+/// impl ModelClient for Echo {
+///     async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ModelError> {
+///         let n = request.messages.len();
+///         Ok(ModelResponse {
+///             blocks: vec![ResponseBlock::Text { text: format!("{n} messages") }],
+///             ..Default::default()
+///         })
+///     }
+/// }
+/// ```
 #[async_trait]
 pub trait ModelClient: Send + Sync {
     /// Sends one request and returns the response.

@@ -57,6 +57,25 @@ impl ToolError {
 }
 
 /// An idempotent or at-most-once tool (async, may call the outside world).
+///
+/// Write `call` as an `async fn` under `#[abridge::async_trait]` (rustdoc
+/// shows the boxed future that attribute expands it to):
+///
+/// ```
+/// use abridge::{Tool, ToolCall, ToolError};
+/// use serde_json::{json, Value};
+///
+/// struct Weather;
+///
+/// #[abridge::async_trait]
+/// impl Tool for Weather {
+///     async fn call(&self, call: &ToolCall) -> Result<Value, ToolError> {
+///         let city = call.input["city"].as_str().ok_or(ToolError::new("no city"))?;
+///         // Pass call.idempotency_key to a service that de-duplicates.
+///         Ok(json!({"city": city, "sky": "clear"}))
+///     }
+/// }
+/// ```
 #[async_trait]
 pub trait Tool: Send + Sync {
     /// Runs the call. `Ok` is the result the model sees (strings as they are,

@@ -43,6 +43,9 @@ pub struct Args {
     /// resumes every turn whose calls were decided.
     #[arg(long, value_delimiter = ',', value_name = "TOOL[,TOOL]")]
     pub require_approval: Vec<String>,
+    /// Recent turns kept verbatim, as a share of the threshold (0 keeps none).
+    #[arg(long, default_value_t = 0.0)]
+    pub keep_recent_share: f64,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -63,6 +66,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         summary_latency,
         background,
         require_approval,
+        keep_recent_share,
         json,
         progress,
     } = args;
@@ -78,6 +82,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         background: background == "on",
         key: crate::common::key()?,
         require_approval,
+        keep_recent_share: (keep_recent_share > 0.0).then_some(keep_recent_share),
     };
     let tty = (progress || std::io::stdout().is_terminal()) && !json;
     let report = run_demo(&opts, move |p| {

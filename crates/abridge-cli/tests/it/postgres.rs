@@ -660,6 +660,7 @@ fn both_backends_have_the_same_schema_and_refuse_the_same_changes() {
             background: false,
             key: None,
             require_approval: Vec::new(),
+            keep_recent_share: None,
         };
         rt.block_on(abridge_testkit::demo::run_demo(&opts, |_| {}))
             .unwrap();

@@ -328,8 +328,16 @@ pub struct CompactionConfig {
     /// whose stored text (input, responses, tool results; chars / 4) adds up
     /// to at most this many tokens stay out of the compaction, beside the
     /// `keep_last_turns` most recent ones (the larger window wins). 0 (the
-    /// default) keeps none by size.
+    /// default) keeps none by this count; see also `keep_recent_share`.
     pub keep_recent_tokens: u64,
+    /// Recent turns kept verbatim as a share of the threshold: the tail
+    /// `keep_recent_tokens` sets is at least this share of the session's
+    /// threshold in tokens (0.15 of a 4,000-token threshold: the newest
+    /// turns up to 600 tokens stay as they were said). In [0, 0.5]; None or
+    /// 0 keeps none by share. Default None (see docs/fidelity.md for its
+    /// measured effect, and for why it is not on by default yet: a step
+    /// finds the tail's boundary by reading the tail's turns).
+    pub keep_recent_share: Option<f64>,
     /// Largest summariser request (tokens); larger spans go in chunks. Default 100,000.
     pub input_budget_tokens: u64,
     /// Summariser attempts per claim and the delays between them (doubling,
@@ -374,6 +382,8 @@ impl std::fmt::Debug for CompactionConfig {
         f.debug_struct("CompactionConfig")
             .field("compact_at", &self.compact_at)
             .field("keep_last_turns", &self.keep_last_turns)
+            .field("keep_recent_tokens", &self.keep_recent_tokens)
+            .field("keep_recent_share", &self.keep_recent_share)
             .field("style", &self.style)
             .field("on_failure", &self.on_failure)
             .finish_non_exhaustive()
@@ -394,6 +404,7 @@ impl Default for CompactionConfig {
             max_summary_chars: 6_000,
             max_summary_share: Some(0.25),
             keep_recent_tokens: 0,
+            keep_recent_share: None,
             input_budget_tokens: 100_000,
             retry: crate::retry::RetryPolicy::default(),
             attempt_timeout: Duration::from_secs(120),
@@ -443,6 +454,23 @@ impl CompactionConfig {
     pub fn with_token_counter(mut self, c: impl TokenCounter + 'static) -> Self {
         self.token_counter = Arc::new(c);
         self
+    }
+
+    /// Sets `keep_recent_share` (None or 0: no tail by share).
+    pub fn with_keep_recent_share(mut self, share: Option<f64>) -> Self {
+        self.keep_recent_share = share;
+        self
+    }
+
+    /// The verbatim tail in tokens for a session whose threshold is
+    /// `threshold` tokens: the larger of `keep_recent_tokens` and
+    /// `keep_recent_share` of the threshold.
+    pub fn recent_tokens(&self, threshold: Option<u64>) -> u64 {
+        let by_share = match (self.keep_recent_share, threshold) {
+            (Some(share), Some(t)) if share > 0.0 => (t as f64 * share) as u64,
+            _ => 0,
+        };
+        self.keep_recent_tokens.max(by_share)
     }
 
     /// Sets `keep_recent_tokens`.
@@ -518,6 +546,13 @@ impl CompactionConfig {
                 )));
             }
         }
+        if let Some(share) = self.keep_recent_share {
+            if !(0.0..=0.5).contains(&share) {
+                return Err(Error::Config(format!(
+                    "keep_recent_share must be in [0, 0.5], got {share}"
+                )));
+            }
+        }
         if let Some(b) = &self.background {
             if !(b.soft_share > 0.0 && b.soft_share < 1.0) {
                 return Err(Error::Config(format!(
@@ -568,5 +603,32 @@ mod fraction_tests {
             "never 0"
         );
         assert_eq!(Threshold::Fraction(0.5).tokens(None), None);
+    }
+}
+
+#[cfg(test)]
+mod tail_tests {
+    use super::*;
+
+    #[test]
+    fn the_tail_is_the_larger_of_its_token_count_and_its_share_of_the_threshold() {
+        let c = CompactionConfig::default();
+        assert_eq!(c.recent_tokens(Some(4_000)), 0, "off by default");
+        let c = c.with_keep_recent_share(Some(0.15));
+        assert_eq!(c.recent_tokens(Some(4_000)), 600);
+        assert_eq!(c.recent_tokens(None), 0, "no threshold, no share");
+        let c = c.with_keep_recent_tokens(1_000);
+        assert_eq!(c.recent_tokens(Some(4_000)), 1_000);
+        assert_eq!(c.recent_tokens(Some(100_000)), 15_000);
+    }
+
+    #[test]
+    fn a_tail_share_outside_zero_to_a_half_is_refused() {
+        for bad in [-0.1, 0.51, f64::NAN] {
+            let c = CompactionConfig::default().with_keep_recent_share(Some(bad));
+            assert!(matches!(c.validate(), Err(Error::Config(_))), "{bad}");
+        }
+        let c = CompactionConfig::default().with_keep_recent_share(Some(0.5));
+        assert!(c.validate().is_ok());
     }
 }

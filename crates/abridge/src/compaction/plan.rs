@@ -64,10 +64,13 @@ impl Compactor {
         step_idx: i64,
         prior: Option<Option<CompactionId>>,
     ) -> Result<Plan> {
+        let keep_recent_tokens = self
+            .config
+            .recent_tokens(self.threshold_tokens(session, turn_idx));
         let policy = Policy {
             turn_idx,
             keep_last_turns: self.config.keep_last_turns,
-            keep_recent_tokens: self.config.keep_recent_tokens,
+            keep_recent_tokens,
             background: self.config.background,
             on_failure: self.config.on_failure,
             prior,
@@ -79,6 +82,7 @@ impl Compactor {
             session,
             turn_idx,
             step_idx,
+            keep_recent_tokens,
         };
         decide(&policy, &mut facts).map(Plan)
     }
@@ -144,7 +148,11 @@ impl Compactor {
         let Some(b) = planner::boundary(turn_idx, self.config.keep_last_turns) else {
             return Ok(());
         };
-        if self.config.keep_recent_tokens == 0 {
+        if self
+            .config
+            .recent_tokens(self.threshold_tokens(session, turn_idx))
+            == 0
+        {
             store::prefetch_compaction_at(c, session.id, b)?;
         }
         let window = self.config.context_window(&session.model);
@@ -197,6 +205,8 @@ pub(super) struct StoreFacts<'a> {
     pub(super) session: &'a SessionRow,
     pub(super) turn_idx: i64,
     pub(super) step_idx: i64,
+    /// The verbatim tail, tokens (`CompactionConfig::recent_tokens`).
+    pub(super) keep_recent_tokens: u64,
 }
 
 impl Facts for StoreFacts<'_> {
@@ -215,7 +225,7 @@ impl Facts for StoreFacts<'_> {
             self.turn_idx,
             after,
             boundary,
-            self.compactor.config.keep_recent_tokens,
+            self.keep_recent_tokens,
         )
     }
 

@@ -52,7 +52,12 @@ pub(super) fn manual_plan(
     c: &crate::store::Connection,
     session_id: SessionId,
 ) -> Result<ManualPlan> {
-    store::get_session(c, session_id)?;
+    let session = store::get_session(c, session_id)?;
+    let keep_recent = config.recent_tokens(
+        config
+            .compact_at
+            .tokens(config.context_window(&session.model)),
+    );
     let turns = store::list_turns(c, session_id)?;
     if let Some(r) = turns
         .iter()
@@ -66,16 +71,9 @@ pub(super) fn manual_plan(
     let last = turns.last().map_or(-1, |t| t.idx);
     let latest = store::latest_completed(c, session_id, i64::MAX)?;
     let mut b = last - config.keep_last_turns as i64;
-    if config.keep_recent_tokens > 0 && b >= 0 {
+    if keep_recent > 0 && b >= 0 {
         let after = latest.as_ref().map_or(-1, |l| l.up_to_turn_index);
-        b = store::recent_window_boundary(
-            c,
-            session_id,
-            last + 1,
-            after,
-            b,
-            config.keep_recent_tokens,
-        )?;
+        b = store::recent_window_boundary(c, session_id, last + 1, after, b, keep_recent)?;
     }
     if b < 0 || latest.as_ref().is_some_and(|l| l.up_to_turn_index > b) {
         return Err(Error::NothingToCompact { session_id });

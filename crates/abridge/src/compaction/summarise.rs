@@ -174,6 +174,28 @@ pub struct SummaryResponse {
 
 /// Writes summaries. May be called again for the same compaction after a crash
 /// (the call is at-least-once; the completed row is exactly-once).
+///
+/// # Implementing it
+/// Write `summarise` as an `async fn` under `#[abridge::async_trait]` (rustdoc
+/// shows the boxed future that attribute expands it to):
+///
+/// ```
+/// use abridge::compaction::{Summariser, SummaryRequest, SummaryResponse};
+/// use abridge::ModelError;
+///
+/// /// Keeps the first 200 characters of the transcript.
+/// struct Head;
+///
+/// #[abridge::async_trait]
+/// impl Summariser for Head {
+///     async fn summarise(&self, request: &SummaryRequest) -> Result<SummaryResponse, ModelError> {
+///         Ok(SummaryResponse {
+///             text: request.transcript.chars().take(200).collect(),
+///             usage: Default::default(),
+///         })
+///     }
+/// }
+/// ```
 #[async_trait]
 pub trait Summariser: Send + Sync {
     /// Summarises one request.
