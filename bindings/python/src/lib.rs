@@ -1,0 +1,458 @@
+//! The Python module `abridge._abridge`: the engine's store, runner and read
+//! API for asyncio hosts. Nothing of the engine is re-implemented here: each
+//! method hands its work to the engine on a Tokio runtime (the GIL released
+//! while it runs) and returns an awaitable; a host's model is a Python async
+//! callable, awaited on the host's own event loop.
+
+use abridge::compaction::{CompactionConfig, Threshold};
+use abridge::inspect::ExportFormat;
+use abridge::message::{ModelRequest, ModelResponse};
+use abridge::model::{ModelClient, ModelError};
+use abridge::{Error, Runner as EngineRunner, SessionId, Store as EngineStore, TurnId};
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::sync::Arc;
+
+create_exception!(
+    _abridge,
+    AbridgeError,
+    PyException,
+    "An error of the abridge engine."
+);
+create_exception!(
+    _abridge,
+    LeaseLost,
+    AbridgeError,
+    "Another runner took the turn over: its writes were refused. Resumable."
+);
+create_exception!(
+    _abridge,
+    LeaseHeld,
+    AbridgeError,
+    "A live runner holds the turn. Resumable later."
+);
+create_exception!(
+    _abridge,
+    SessionDeleted,
+    AbridgeError,
+    "The session was deleted."
+);
+create_exception!(
+    _abridge,
+    ContextOverflow,
+    AbridgeError,
+    "The context cannot be made to fit the model's window."
+);
+create_exception!(
+    _abridge,
+    TurnParked,
+    AbridgeError,
+    "The session's turn waits for a decision: decide its calls and resume it."
+);
+create_exception!(
+    _abridge,
+    AlreadyDecided,
+    AbridgeError,
+    "The call was decided already; the first decision wins."
+);
+create_exception!(
+    _abridge,
+    NotFound,
+    AbridgeError,
+    "No such session, turn, step or call."
+);
+create_exception!(
+    _abridge,
+    ModelFailed,
+    AbridgeError,
+    "The model failed the step (after its retries)."
+);
+create_exception!(
+    _abridge,
+    StoreError,
+    AbridgeError,
+    "The store refused: not a store, a newer schema, a busy or unreachable database."
+);
+
+/// The engine's error as the matching exception class; `resumable` in its
+/// arguments says whether running the turn again can succeed.
+fn py_err(e: Error) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        Error::LeaseLost { .. } => LeaseLost::new_err(msg),
+        Error::LeaseHeld { .. } => LeaseHeld::new_err(msg),
+        Error::SessionDeleted { .. } | Error::TurnDeleted { .. } => SessionDeleted::new_err(msg),
+        Error::ContextOverflow { .. } => ContextOverflow::new_err(msg),
+        Error::TurnParked { .. } => TurnParked::new_err(msg),
+        Error::AlreadyDecided { .. } => AlreadyDecided::new_err(msg),
+        Error::UnknownSession(_) | Error::UnknownTurn(_) | Error::UnknownCall { .. } => {
+            NotFound::new_err(msg)
+        }
+        Error::Model { .. } | Error::EmptyResponse { .. } | Error::InvalidResponse { .. } => {
+            ModelFailed::new_err(msg)
+        }
+        Error::NotADatabase { .. }
+        | Error::ForeignDatabase { .. }
+        | Error::SchemaTooNew { .. }
+        | Error::PoolTimeout { .. }
+        | Error::Unreachable { .. } => StoreError::new_err(msg),
+        _ => AbridgeError::new_err(msg),
+    }
+}
+
+/// JSON text as a Python object (`json.loads`).
+fn from_json(py: Python<'_>, text: &str) -> PyResult<PyObject> {
+    let json = py.import("json")?;
+    Ok(json.call_method1("loads", (text,))?.unbind())
+}
+
+/// A Python object as JSON text (`json.dumps`).
+fn to_json(obj: &Bound<'_, PyAny>) -> PyResult<String> {
+    let json = obj.py().import("json")?;
+    json.call_method1("dumps", (obj,))?.extract()
+}
+
+/// A serialisable engine value as a Python object.
+fn to_py<T: serde::Serialize>(py: Python<'_>, v: &T) -> PyResult<PyObject> {
+    let text = serde_json::to_string(v).map_err(|e| AbridgeError::new_err(e.to_string()))?;
+    from_json(py, &text)
+}
+
+/// A store: an SQLite file (created if missing) or a `postgres://` URL.
+#[pyclass(module = "abridge._abridge", frozen)]
+#[derive(Clone)]
+struct Store {
+    inner: EngineStore,
+}
+
+#[pymethods]
+impl Store {
+    /// Opens (creating, migrating) the store at `path_or_url`.
+    #[staticmethod]
+    fn open(py: Python<'_>, path_or_url: String) -> PyResult<Store> {
+        let inner = py
+            .allow_threads(|| EngineStore::open(path_or_url.as_str()))
+            .map_err(py_err)?;
+        Ok(Store { inner })
+    }
+
+    /// The session (a dict) by its id or external id.
+    fn session<'py>(&self, py: Python<'py>, key: SessionKeyArg) -> PyResult<Bound<'py, PyAny>> {
+        let store = self.inner.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let row = store.session(key.0).await.map_err(py_err)?;
+            Python::with_gil(|py| to_py(py, &row))
+        })
+    }
+
+    /// A session's turns (dicts), in order.
+    fn turns<'py>(&self, py: Python<'py>, session_id: i64) -> PyResult<Bound<'py, PyAny>> {
+        let store = self.inner.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let rows = store.turns(SessionId(session_id)).await.map_err(py_err)?;
+            Python::with_gil(|py| to_py(py, &rows))
+        })
+    }
+
+    /// A turn's steps (dicts), in order.
+    fn steps<'py>(&self, py: Python<'py>, turn_id: i64) -> PyResult<Bound<'py, PyAny>> {
+        let store = self.inner.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let rows = store.steps(TurnId(turn_id)).await.map_err(py_err)?;
+            Python::with_gil(|py| to_py(py, &rows))
+        })
+    }
+
+    /// A session's compactions (dicts), oldest first.
+    fn compactions<'py>(&self, py: Python<'py>, session_id: i64) -> PyResult<Bound<'py, PyAny>> {
+        let store = self.inner.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let rows = store
+                .compactions(SessionId(session_id))
+                .await
+                .map_err(py_err)?;
+            Python::with_gil(|py| to_py(py, &rows))
+        })
+    }
+
+    /// A session's full, uncompacted transcript (`markdown` or `jsonl`).
+    #[pyo3(signature = (key, format = "markdown"))]
+    fn export<'py>(
+        &self,
+        py: Python<'py>,
+        key: SessionKeyArg,
+        format: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let format = match format {
+            "markdown" | "md" => ExportFormat::Markdown,
+            "jsonl" => ExportFormat::Jsonl,
+            other => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "format must be markdown or jsonl, not {other:?}"
+                )))
+            }
+        };
+        let store = self.inner.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            store.export(key.0, format).await.map_err(py_err)
+        })
+    }
+
+    /// Rebuilds an executed step's messages (G3): a dict with `sha256`,
+    /// `recorded` and `holds`.
+    fn rebuild_step<'py>(&self, py: Python<'py>, step_id: i64) -> PyResult<Bound<'py, PyAny>> {
+        let store = self.inner.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let r = store
+                .call(move |c| abridge::replay::rebuild_step(c, abridge::StepId(step_id)))
+                .await
+                .map_err(py_err)?;
+            Python::with_gil(|py| {
+                let d = PyDict::new(py);
+                d.set_item("sha256", &r.sha256)?;
+                d.set_item("recorded", &r.recorded)?;
+                d.set_item("holds", r.holds())?;
+                Ok(d.unbind().into_any())
+            })
+        })
+    }
+
+    /// Checks the guarantees G1-G8 on the whole store: a dict with `ok`,
+    /// `checks` and `notes`.
+    fn verify<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let store = self.inner.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let report = store
+                .call(|c| abridge::verify::verify(c))
+                .await
+                .map_err(py_err)?;
+            Python::with_gil(|py| to_py(py, &report))
+        })
+    }
+}
+
+/// A session named by its row id (an int) or its external id (a str).
+struct SessionKeyArg(abridge::SessionKey);
+
+impl<'py> FromPyObject<'py> for SessionKeyArg {
+    fn extract_bound(ob: &Bound<'py, PyAny>) -> PyResult<Self> {
+        if let Ok(id) = ob.extract::<i64>() {
+            return Ok(SessionKeyArg(abridge::SessionKey::Id(SessionId(id))));
+        }
+        let ext: String = ob.extract()?;
+        Ok(SessionKeyArg(abridge::SessionKey::External(ext)))
+    }
+}
+
+/// A model that is a Python async callable: it gets the request as a dict
+/// (`model`, `messages`, `tools`) and returns the response as a dict
+/// (`blocks`: `{"type": "text", "text": ...}` or `{"type": "tool_use",
+/// "id": ..., "name": ..., "input": {...}}`; `usage`: `input_tokens`,
+/// `output_tokens`). It is awaited on the event loop of the call that runs
+/// the turn.
+struct PyModel {
+    callable: PyObject,
+}
+
+#[abridge::async_trait]
+impl ModelClient for PyModel {
+    async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        let body = serde_json::json!({
+            "model": request.model,
+            "messages": &*request.messages,
+            "tools": request.tools,
+        })
+        .to_string();
+        let awaited = Python::with_gil(|py| -> PyResult<_> {
+            let locals = pyo3_async_runtimes::tokio::get_current_locals(py)?;
+            let req = from_json(py, &body)?;
+            let coro = self.callable.bind(py).call1((req,))?;
+            pyo3_async_runtimes::into_future_with_locals(&locals, coro)
+        })
+        .map_err(|e| ModelError::Permanent(format!("the model callable failed: {e}")))?;
+        let out = awaited
+            .await
+            .map_err(|e| ModelError::Transient(format!("the model callable raised: {e}")))?;
+        let text = Python::with_gil(|py| to_json(out.bind(py)))
+            .map_err(|e| ModelError::Permanent(format!("the model's answer is not JSON: {e}")))?;
+        serde_json::from_str(&text).map_err(|e| {
+            ModelError::Permanent(format!("the model's answer is not a response: {e}"))
+        })
+    }
+}
+
+/// Runs turns durably over a store with a model (a Python async callable).
+#[pyclass(module = "abridge._abridge", frozen)]
+struct Runner {
+    inner: EngineRunner,
+}
+
+/// A threshold: a token count (int), a fraction of the window (float), or
+/// None / "off".
+fn threshold(v: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Threshold>> {
+    let Some(v) = v else { return Ok(None) };
+    if v.is_none() {
+        return Ok(None);
+    }
+    if let Ok(n) = v.extract::<u64>() {
+        return Ok(Some(Threshold::Tokens(n)));
+    }
+    if let Ok(f) = v.extract::<f64>() {
+        return Ok(Some(Threshold::Fraction(f)));
+    }
+    let s: String = v.extract()?;
+    Threshold::parse(&s).map(Some).map_err(py_err)
+}
+
+#[pymethods]
+impl Runner {
+    /// A runner over `store` calling `model`. `compact_at`: tokens (int), a
+    /// fraction of the model's window (float) or "off"; `context_window`:
+    /// the model's window in tokens, for a model abridge does not know.
+    #[new]
+    #[pyo3(signature = (store, model, *, compact_at = None, context_window = None, model_name = None))]
+    fn new(
+        py: Python<'_>,
+        store: &Store,
+        model: PyObject,
+        compact_at: Option<&Bound<'_, PyAny>>,
+        context_window: Option<u64>,
+        model_name: Option<String>,
+    ) -> PyResult<Runner> {
+        let mut compaction = CompactionConfig::default();
+        if let Some(t) = threshold(compact_at)? {
+            compaction = compaction.with_compact_at(t);
+        }
+        if let (Some(w), Some(m)) = (context_window, &model_name) {
+            compaction = compaction.with_context_window(m, w);
+        }
+        let store = store.inner.clone();
+        let model: Arc<dyn ModelClient> = Arc::new(PyModel { callable: model });
+        // Built inside the runtime: the runner starts its background tasks there.
+        let inner = py.allow_threads(|| {
+            let _rt = pyo3_async_runtimes::tokio::get_runtime().enter();
+            EngineRunner::builder(store, model)
+                .compaction(compaction)
+                .build()
+        });
+        Ok(Runner {
+            inner: inner.map_err(py_err)?,
+        })
+    }
+
+    /// Creates a session, or returns the one with this external id (a dict).
+    fn create_session<'py>(
+        &self,
+        py: Python<'py>,
+        external_id: String,
+        model: String,
+        system_prompt: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let runner = self.inner.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let row = runner
+                .create_session(&external_id, &model, &system_prompt)
+                .await
+                .map_err(py_err)?;
+            Python::with_gil(|py| to_py(py, &row))
+        })
+    }
+
+    /// Runs turn `idx` of the session to its end (or resumes it, or returns
+    /// it as it ended): a dict with `output`, `steps`, `turn` and `pending`
+    /// (the calls it is parked on, if any).
+    fn run_turn_at<'py>(
+        &self,
+        py: Python<'py>,
+        session_id: i64,
+        idx: i64,
+        input: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let runner = self.inner.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let out = runner
+                .run_turn_at(SessionId(session_id), idx, &input)
+                .await
+                .map_err(py_err)?;
+            Python::with_gil(|py| outcome(py, &out))
+        })
+    }
+
+    /// Resumes a running turn (from any process) at its first incomplete step.
+    fn resume_turn<'py>(&self, py: Python<'py>, turn_id: i64) -> PyResult<Bound<'py, PyAny>> {
+        let runner = self.inner.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let out = runner.resume_turn(TurnId(turn_id)).await.map_err(py_err)?;
+            Python::with_gil(|py| outcome(py, &out))
+        })
+    }
+
+    /// The turns a crash left running that this process may resume (dicts).
+    fn recoverable_turns<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let runner = self.inner.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let rows = runner.recoverable_turns().await.map_err(py_err)?;
+            Python::with_gil(|py| to_py(py, &rows))
+        })
+    }
+
+    /// Compacts the session now (manual), with an optional focus.
+    #[pyo3(signature = (session_id, focus = None))]
+    fn compact_now<'py>(
+        &self,
+        py: Python<'py>,
+        session_id: i64,
+        focus: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let runner = self.inner.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let row = runner
+                .compact_now(SessionId(session_id), focus)
+                .await
+                .map_err(py_err)?;
+            Python::with_gil(|py| to_py(py, &row))
+        })
+    }
+
+    /// Waits for the summaries this runner started in the background.
+    fn finish_background<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let runner = self.inner.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            Ok(runner.finish_background().await)
+        })
+    }
+}
+
+fn outcome(py: Python<'_>, out: &abridge::TurnOutcome) -> PyResult<PyObject> {
+    let d = PyDict::new(py);
+    d.set_item("output", &out.output)?;
+    d.set_item("steps", out.steps)?;
+    d.set_item("turn", to_py(py, &out.turn)?)?;
+    d.set_item("pending", to_py(py, &out.pending)?)?;
+    d.set_item("parked", out.is_parked())?;
+    Ok(d.unbind().into_any())
+}
+
+#[pymodule]
+fn _abridge(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<Store>()?;
+    m.add_class::<Runner>()?;
+    for (name, ty) in [
+        ("AbridgeError", py.get_type::<AbridgeError>()),
+        ("LeaseLost", py.get_type::<LeaseLost>()),
+        ("LeaseHeld", py.get_type::<LeaseHeld>()),
+        ("SessionDeleted", py.get_type::<SessionDeleted>()),
+        ("ContextOverflow", py.get_type::<ContextOverflow>()),
+        ("TurnParked", py.get_type::<TurnParked>()),
+        ("AlreadyDecided", py.get_type::<AlreadyDecided>()),
+        ("NotFound", py.get_type::<NotFound>()),
+        ("ModelFailed", py.get_type::<ModelFailed>()),
+        ("StoreError", py.get_type::<StoreError>()),
+    ] {
+        m.add(name, ty)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,163 @@
+"""The package against the engine: turns run durably with a Python model,
+read back, compacted, verified; errors arrive as the engine's kinds."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import abridge
+
+
+def scripted_model():
+    """An async model: the first step of a turn calls no tool, it answers
+    with the user's words and a count of the messages it was sent."""
+
+    async def model(request):
+        assert set(request) >= {"model", "messages", "tools"}
+        last = request["messages"][-1]
+        text = " ".join(b.get("text", "") for b in last["content"])
+        await asyncio.sleep(0)
+        return {
+            "blocks": [{"type": "text", "text": f"echo: {text} ({len(request['messages'])})"}],
+            "usage": {"input_tokens": 50 * len(request["messages"]), "output_tokens": 5},
+        }
+
+    return model
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_a_turn_runs_and_reads_back(tmp_path):
+    async def main():
+        store = abridge.Store.open(str(tmp_path / "a.db"))
+        runner = abridge.Runner(store, scripted_model())
+        s = await runner.create_session("user-42", "gpt-4o", "You are terse.")
+        out = await runner.run_turn_at(s["id"], 0, "hello")
+        assert out["output"] == "echo: hello (2)"
+        assert out["parked"] is False and out["pending"] == []
+        # The same turn again is the same turn, returned as it ended.
+        again = await runner.run_turn_at(s["id"], 0, "hello")
+        assert again["output"] == out["output"]
+        turns = await store.turns(s["id"])
+        assert [t["status"] for t in turns] == ["completed"]
+        steps = await store.steps(turns[0]["id"])
+        rebuilt = await store.rebuild_step(steps[0]["id"])
+        assert rebuilt["holds"] and rebuilt["sha256"] == steps[0]["messages_sha256"]
+        assert (await store.session("user-42"))["id"] == s["id"]
+        assert "hello" in await store.export("user-42")
+        report = await store.verify()
+        assert report["ok"], report
+
+    run(main())
+
+
+def test_sessions_compact_and_verify(tmp_path):
+    async def main():
+        store = abridge.Store.open(str(tmp_path / "c.db"))
+        runner = abridge.Runner(store, scripted_model(), compact_at=400)
+        s = await runner.create_session("long", "gpt-4o", "sys")
+        for i in range(12):
+            await runner.run_turn_at(s["id"], i, f"turn {i}: order ORD-{1000 + i} please")
+        await runner.finish_background()
+        done = [c for c in await store.compactions(s["id"]) if c["status"] == "completed"]
+        assert done, "the threshold was never passed"
+        assert (await store.verify())["ok"]
+
+    run(main())
+
+
+def test_errors_are_the_engines_kinds(tmp_path):
+    async def main():
+        store = abridge.Store.open(str(tmp_path / "e.db"))
+        runner = abridge.Runner(store, scripted_model())
+        with pytest.raises(abridge.NotFound):
+            await store.session("nobody")
+        s = await runner.create_session("s", "gpt-4o", "sys")
+
+        async def broken(request):
+            return {"not": "a response"}
+
+        bad = abridge.Runner(store, broken)
+        with pytest.raises(abridge.AbridgeError):
+            await bad.run_turn_at(s["id"], 0, "hi")
+        assert issubclass(abridge.LeaseLost, abridge.AbridgeError)
+
+    run(main())
+    not_a_store = tmp_path / "notes.txt"
+    not_a_store.write_text("not a database, not at all, " * 100)
+    with pytest.raises(abridge.StoreError):
+        abridge.Store.open(str(not_a_store))
+
+
+HOST = textwrap.dedent(
+    """
+    import asyncio, sys
+    import abridge
+
+    async def model(request):
+        await asyncio.sleep(0.05)
+        n = len(request["messages"])
+        return {"blocks": [{"type": "text", "text": f"answer {n}"}],
+                "usage": {"input_tokens": 40 * n, "output_tokens": 3}}
+
+    async def main(db):
+        store = abridge.Store.open(db)
+        runner = abridge.Runner(store, model, compact_at=300)
+        for t in await runner.recoverable_turns():
+            await runner.resume_turn(t["id"])
+        s = await runner.create_session("host", "gpt-4o", "sys")
+        for i in range(30):
+            await runner.run_turn_at(s["id"], i, f"turn {i}: order ORD-{7000 + i}")
+        await runner.finish_background()
+        print("done", flush=True)
+
+    asyncio.run(main(sys.argv[1]))
+    """
+)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
+def test_a_python_host_killed_mid_turn_resumes_and_verifies(tmp_path):
+    db = str(tmp_path / "k.db")
+    script = tmp_path / "host.py"
+    script.write_text(HOST)
+    p = subprocess.Popen([sys.executable, str(script), db])
+    # Killed once it has run a few turns.
+    import time
+
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        time.sleep(0.05)
+        if os.path.exists(db) and p.poll() is None:
+            async def count():
+                try:
+                    s = abridge.Store.open(db)
+                    return len(await s.turns(1))
+                except abridge.AbridgeError:
+                    return 0
+
+            if asyncio.run(count()) >= 5:
+                break
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    out = subprocess.run([sys.executable, str(script), db], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "done" in out.stdout
+
+    async def check():
+        store = abridge.Store.open(db)
+        turns = await store.turns(1)
+        assert [t["idx"] for t in turns] == list(range(30))
+        assert all(t["status"] == "completed" for t in turns)
+        report = await store.verify()
+        assert report["ok"], json.dumps(report, indent=1)
+
+    asyncio.run(check())
