@@ -8,7 +8,10 @@ use abridge::compaction::{CompactionConfig, Threshold};
 use abridge::inspect::ExportFormat;
 use abridge::message::{ModelRequest, ModelResponse};
 use abridge::model::{ModelClient, ModelError};
-use abridge::{Error, Runner as EngineRunner, SessionId, Store as EngineStore, TurnId};
+use abridge::{
+    Approval, CallId, Decision, Error, Runner as EngineRunner, SessionId, Store as EngineStore,
+    ToolCall, ToolError, ToolSpec, Tools, TurnId,
+};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -283,6 +286,181 @@ impl ModelClient for PyModel {
     }
 }
 
+/// A tool the model may call: `fn` is a Python callable (sync or async)
+/// taking the call's arguments (a dict) and the call (a dict with
+/// `idempotency_key`, `session`, `turn`, `step`, `id`, `name`), returning
+/// a JSON-able result (a str as it is); raising gives the model an error
+/// result with the exception's message. `effect`: `idempotent` (called
+/// again with the same key after a crash), `at_most_once` (never called
+/// twice: a crash mid-call is reported to the model as an unknown outcome)
+/// or `deferred` (no code runs: its result is delivered, `Runner.decide`).
+#[pyclass(module = "abridge._abridge", frozen)]
+#[derive(Clone)]
+struct Tool {
+    spec: ToolSpec,
+    effect: String,
+    func: Option<Arc<PyObject>>,
+}
+
+#[pymethods]
+impl Tool {
+    #[new]
+    #[pyo3(signature = (name, fn_ = None, *, description = String::new(), input_schema = None, effect = "idempotent".to_string()))]
+    fn new(
+        name: String,
+        fn_: Option<PyObject>,
+        description: String,
+        input_schema: Option<&Bound<'_, PyAny>>,
+        effect: String,
+    ) -> PyResult<Tool> {
+        let schema = match input_schema {
+            Some(s) => serde_json::from_str(&to_json(s)?)
+                .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?,
+            None => serde_json::json!({"type": "object"}),
+        };
+        match (effect.as_str(), &fn_) {
+            ("idempotent" | "at_most_once", Some(_)) | ("deferred", None) => {}
+            ("idempotent" | "at_most_once", None) => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "tool {name}: an {effect} tool needs a function"
+                )))
+            }
+            ("deferred", Some(_)) => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "tool {name}: a deferred tool has no function (its result is delivered)"
+                )))
+            }
+            (other, _) => return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "tool {name}: effect must be idempotent, at_most_once or deferred, not {other:?}"
+            ))),
+        }
+        Ok(Tool {
+            spec: ToolSpec {
+                name,
+                description,
+                input_schema: schema,
+            },
+            effect,
+            func: fn_.map(Arc::new),
+        })
+    }
+
+    /// The tool's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.spec.name
+    }
+}
+
+/// A Python tool function under the engine's `Tool` trait.
+struct PyTool {
+    func: Arc<PyObject>,
+}
+
+#[abridge::async_trait]
+impl abridge::Tool for PyTool {
+    async fn call(&self, call: &ToolCall) -> Result<serde_json::Value, ToolError> {
+        let input = call.input.to_string();
+        let meta = serde_json::json!({
+            "idempotency_key": call.idempotency_key,
+            "session": call.session,
+            "turn": call.turn_idx,
+            "step": call.step_idx,
+            "id": call.tool_call_id,
+            "name": call.name,
+        })
+        .to_string();
+        let err = |e: PyErr| ToolError::new(Python::with_gil(|py| e.value(py).to_string()));
+        // A coroutine is awaited on the host's loop; a plain value is the result.
+        let called = Python::with_gil(|py| -> PyResult<Result<PyObject, _>> {
+            let out = self
+                .func
+                .bind(py)
+                .call1((from_json(py, &input)?, from_json(py, &meta)?))?;
+            if out.hasattr("__await__")? {
+                let locals = pyo3_async_runtimes::tokio::get_current_locals(py)?;
+                return Ok(Err(pyo3_async_runtimes::into_future_with_locals(
+                    &locals, out,
+                )?));
+            }
+            Ok(Ok(out.unbind()))
+        })
+        .map_err(err)?;
+        let value = match called {
+            Ok(v) => v,
+            Err(fut) => fut.await.map_err(err)?,
+        };
+        let text = Python::with_gil(|py| to_json(value.bind(py))).map_err(err)?;
+        serde_json::from_str(&text).map_err(|e| ToolError::new(e.to_string()))
+    }
+}
+
+/// A call's parked row, or the engine's decision from a Python one.
+fn decision(
+    py: Python<'_>,
+    what: &str,
+    reason: Option<String>,
+    input: Option<&Bound<'_, PyAny>>,
+    always: bool,
+    result: Option<String>,
+    ok: bool,
+) -> PyResult<Decision> {
+    let _ = py;
+    Ok(match what {
+        "approve" => Decision::Approve {
+            input: match input {
+                Some(v) if !v.is_none() => Some(
+                    serde_json::from_str(&to_json(v)?)
+                        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?,
+                ),
+                _ => None,
+            },
+            always,
+        },
+        "reject" => Decision::reject(reason.unwrap_or_default()),
+        "deliver" => Decision::Deliver {
+            result: result.unwrap_or_default(),
+            ok,
+        },
+        other => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "a decision is approve, reject or deliver, not {other:?}"
+            )))
+        }
+    })
+}
+
+/// The runner's events, as an async iterator of dicts (`event` names the
+/// kind; `session`, `turn` and the kind's fields beside it).
+#[pyclass(module = "abridge._abridge")]
+struct Events {
+    rx: Arc<tokio::sync::Mutex<tokio::sync::broadcast::Receiver<abridge::Event>>>,
+}
+
+#[pymethods]
+impl Events {
+    fn __aiter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __anext__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let rx = self.rx.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            loop {
+                let got = rx.lock().await.recv().await;
+                match got {
+                    Ok(e) => return Python::with_gil(|py| to_py(py, &e)),
+                    // A subscriber far behind loses the oldest: go on.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                        return Err(pyo3::exceptions::PyStopAsyncIteration::new_err(()))
+                    }
+                }
+            }
+        })
+    }
+}
+
 /// Runs turns durably over a store with a model (a Python async callable).
 #[pyclass(module = "abridge._abridge", frozen)]
 struct Runner {
@@ -312,15 +490,37 @@ impl Runner {
     /// fraction of the model's window (float) or "off"; `context_window`:
     /// the model's window in tokens, for a model abridge does not know.
     #[new]
-    #[pyo3(signature = (store, model, *, compact_at = None, context_window = None, model_name = None))]
+    #[pyo3(signature = (store, model, *, tools = Vec::new(), approval = None, compact_at = None, context_window = None, model_name = None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         store: &Store,
         model: PyObject,
+        tools: Vec<Tool>,
+        approval: Option<&Bound<'_, PyAny>>,
         compact_at: Option<&Bound<'_, PyAny>>,
         context_window: Option<u64>,
         model_name: Option<String>,
     ) -> PyResult<Runner> {
+        let mut registry = Tools::new();
+        for t in tools {
+            registry = match (t.effect.as_str(), t.func) {
+                ("deferred", _) => registry.deferred(t.spec),
+                ("at_most_once", Some(f)) => registry.at_most_once(t.spec, PyTool { func: f }),
+                (_, Some(f)) => registry.idempotent(t.spec, PyTool { func: f }),
+                (_, None) => registry,
+            };
+        }
+        // `approval`: True for every tool, or the names of those that wait.
+        let approval = match approval {
+            None => Approval::none(),
+            Some(a) if a.is_none() => Approval::none(),
+            Some(a) => match a.extract::<bool>() {
+                Ok(true) => Approval::all(),
+                Ok(false) => Approval::none(),
+                Err(_) => Approval::tools(a.extract::<Vec<String>>()?),
+            },
+        };
         let mut compaction = CompactionConfig::default();
         if let Some(t) = threshold(compact_at)? {
             compaction = compaction.with_compact_at(t);
@@ -334,6 +534,8 @@ impl Runner {
         let inner = py.allow_threads(|| {
             let _rt = pyo3_async_runtimes::tokio::get_runtime().enter();
             EngineRunner::builder(store, model)
+                .tools(registry)
+                .approval(approval)
                 .compaction(compaction)
                 .build()
         });
@@ -416,6 +618,116 @@ impl Runner {
         })
     }
 
+    /// Takes a decision for a parked call, once: `approve` (optionally with
+    /// edited `input`, or `always` for the tool in this session), `reject`
+    /// (the model sees `reason`) or `deliver` (a deferred call's `result`).
+    /// Returns the call's row; a second decision raises `AlreadyDecided`.
+    #[pyo3(signature = (call, what, *, reason = None, input = None, always = false, result = None, ok = true, by = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn decide<'py>(
+        &self,
+        py: Python<'py>,
+        call: i64,
+        what: &str,
+        reason: Option<String>,
+        input: Option<&Bound<'py, PyAny>>,
+        always: bool,
+        result: Option<String>,
+        ok: bool,
+        by: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let d = decision(py, what, reason, input, always, result, ok)?;
+        let runner = self.inner.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let row = runner
+                .decide(CallId(call), d, by.as_deref())
+                .await
+                .map_err(py_err)?;
+            Python::with_gil(|py| to_py(py, &row))
+        })
+    }
+
+    /// Abandons a parked turn (recorded): the session can take a new turn.
+    fn abandon_turn<'py>(
+        &self,
+        py: Python<'py>,
+        turn_id: i64,
+        reason: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let runner = self.inner.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let row = runner
+                .abandon_turn(TurnId(turn_id), &reason)
+                .await
+                .map_err(py_err)?;
+            Python::with_gil(|py| to_py(py, &row))
+        })
+    }
+
+    /// The calls that wait for a decision or a result (dicts), oldest first.
+    #[pyo3(signature = (session_id = None))]
+    fn pending_calls<'py>(
+        &self,
+        py: Python<'py>,
+        session_id: Option<i64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let runner = self.inner.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let rows = runner
+                .store()
+                .pending_calls(session_id.map(SessionId))
+                .await
+                .map_err(py_err)?;
+            Python::with_gil(|py| to_py(py, &rows))
+        })
+    }
+
+    /// Pins a fact every later compaction carries (G8); `slot`: a newer
+    /// value of the same slot supersedes it. Returns the turn it counts as
+    /// stated in.
+    #[pyo3(signature = (session_id, value, slot = None))]
+    fn pin<'py>(
+        &self,
+        py: Python<'py>,
+        session_id: i64,
+        value: String,
+        slot: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let runner = self.inner.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let fact = abridge::pins::Fact::host(slot.as_deref(), &value);
+            runner
+                .pin(SessionId(session_id), fact)
+                .await
+                .map_err(py_err)
+        })
+    }
+
+    /// What a manual compaction would do now, writing nothing (a dict).
+    #[pyo3(signature = (session_id, focus = None))]
+    fn preview_compaction<'py>(
+        &self,
+        py: Python<'py>,
+        session_id: i64,
+        focus: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let runner = self.inner.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let p = runner
+                .preview_compaction(SessionId(session_id), focus)
+                .await
+                .map_err(py_err)?;
+            Python::with_gil(|py| to_py(py, &p))
+        })
+    }
+
+    /// The runner's events from now on, as an async iterator of dicts.
+    fn events(&self) -> Events {
+        Events {
+            rx: Arc::new(tokio::sync::Mutex::new(self.inner.subscribe())),
+        }
+    }
+
     /// Waits for the summaries this runner started in the background.
     fn finish_background<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let runner = self.inner.clone();
@@ -440,6 +752,8 @@ fn _abridge(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<Store>()?;
     m.add_class::<Runner>()?;
+    m.add_class::<Tool>()?;
+    m.add_class::<Events>()?;
     for (name, ty) in [
         ("AbridgeError", py.get_type::<AbridgeError>()),
         ("LeaseLost", py.get_type::<LeaseLost>()),

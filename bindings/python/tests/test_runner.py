@@ -161,3 +161,93 @@ def test_a_python_host_killed_mid_turn_resumes_and_verifies(tmp_path):
         assert report["ok"], json.dumps(report, indent=1)
 
     asyncio.run(check())
+
+
+def tool_model(calls):
+    """First step of a turn: call each tool of `calls`; then answer with the
+    tool results it was shown."""
+
+    async def model(request):
+        last = request["messages"][-1]["content"]
+        results = [b for b in last if b.get("type") == "tool_result"]
+        if results:
+            text = " | ".join(("error: " if r["is_error"] else "") + r["content"] for r in results)
+            return {"blocks": [{"type": "text", "text": text}]}
+        return {
+            "blocks": [
+                {"type": "tool_use", "id": f"c{i}", "name": n, "input": {"amount": 10 * (i + 1)}}
+                for i, n in enumerate(calls)
+            ]
+        }
+
+    return model
+
+
+def test_tools_in_python_run_once_and_approvals_park_the_turn(tmp_path):
+    seen = []
+
+    def lookup(args, call):  # sync
+        seen.append(("lookup", call["idempotency_key"]))
+        return {"amount": args["amount"], "status": "ok"}
+
+    async def refund(args, call):  # async
+        seen.append(("refund", args["amount"]))
+        return f"refunded {args['amount']}"
+
+    async def main():
+        store = abridge.Store.open(str(tmp_path / "t.db"))
+        runner = abridge.Runner(
+            store,
+            tool_model(["lookup", "refund", "job"]),
+            tools=[
+                abridge.Tool("lookup", lookup),
+                abridge.Tool("refund", refund, effect="at_most_once"),
+                abridge.Tool("job", effect="deferred"),
+            ],
+            approval=["refund"],
+        )
+        events = runner.events()
+        s = await runner.create_session("s", "gpt-4o", "sys")
+        out = await runner.run_turn_at(s["id"], 0, "refund please")
+        assert out["parked"]
+        assert [p["tool_name"] for p in out["pending"]] == ["refund", "job"]
+        assert [c["id"] for c in await runner.pending_calls()] == [p["id"] for p in out["pending"]]
+        with pytest.raises(abridge.TurnParked):
+            await runner.run_turn_at(s["id"], 1, "another")
+        refund_call, job_call = out["pending"]
+        await runner.decide(refund_call["id"], "approve", input={"amount": 5}, by="alice")
+        with pytest.raises(abridge.AlreadyDecided):
+            await runner.decide(refund_call["id"], "reject", reason="too late")
+        await runner.decide(job_call["id"], "deliver", result="report ready")
+        done = await runner.run_turn_at(s["id"], 0, "refund please")
+        assert done["output"] == '{"amount":10,"status":"ok"} | refunded 5 | report ready'
+        assert [name for name, _ in seen] == ["lookup", "refund"]
+        kinds = []
+        while True:
+            e = await asyncio.wait_for(events.__anext__(), 5)
+            kinds.append(e["event"])
+            if e["event"] == "turn_finished":
+                break
+        assert "approval_requested" in kinds and "turn_parked" in kinds
+        assert await runner.pin(s["id"], "12 Rue de Rivoli", slot="ship-to address") >= 0
+        assert (await store.verify())["ok"]
+
+    run(main())
+
+
+def test_a_tool_that_raises_gives_the_model_an_error_result(tmp_path):
+    def broken(args, call):
+        raise RuntimeError("the service is down")
+
+    async def main():
+        store = abridge.Store.open(str(tmp_path / "r.db"))
+        runner = abridge.Runner(
+            store, tool_model(["lookup"]), tools=[abridge.Tool("lookup", broken)]
+        )
+        s = await runner.create_session("s", "gpt-4o", "sys")
+        out = await runner.run_turn_at(s["id"], 0, "go")
+        assert out["output"] == "error: the service is down"
+
+    run(main())
+    with pytest.raises(ValueError):
+        abridge.Tool("x", effect="at_most_once")

@@ -10,6 +10,7 @@ from ._abridge import (
     AbridgeError,
     AlreadyDecided,
     ContextOverflow,
+    Events,
     LeaseHeld,
     LeaseLost,
     ModelFailed,
@@ -18,6 +19,7 @@ from ._abridge import (
     SessionDeleted,
     Store,
     StoreError,
+    Tool,
     TurnParked,
 )
 
@@ -25,6 +27,7 @@ __all__ = [
     "AbridgeError",
     "AlreadyDecided",
     "ContextOverflow",
+    "Events",
     "LeaseHeld",
     "LeaseLost",
     "ModelFailed",
@@ -33,5 +36,6 @@ __all__ = [
     "SessionDeleted",
     "Store",
     "StoreError",
+    "Tool",
     "TurnParked",
 ]

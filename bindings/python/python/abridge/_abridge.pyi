@@ -29,12 +29,31 @@ class Store:
     def rebuild_step(self, step_id: int) -> Awaitable[dict]: ...
     def verify(self) -> Awaitable[dict]: ...
 
+class Tool:
+    def __init__(
+        self,
+        name: str,
+        fn_: Optional[Callable[[dict, dict], Any]] = None,
+        *,
+        description: str = "",
+        input_schema: Optional[dict] = None,
+        effect: Literal["idempotent", "at_most_once", "deferred"] = "idempotent",
+    ) -> None: ...
+    @property
+    def name(self) -> str: ...
+
+class Events:
+    def __aiter__(self) -> "Events": ...
+    def __anext__(self) -> Awaitable[dict]: ...
+
 class Runner:
     def __init__(
         self,
         store: Store,
         model: Model,
         *,
+        tools: list[Tool] = ...,
+        approval: Union[bool, list[str], None] = None,
         compact_at: Union[int, float, str, None] = None,
         context_window: Optional[int] = None,
         model_name: Optional[str] = None,
@@ -47,3 +66,20 @@ class Runner:
     def recoverable_turns(self) -> Awaitable[list[dict]]: ...
     def compact_now(self, session_id: int, focus: Optional[str] = None) -> Awaitable[dict]: ...
     def finish_background(self) -> Awaitable[int]: ...
+    def decide(
+        self,
+        call: int,
+        what: Literal["approve", "reject", "deliver"],
+        *,
+        reason: Optional[str] = None,
+        input: Optional[dict] = None,
+        always: bool = False,
+        result: Optional[str] = None,
+        ok: bool = True,
+        by: Optional[str] = None,
+    ) -> Awaitable[dict]: ...
+    def abandon_turn(self, turn_id: int, reason: str) -> Awaitable[dict]: ...
+    def pending_calls(self, session_id: Optional[int] = None) -> Awaitable[list[dict]]: ...
+    def pin(self, session_id: int, value: str, slot: Optional[str] = None) -> Awaitable[int]: ...
+    def preview_compaction(self, session_id: int, focus: Optional[str] = None) -> Awaitable[dict]: ...
+    def events(self) -> Events: ...

@@ -1006,3 +1006,30 @@ async fn redaction_and_deletion_reach_the_parked_calls() {
     assert!(store.pending_calls(None).await.unwrap().is_empty());
     assert_verified(&store);
 }
+
+/// Regression: an outside (at-most-once or idempotent) call approved with
+/// edited arguments runs with those, not with the model's; its invocation
+/// records them and the model sees the result of the edited call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outside_call_approved_with_edited_arguments_runs_with_them() {
+    let Parked {
+        _dir,
+        store,
+        h,
+        s,
+        parked,
+        ..
+    } = parked(vec!["refund"], "go").await;
+    let edited = Decision::Approve {
+        input: Some(json!({"amount": 5})),
+        always: false,
+    };
+    h.runner
+        .decide(parked.pending[0].id, edited, None)
+        .await
+        .unwrap();
+    let done = h.runner.run_turn_at(s.id, 0, "go").await.unwrap();
+    assert_eq!(*h.refunds.0.lock().unwrap(), vec![json!({"amount": 5})]);
+    assert_eq!(done.output, "refunded 5");
+    assert_verified(&store);
+}

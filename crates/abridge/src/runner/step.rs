@@ -194,13 +194,16 @@ impl Runner {
                         tool,
                         row,
                         inserted,
+                        input,
                     } => {
                         self.tell(session, Some(turn.idx), || EventKind::ToolStarted {
                             step_id: step.id,
                             tool: row.tool_name.clone(),
                             effect: row.effect,
                         });
-                        let result = self.run_async_tool(&plan, pos, tool, &row, inserted).await;
+                        let result = self
+                            .run_async_tool(&plan, pos, tool, &row, inserted, input)
+                            .await;
                         crate::error::check_fault(
                             &self.inner.cfg.testing.fault_hook,
                             FaultPoint::AfterToolEffect,

@@ -107,6 +107,7 @@ impl Runner {
                 tool,
                 row,
                 inserted,
+                input,
             } = self.tool_in_tx(&tx, plan, pos, fresh, tell, happened)?
             {
                 // Everything so far is durable before the outside effect.
@@ -116,6 +117,7 @@ impl Runner {
                     tool,
                     row,
                     inserted,
+                    input,
                 });
             }
         }
@@ -217,6 +219,7 @@ impl Runner {
         let rerun = self.inner.cfg.testing.sabotage.rerun_completed_effects;
         let lease = &plan.lease;
         let mut call = plan.call(pos);
+        let mut approved_input = None;
         match self.gate(tx, plan, pos, &call, fresh, tell, happened)? {
             Gate::Open => {}
             Gate::Park(row) => {
@@ -225,7 +228,8 @@ impl Runner {
             }
             Gate::Run(input) => {
                 if let Some(input) = input {
-                    call.input = input;
+                    call.input = input.clone();
+                    approved_input = Some(input);
                 }
             }
             Gate::Answer(ok, text) => {
@@ -296,6 +300,7 @@ impl Runner {
                         tool,
                         row,
                         inserted,
+                        input: approved_input,
                     });
                 }
                 return Ok(ToolStep::Ran);
@@ -444,8 +449,14 @@ impl Runner {
         tool: Arc<dyn crate::tools::Tool>,
         row: &store::InvocationRow,
         inserted: bool,
+        input: Option<serde_json::Value>,
     ) -> (bool, String) {
         let mut call = plan.call(pos);
+        // Approved with edited arguments: the call goes out with those (as
+        // its invocation row records them).
+        if let Some(input) = input {
+            call.input = input;
+        }
         // A call that had started goes out again under the key it first had.
         call.idempotency_key = row.idempotency_key.clone();
         if row.effect == Effect::AtMostOnce && !inserted {
@@ -612,12 +623,14 @@ pub(crate) fn rejection(reason: Option<&str>) -> String {
 pub(super) enum Advanced {
     /// Calls of the step wait: the turn is parked (committed).
     Parked(Vec<ApprovalRow>),
-    /// The async tool call at `pos` is to run; its invocation row is claimed.
+    /// The async tool call at `pos` is to run; its invocation row is claimed
+    /// (`input`: the arguments a decision approved, when edited).
     Async {
         pos: usize,
         tool: Arc<dyn crate::tools::Tool>,
         row: store::InvocationRow,
         inserted: bool,
+        input: Option<serde_json::Value>,
     },
     /// The step was the turn's last.
     Finished(TurnRow, String),
@@ -629,11 +642,13 @@ pub(super) enum Advanced {
 pub(super) enum ToolStep {
     /// Ran in the step's transaction (or had run before): go on.
     Ran,
-    /// An outside tool whose invocation is claimed: commit, then call it.
+    /// An outside tool whose invocation is claimed: commit, then call it
+    /// (with `input`, the arguments a decision approved, when edited).
     Outside {
         tool: Arc<dyn crate::tools::Tool>,
         row: store::InvocationRow,
         inserted: bool,
+        input: Option<serde_json::Value>,
     },
 }
 
