@@ -330,9 +330,11 @@ impl Tool {
                     "tool {name}: a deferred tool has no function (its result is delivered)"
                 )))
             }
-            (other, _) => return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            (other, _) => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
                 "tool {name}: effect must be idempotent, at_most_once or deferred, not {other:?}"
-            ))),
+            )))
+            }
         }
         Ok(Tool {
             spec: ToolSpec {

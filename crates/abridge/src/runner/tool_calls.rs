@@ -639,6 +639,8 @@ pub(super) enum Advanced {
 }
 
 /// What [`Runner::tool_in_tx`] did with a tool call.
+// Returned once per call and matched at once: never stored, so not boxed.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum ToolStep {
     /// Ran in the step's transaction (or had run before): go on.
     Ran,
