@@ -123,6 +123,19 @@ fn to_py<T: serde::Serialize>(py: Python<'_>, v: &T) -> PyResult<PyObject> {
     from_json(py, &text)
 }
 
+/// An awaitable of `fut`'s value, as a Python object (through JSON): the
+/// shape of every method that reads or writes rows.
+fn awaitable<'py, T, F>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+where
+    T: serde::Serialize + Send + 'static,
+    F: std::future::Future<Output = abridge::Result<T>> + Send + 'static,
+{
+    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        let v = fut.await.map_err(py_err)?;
+        Python::with_gil(|py| to_py(py, &v))
+    })
+}
+
 /// A store: an SQLite file (created if missing) or a `postgres://` URL.
 #[pyclass(module = "abridge._abridge", frozen)]
 #[derive(Clone)]
@@ -144,40 +157,28 @@ impl Store {
     /// The session (a dict) by its id or external id.
     fn session<'py>(&self, py: Python<'py>, key: SessionKeyArg) -> PyResult<Bound<'py, PyAny>> {
         let store = self.inner.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let row = store.session(key.0).await.map_err(py_err)?;
-            Python::with_gil(|py| to_py(py, &row))
-        })
+        awaitable(py, async move { store.session(key.0).await })
     }
 
     /// A session's turns (dicts), in order.
     fn turns<'py>(&self, py: Python<'py>, session_id: i64) -> PyResult<Bound<'py, PyAny>> {
         let store = self.inner.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let rows = store.turns(SessionId(session_id)).await.map_err(py_err)?;
-            Python::with_gil(|py| to_py(py, &rows))
-        })
+        awaitable(py, async move { store.turns(SessionId(session_id)).await })
     }
 
     /// A turn's steps (dicts), in order.
     fn steps<'py>(&self, py: Python<'py>, turn_id: i64) -> PyResult<Bound<'py, PyAny>> {
         let store = self.inner.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let rows = store.steps(TurnId(turn_id)).await.map_err(py_err)?;
-            Python::with_gil(|py| to_py(py, &rows))
-        })
+        awaitable(py, async move { store.steps(TurnId(turn_id)).await })
     }
 
     /// A session's compactions (dicts), oldest first.
     fn compactions<'py>(&self, py: Python<'py>, session_id: i64) -> PyResult<Bound<'py, PyAny>> {
         let store = self.inner.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let rows = store
-                .compactions(SessionId(session_id))
-                .await
-                .map_err(py_err)?;
-            Python::with_gil(|py| to_py(py, &rows))
-        })
+        awaitable(
+            py,
+            async move { store.compactions(SessionId(session_id)).await },
+        )
     }
 
     /// A session's full, uncompacted transcript (`markdown` or `jsonl`).
@@ -226,12 +227,8 @@ impl Store {
     /// `checks` and `notes`.
     fn verify<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let store = self.inner.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let report = store
-                .call(|c| abridge::verify::verify(c))
-                .await
-                .map_err(py_err)?;
-            Python::with_gil(|py| to_py(py, &report))
+        awaitable(py, async move {
+            store.call(|c| abridge::verify::verify(c)).await
         })
     }
 }
@@ -399,7 +396,6 @@ impl abridge::Tool for PyTool {
 
 /// A call's parked row, or the engine's decision from a Python one.
 fn decision(
-    py: Python<'_>,
     what: &str,
     reason: Option<String>,
     input: Option<&Bound<'_, PyAny>>,
@@ -407,7 +403,6 @@ fn decision(
     result: Option<String>,
     ok: bool,
 ) -> PyResult<Decision> {
-    let _ = py;
     Ok(match what {
         "approve" => Decision::Approve {
             input: match input {
@@ -555,12 +550,10 @@ impl Runner {
         system_prompt: String,
     ) -> PyResult<Bound<'py, PyAny>> {
         let runner = self.inner.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let row = runner
+        awaitable(py, async move {
+            runner
                 .create_session(&external_id, &model, &system_prompt)
                 .await
-                .map_err(py_err)?;
-            Python::with_gil(|py| to_py(py, &row))
         })
     }
 
@@ -596,10 +589,7 @@ impl Runner {
     /// The turns a crash left running that this process may resume (dicts).
     fn recoverable_turns<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let runner = self.inner.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let rows = runner.recoverable_turns().await.map_err(py_err)?;
-            Python::with_gil(|py| to_py(py, &rows))
-        })
+        awaitable(py, async move { runner.recoverable_turns().await })
     }
 
     /// Compacts the session now (manual), with an optional focus.
@@ -611,12 +601,8 @@ impl Runner {
         focus: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let runner = self.inner.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let row = runner
-                .compact_now(SessionId(session_id), focus)
-                .await
-                .map_err(py_err)?;
-            Python::with_gil(|py| to_py(py, &row))
+        awaitable(py, async move {
+            runner.compact_now(SessionId(session_id), focus).await
         })
     }
 
@@ -638,14 +624,10 @@ impl Runner {
         ok: bool,
         by: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let d = decision(py, what, reason, input, always, result, ok)?;
+        let d = decision(what, reason, input, always, result, ok)?;
         let runner = self.inner.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let row = runner
-                .decide(CallId(call), d, by.as_deref())
-                .await
-                .map_err(py_err)?;
-            Python::with_gil(|py| to_py(py, &row))
+        awaitable(py, async move {
+            runner.decide(CallId(call), d, by.as_deref()).await
         })
     }
 
@@ -657,12 +639,8 @@ impl Runner {
         reason: String,
     ) -> PyResult<Bound<'py, PyAny>> {
         let runner = self.inner.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let row = runner
-                .abandon_turn(TurnId(turn_id), &reason)
-                .await
-                .map_err(py_err)?;
-            Python::with_gil(|py| to_py(py, &row))
+        awaitable(py, async move {
+            runner.abandon_turn(TurnId(turn_id), &reason).await
         })
     }
 
@@ -674,13 +652,11 @@ impl Runner {
         session_id: Option<i64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let runner = self.inner.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let rows = runner
+        awaitable(py, async move {
+            runner
                 .store()
                 .pending_calls(session_id.map(SessionId))
                 .await
-                .map_err(py_err)?;
-            Python::with_gil(|py| to_py(py, &rows))
         })
     }
 
@@ -714,12 +690,10 @@ impl Runner {
         focus: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let runner = self.inner.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let p = runner
+        awaitable(py, async move {
+            runner
                 .preview_compaction(SessionId(session_id), focus)
                 .await
-                .map_err(py_err)?;
-            Python::with_gil(|py| to_py(py, &p))
         })
     }
 

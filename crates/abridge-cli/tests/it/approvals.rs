@@ -1033,3 +1033,48 @@ async fn an_outside_call_approved_with_edited_arguments_runs_with_them() {
     assert_eq!(done.output, "refunded 5");
     assert_verified(&store);
 }
+
+/// G6 for decisions: the schema itself refuses changing a decided call's
+/// row, deleting one, and changing a grant (outside a delete or redaction
+/// of its session).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schema_refuses_changing_a_decision_or_deleting_a_parked_call() {
+    let Parked {
+        _dir,
+        store,
+        h,
+        parked,
+        ..
+    } = parked(vec!["refund"], "go").await;
+    let call = parked.pending[0].id;
+    let always = Decision::Approve {
+        input: None,
+        always: true,
+    };
+    h.runner.decide(call, always, Some("alice")).await.unwrap();
+    for sql in [
+        "UPDATE approvals SET status = 'rejected' WHERE id = ?1",
+        "UPDATE approvals SET decided_by = 'mallory' WHERE id = ?1",
+        "DELETE FROM approvals WHERE id = ?1",
+        "UPDATE approval_grants SET tool_name = 'other' WHERE approval_id = ?1",
+        "DELETE FROM approval_grants WHERE approval_id = ?1",
+    ] {
+        let sql = if on_postgres() {
+            sql.replace("?1", "$1")
+        } else {
+            sql.to_string()
+        };
+        let refused = store.with_conn(|c| c.execute(&sql, [call.get()]));
+        let msg = format!("{refused:?}");
+        assert!(msg.contains("abridge: a"), "{sql}: {msg}");
+    }
+    let row = store
+        .approvals(parked.turn.session_id)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        (row.status, row.decided_by.as_deref()),
+        (ApprovalStatus::Approved, Some("alice"))
+    );
+}

@@ -156,6 +156,7 @@ impl Runner {
                 ctx: std::sync::Mutex::new(ctx),
                 parked: std::sync::Mutex::new(Vec::new()),
                 resumed: std::sync::atomic::AtomicBool::new(false),
+                responded_here: persist.is_some(),
             });
             let mut advanced = self.advance(&plan, 0, persist, None).await?;
             next = loop {

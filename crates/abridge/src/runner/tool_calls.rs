@@ -329,12 +329,12 @@ impl Runner {
     /// Whether call `pos` runs now, waits, or is answered by a decision,
     /// inside the step's transaction.
     ///
-    /// A fresh step (its response written in this transaction) has no
-    /// parked call: only a call the policy or a deferred tool wants parked
-    /// is looked at, so a host without approvals reads nothing more. A
-    /// resumed step's call is looked up: a decision taken for it is applied
-    /// whatever the policy says now, and one that ran before is never asked
-    /// about.
+    /// A step whose response this process wrote has no parked call but
+    /// those its plan parked: only a call the policy or a deferred tool
+    /// wants parked is looked at, so a host without approvals reads nothing
+    /// more, before or after an outside call. A resumed step's call is
+    /// looked up: a decision taken for it is applied whatever the policy
+    /// says now, and one that ran before is never asked about.
     #[allow(clippy::too_many_arguments)]
     fn gate(
         &self,
@@ -352,10 +352,11 @@ impl Runner {
             || (registered.is_some()
                 && call.input.is_object()
                 && self.inner.cfg.approval.requires(call));
-        if fresh && !wants {
+        let written_here = fresh || plan.responded_here;
+        if written_here && !wants {
             return Ok(Gate::Open);
         }
-        if !fresh {
+        if !written_here {
             if let Some(mut row) = store::approval_for_call(tx, plan.step_id, &call.tool_call_id)? {
                 if let Some(deadline) = self.inner.cfg.decision_deadline {
                     let waited = tx.now_ms().saturating_sub(row.created_at);
@@ -497,6 +498,10 @@ pub(super) struct StepPlan {
     pub(super) parked: std::sync::Mutex<Vec<ApprovalRow>>,
     /// Whether `TurnResumed` was told.
     pub(super) resumed: std::sync::atomic::AtomicBool,
+    /// Whether this process wrote the step's response: then every parked
+    /// row of the step is one this plan wrote, and a call nothing wants
+    /// parked needs no look-up (after an outside call, too).
+    pub(super) responded_here: bool,
 }
 
 /// A step's rows as this process writes them, rendered later exactly as the

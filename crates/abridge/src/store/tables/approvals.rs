@@ -368,9 +368,4 @@ impl crate::Store {
     pub async fn approvals(&self, session: SessionId) -> Result<Vec<ApprovalRow>> {
         self.call(move |c| list_approvals(c, session)).await
     }
-
-    /// A parked call by id.
-    pub async fn parked_call(&self, call: CallId) -> Result<ApprovalRow> {
-        self.call(move |c| get_approval(c, call)).await
-    }
 }
