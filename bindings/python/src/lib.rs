@@ -56,6 +56,12 @@ create_exception!(
 );
 create_exception!(
     _abridge,
+    TurnRunning,
+    AbridgeError,
+    "The session has a turn running (a crash left it, or another task runs it): resume it first."
+);
+create_exception!(
+    _abridge,
     AlreadyDecided,
     AbridgeError,
     "The call was decided already; the first decision wins."
@@ -89,6 +95,7 @@ fn py_err(e: Error) -> PyErr {
         Error::SessionDeleted { .. } | Error::TurnDeleted { .. } => SessionDeleted::new_err(msg),
         Error::ContextOverflow { .. } => ContextOverflow::new_err(msg),
         Error::TurnParked { .. } => TurnParked::new_err(msg),
+        Error::TurnRunning { .. } => TurnRunning::new_err(msg),
         Error::AlreadyDecided { .. } => AlreadyDecided::new_err(msg),
         Error::UnknownSession(_) | Error::UnknownTurn(_) | Error::UnknownCall { .. } => {
             NotFound::new_err(msg)
@@ -145,13 +152,47 @@ struct Store {
 
 #[pymethods]
 impl Store {
-    /// Opens (creating, migrating) the store at `path_or_url`.
+    /// Opens (creating, migrating) the store at `path_or_url`. `key`: the
+    /// passphrase of an encrypted store (a package built with the
+    /// `encryption` feature; any other build refuses a key).
     #[staticmethod]
-    fn open(py: Python<'_>, path_or_url: String) -> PyResult<Store> {
+    #[pyo3(signature = (path_or_url, *, key = None))]
+    fn open(py: Python<'_>, path_or_url: String, key: Option<String>) -> PyResult<Store> {
         let inner = py
-            .allow_threads(|| EngineStore::open(path_or_url.as_str()))
+            .allow_threads(|| {
+                let mut opts = abridge::StoreOptions::default();
+                if let Some(k) = key {
+                    opts = opts.with_key(abridge::store::Key::passphrase(k)?);
+                }
+                EngineStore::open_with(path_or_url.as_str(), opts)
+            })
             .map_err(py_err)?;
         Ok(Store { inner })
+    }
+
+    /// What the session's next turn reads (a dict): `compaction` (the newest
+    /// completed one, or None), `summary_message` (the text that stands for
+    /// it in every step's messages) and `turns` (those after it).
+    fn view<'py>(&self, py: Python<'py>, session_id: i64) -> PyResult<Bound<'py, PyAny>> {
+        let store = self.inner.clone();
+        awaitable(py, async move { store.view(SessionId(session_id)).await })
+    }
+
+    /// A session's pinned facts (dicts), oldest first.
+    fn pins<'py>(&self, py: Python<'py>, session_id: i64) -> PyResult<Bound<'py, PyAny>> {
+        let store = self.inner.clone();
+        awaitable(py, async move { store.pins(SessionId(session_id)).await })
+    }
+
+    /// Deletes a session whole (every row of it, in one transaction; the
+    /// deletion is recorded): a dict of the rows removed.
+    fn delete_session<'py>(
+        &self,
+        py: Python<'py>,
+        key: SessionKeyArg,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let store = self.inner.clone();
+        awaitable(py, async move { store.delete_session(key.0).await })
     }
 
     /// The session (a dict) by its id or external id.
@@ -230,6 +271,212 @@ impl Store {
         awaitable(py, async move {
             store.call(|c| abridge::verify::verify(c)).await
         })
+    }
+}
+
+/// A provider's client, the engine's own (`abridge.providers`): a
+/// runner's `model`, or its `summariser` with a `summary_model`.
+#[pyclass(module = "abridge._abridge", frozen, subclass)]
+#[derive(Clone)]
+struct Provider {
+    client: Arc<dyn ModelClient>,
+    kind: &'static str,
+}
+
+#[pymethods]
+impl Provider {
+    fn __repr__(&self) -> String {
+        format!("abridge.providers.{}(...)", self.kind)
+    }
+}
+
+/// The HTTP options and key of a provider built from Python: the given
+/// `base_url` and `api_key`, else the provider's usual variables.
+fn http_options(
+    base_url: Option<String>,
+    default_base: &str,
+    headers: Option<std::collections::HashMap<String, String>>,
+    timeout_s: Option<f64>,
+) -> PyResult<abridge::providers::HttpOptions> {
+    let mut o = abridge::providers::HttpOptions::new(base_url.unwrap_or(default_base.into()));
+    for (k, v) in headers.unwrap_or_default() {
+        o = o.with_header(k, v);
+    }
+    if let Some(t) = timeout_s {
+        if !(t.is_finite() && t > 0.0) {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "timeout must be a positive number of seconds",
+            ));
+        }
+        o = o.with_timeout(std::time::Duration::from_secs_f64(t));
+    }
+    Ok(o)
+}
+
+fn required_key(given: Option<String>, var: &str) -> PyResult<abridge::providers::ApiKey> {
+    match given {
+        Some(k) => Ok(abridge::providers::ApiKey::new(k)),
+        None => abridge::providers::ApiKey::from_env(var).map_err(py_err),
+    }
+}
+
+fn env_base(var: &str) -> Option<String> {
+    std::env::var(var).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// OpenAI's Chat Completions API (and the servers that speak it). Without
+/// arguments: `OPENAI_API_KEY` and `OPENAI_BASE_URL`, as OpenAI's SDKs read
+/// them.
+#[pyclass(module = "abridge._abridge", frozen, extends = Provider)]
+struct OpenAIChat;
+
+#[pymethods]
+impl OpenAIChat {
+    #[new]
+    #[pyo3(signature = (*, api_key = None, base_url = None, headers = None, timeout = None))]
+    fn new(
+        api_key: Option<String>,
+        base_url: Option<String>,
+        headers: Option<std::collections::HashMap<String, String>>,
+        timeout: Option<f64>,
+    ) -> PyResult<(Self, Provider)> {
+        use abridge::providers::{openai_base_url, OpenAiChat};
+        let base = base_url.or_else(|| env_base("OPENAI_BASE_URL"));
+        let opts = http_options(
+            base.map(|b| openai_base_url(&b)),
+            OpenAiChat::DEFAULT_BASE_URL,
+            headers,
+            timeout,
+        )?;
+        let key = api_key_opt(api_key, "OPENAI_API_KEY");
+        let client = OpenAiChat::new(opts, key).map_err(py_err)?;
+        Ok((
+            OpenAIChat,
+            Provider {
+                client: Arc::new(client),
+                kind: "OpenAIChat",
+            },
+        ))
+    }
+}
+
+/// The model of a host that runs its own model loop and records what it
+/// did (`abridge.agents.AbridgeSession`): each turn is one step whose
+/// response is the word `recorded`; no Python runs for it. The turn's input
+/// holds what was recorded; the step exists so that the threshold, the
+/// compaction claim and the rebuild apply to the recording as to any turn.
+#[pyclass(module = "abridge._abridge", frozen, extends = Provider)]
+struct Recorder;
+
+struct RecorderClient;
+
+#[abridge::async_trait]
+impl ModelClient for RecorderClient {
+    async fn complete(&self, _request: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        Ok(ModelResponse {
+            blocks: vec![abridge::ResponseBlock::Text {
+                text: "recorded".into(),
+            }],
+            usage: Default::default(),
+            stop_reason: None,
+        })
+    }
+}
+
+#[pymethods]
+impl Recorder {
+    #[new]
+    fn new() -> (Self, Provider) {
+        (
+            Recorder,
+            Provider {
+                client: Arc::new(RecorderClient),
+                kind: "Recorder",
+            },
+        )
+    }
+}
+
+/// An OpenAI key: the given one, else `OPENAI_API_KEY`; none for a local
+/// server that wants none.
+fn api_key_opt(given: Option<String>, var: &str) -> Option<abridge::providers::ApiKey> {
+    given
+        .map(abridge::providers::ApiKey::new)
+        .or_else(|| abridge::providers::ApiKey::from_env(var).ok())
+}
+
+/// OpenAI's Responses API. Without arguments: `OPENAI_API_KEY` and
+/// `OPENAI_BASE_URL`.
+#[pyclass(module = "abridge._abridge", frozen, extends = Provider)]
+struct OpenAIResponses;
+
+#[pymethods]
+impl OpenAIResponses {
+    #[new]
+    #[pyo3(signature = (*, api_key = None, base_url = None, headers = None, timeout = None))]
+    fn new(
+        api_key: Option<String>,
+        base_url: Option<String>,
+        headers: Option<std::collections::HashMap<String, String>>,
+        timeout: Option<f64>,
+    ) -> PyResult<(Self, Provider)> {
+        use abridge::providers::{openai_base_url, OpenAiChat, OpenAiResponses};
+        let base = base_url.or_else(|| env_base("OPENAI_BASE_URL"));
+        let opts = http_options(
+            base.map(|b| openai_base_url(&b)),
+            OpenAiChat::DEFAULT_BASE_URL,
+            headers,
+            timeout,
+        )?;
+        let key = api_key_opt(api_key, "OPENAI_API_KEY");
+        let client = OpenAiResponses::new(opts, key).map_err(py_err)?;
+        Ok((
+            OpenAIResponses,
+            Provider {
+                client: Arc::new(client),
+                kind: "OpenAIResponses",
+            },
+        ))
+    }
+}
+
+/// Anthropic's Messages API. Without arguments: `ANTHROPIC_API_KEY` (which
+/// it needs) and `ANTHROPIC_BASE_URL` (the API's root, as Anthropic's SDKs
+/// read it).
+#[pyclass(module = "abridge._abridge", frozen, extends = Provider)]
+struct Anthropic;
+
+#[pymethods]
+impl Anthropic {
+    #[new]
+    #[pyo3(signature = (*, api_key = None, base_url = None, headers = None, timeout = None, max_tokens = None))]
+    fn new(
+        api_key: Option<String>,
+        base_url: Option<String>,
+        headers: Option<std::collections::HashMap<String, String>>,
+        timeout: Option<f64>,
+        max_tokens: Option<u32>,
+    ) -> PyResult<(Self, Provider)> {
+        use abridge::providers::{anthropic_base_url, Anthropic as Client};
+        let base = base_url.or_else(|| env_base("ANTHROPIC_BASE_URL"));
+        let opts = http_options(
+            base.map(|b| anthropic_base_url(&b)),
+            Client::DEFAULT_BASE_URL,
+            headers,
+            timeout,
+        )?;
+        let key = required_key(api_key, "ANTHROPIC_API_KEY")?;
+        let mut client = Client::new(opts, key).map_err(py_err)?;
+        if let Some(n) = max_tokens {
+            client = client.with_max_tokens(n);
+        }
+        Ok((
+            Anthropic,
+            Provider {
+                client: Arc::new(client),
+                kind: "Anthropic",
+            },
+        ))
     }
 }
 
@@ -487,17 +734,21 @@ impl Runner {
     /// fraction of the model's window (float) or "off"; `context_window`:
     /// the model's window in tokens, for a model abridge does not know.
     #[new]
-    #[pyo3(signature = (store, model, *, tools = Vec::new(), approval = None, compact_at = None, context_window = None, model_name = None))]
+    #[pyo3(signature = (store, model, *, tools = Vec::new(), approval = None, compact_at = None, context_window = None, model_name = None, summariser = None, summary_model = None, keep_last_turns = None, background = true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         store: &Store,
-        model: PyObject,
+        model: &Bound<'_, PyAny>,
         tools: Vec<Tool>,
         approval: Option<&Bound<'_, PyAny>>,
         compact_at: Option<&Bound<'_, PyAny>>,
         context_window: Option<u64>,
         model_name: Option<String>,
+        summariser: Option<PyRef<'_, Provider>>,
+        summary_model: Option<String>,
+        keep_last_turns: Option<u32>,
+        background: bool,
     ) -> PyResult<Runner> {
         let mut registry = Tools::new();
         for t in tools {
@@ -525,16 +776,48 @@ impl Runner {
         if let (Some(w), Some(m)) = (context_window, &model_name) {
             compaction = compaction.with_context_window(m, w);
         }
+        if let Some(n) = keep_last_turns {
+            compaction = compaction.with_keep_last_turns(n);
+        }
+        // Background compaction (at 80 % of the threshold, by a task of the
+        // runner) is the engine's default; False compacts inline only.
+        if !background {
+            compaction = compaction.with_background(None);
+        }
+        // A built-in provider's client, or the Python callable.
+        let model: Arc<dyn ModelClient> = match model.downcast::<Provider>() {
+            Ok(p) => p.get().client.clone(),
+            Err(_) if model.is_callable() => Arc::new(PyModel {
+                callable: model.clone().unbind(),
+            }),
+            Err(_) => {
+                return Err(pyo3::exceptions::PyTypeError::new_err(
+                    "model must be an abridge.providers client or an async callable",
+                ))
+            }
+        };
+        let summariser: Option<Arc<dyn abridge::Summariser>> =
+            match (summariser, summary_model) {
+                (None, None) => None,
+                (Some(p), Some(m)) => {
+                    Some(Arc::new(abridge::ModelSummariser::new(p.client.clone(), m)))
+                }
+                _ => return Err(pyo3::exceptions::PyValueError::new_err(
+                    "summariser and summary_model go together (neither: the offline summariser)",
+                )),
+            };
         let store = store.inner.clone();
-        let model: Arc<dyn ModelClient> = Arc::new(PyModel { callable: model });
         // Built inside the runtime: the runner starts its background tasks there.
         let inner = py.allow_threads(|| {
             let _rt = pyo3_async_runtimes::tokio::get_runtime().enter();
-            EngineRunner::builder(store, model)
+            let mut b = EngineRunner::builder(store, model)
                 .tools(registry)
                 .approval(approval)
-                .compaction(compaction)
-                .build()
+                .compaction(compaction);
+            if let Some(s) = summariser {
+                b = b.summariser_arc(s);
+            }
+            b.build()
         });
         Ok(Runner {
             inner: inner.map_err(py_err)?,
@@ -571,6 +854,24 @@ impl Runner {
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
             let out = runner
                 .run_turn_at(SessionId(session_id), idx, &input)
+                .await
+                .map_err(py_err)?;
+            Python::with_gil(|py| outcome(py, &out))
+        })
+    }
+
+    /// Runs the session's next turn to its end: as `run_turn_at` with the
+    /// index after its last turn.
+    fn run_turn<'py>(
+        &self,
+        py: Python<'py>,
+        session_id: i64,
+        input: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let runner = self.inner.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let out = runner
+                .run_turn(SessionId(session_id), &input)
                 .await
                 .map_err(py_err)?;
             Python::with_gil(|py| outcome(py, &out))
@@ -730,6 +1031,11 @@ fn _abridge(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Runner>()?;
     m.add_class::<Tool>()?;
     m.add_class::<Events>()?;
+    m.add_class::<Provider>()?;
+    m.add_class::<OpenAIChat>()?;
+    m.add_class::<OpenAIResponses>()?;
+    m.add_class::<Anthropic>()?;
+    m.add_class::<Recorder>()?;
     for (name, ty) in [
         ("AbridgeError", py.get_type::<AbridgeError>()),
         ("LeaseLost", py.get_type::<LeaseLost>()),
@@ -738,6 +1044,7 @@ fn _abridge(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("ContextOverflow", py.get_type::<ContextOverflow>()),
         ("TurnParked", py.get_type::<TurnParked>()),
         ("AlreadyDecided", py.get_type::<AlreadyDecided>()),
+        ("TurnRunning", py.get_type::<TurnRunning>()),
         ("NotFound", py.get_type::<NotFound>()),
         ("ModelFailed", py.get_type::<ModelFailed>()),
         ("StoreError", py.get_type::<StoreError>()),

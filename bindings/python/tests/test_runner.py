@@ -251,3 +251,38 @@ def test_a_tool_that_raises_gives_the_model_an_error_result(tmp_path):
     run(main())
     with pytest.raises(ValueError):
         abridge.Tool("x", effect="at_most_once")
+
+
+def test_a_cancelled_task_leaves_the_turn_resumable(tmp_path):
+    """Cancelling the task that runs a turn (what Ctrl-C does to
+    asyncio.run) leaves the turn running and resumable: the next call of
+    the same turn finishes it, with one model answer stored."""
+    gate = {"hang": True}
+    calls = []
+
+    async def model(request):
+        calls.append(len(request["messages"]))
+        while gate["hang"]:
+            await asyncio.sleep(0.01)
+        return {"blocks": [{"type": "text", "text": "finally"}]}
+
+    async def main():
+        store = abridge.Store.open(str(tmp_path / "x.db"))
+        runner = abridge.Runner(store, model)
+        s = await runner.create_session("cancel", "gpt-4o", "sys")
+        task = asyncio.ensure_future(runner.run_turn_at(s["id"], 0, "hello"))
+        while not calls:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        turns = await store.turns(s["id"])
+        assert [t["status"] for t in turns] == ["running"]
+        gate["hang"] = False
+        out = await runner.run_turn_at(s["id"], 0, "hello")
+        assert out["output"] == "finally"
+        turns = await store.turns(s["id"])
+        assert [t["status"] for t in turns] == ["completed"]
+        assert (await store.verify())["ok"]
+
+    run(main())

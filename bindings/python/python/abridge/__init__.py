@@ -21,7 +21,9 @@ from ._abridge import (
     StoreError,
     Tool,
     TurnParked,
+    TurnRunning,
 )
+from . import providers
 
 __all__ = [
     "AbridgeError",
@@ -38,4 +40,6 @@ __all__ = [
     "StoreError",
     "Tool",
     "TurnParked",
+    "TurnRunning",
+    "providers",
 ]

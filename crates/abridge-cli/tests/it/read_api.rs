@@ -96,3 +96,44 @@ async fn a_session_reads_back_through_the_api_as_stored() {
         }
     }
 }
+
+/// `Store::view` is what the next turn reads: the newest completed
+/// compaction, its summary as steps send it, and only the turns after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_view_is_the_newest_summary_and_the_turns_after_it() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let runner = demo_runner(&store, 5, Threshold::Tokens(600), None);
+    let sid = demo_session(&runner, 5, 0).await;
+    let before = store.view(sid).await.unwrap();
+    assert!(before.compaction.is_none() && before.summary_message.is_none());
+    assert!(before.turns.is_empty());
+    for t in 0..8 {
+        runner
+            .run_turn_at(sid, t, &abridge_testkit::demo::user_turn(5, 0, t as u64))
+            .await
+            .unwrap();
+    }
+    runner.finish_background().await;
+    let view = store.view(sid).await.unwrap();
+    let newest = store
+        .compactions(sid)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.status == abridge::store::CompactionStatus::Completed)
+        .max_by_key(|c| c.up_to_turn_index)
+        .expect("the threshold was passed");
+    let c = view.compaction.as_ref().unwrap();
+    assert_eq!(c.id, newest.id);
+    let text = view.summary_message.unwrap();
+    assert_eq!(
+        text,
+        abridge::render::summary_text(abridge::render::SummaryView {
+            up_to_turn_index: c.up_to_turn_index,
+            summary: newest.summary.as_deref().unwrap(),
+        })
+    );
+    let idx: Vec<i64> = view.turns.iter().map(|t| t.idx).collect();
+    assert_eq!(idx, ((c.up_to_turn_index + 1)..8).collect::<Vec<_>>());
+}

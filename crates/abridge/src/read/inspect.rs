@@ -138,6 +138,39 @@ pub fn turns(conn: &Connection, session: SessionId) -> Result<Vec<TurnRow>> {
     store::list_turns(conn, session)
 }
 
+/// What a session's next turn reads: the newest completed compaction, the
+/// message that stands for it (as every step that reads it sends it), and
+/// the turns after it, in order. A host that builds its own requests (a
+/// framework that keeps its own message list) reads its compacted history
+/// here; the full history stays in [`turns`].
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SessionView {
+    /// The newest completed compaction, if any.
+    pub compaction: Option<crate::store::CompactionRow>,
+    /// Its summary as the message text steps send
+    /// ([`crate::render::summary_text`]).
+    pub summary_message: Option<String>,
+    /// The turns after its boundary (all of them without one).
+    pub turns: Vec<TurnRow>,
+}
+
+/// A session's [`SessionView`].
+pub fn view(conn: &Connection, session: SessionId) -> Result<SessionView> {
+    let compaction = store::latest_completed(conn, session, i64::MAX)?;
+    let after = compaction.as_ref().map_or(-1, |c| c.up_to_turn_index);
+    let summary_message = compaction.as_ref().map(|c| {
+        crate::render::summary_text(crate::render::SummaryView {
+            up_to_turn_index: c.up_to_turn_index,
+            summary: c.summary.as_deref().unwrap_or(""),
+        })
+    });
+    Ok(SessionView {
+        turns: store::list_turns_after(conn, session, after)?,
+        compaction,
+        summary_message,
+    })
+}
+
 /// A turn's steps, in order: status, the compaction each read, context
 /// tokens (and whether estimated), usage, the hash of the bytes sent.
 pub fn steps(conn: &Connection, turn: TurnId) -> Result<Vec<StepRow>> {
@@ -200,6 +233,11 @@ impl Store {
     /// A session's turns, in order.
     pub async fn turns(&self, session: SessionId) -> Result<Vec<TurnRow>> {
         self.call(move |c| turns(c, session)).await
+    }
+
+    /// What the session's next turn reads (see [`SessionView`]).
+    pub async fn view(&self, session: SessionId) -> Result<SessionView> {
+        self.call(move |c| view(c, session)).await
     }
 
     /// A turn's steps, in order.

@@ -114,7 +114,8 @@ pub(crate) use tables::steps::{
 };
 pub(crate) use tables::turns::{
     abandon_turn, acquire_lease, begin_turn, fail_turn, get_turn, latest_context_tokens,
-    list_turns, prefetch_latest_context_tokens, recent_window_boundary, running_turns,
+    list_turns, list_turns_after, prefetch_latest_context_tokens, recent_window_boundary,
+    running_turns,
 };
 
 use crate::error::{Error, Result};

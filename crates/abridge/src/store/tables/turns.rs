@@ -28,6 +28,20 @@ pub(crate) fn list_turns(conn: &Connection, session_id: SessionId) -> Result<Vec
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
+/// A session's turns after turn `after_idx`, in order.
+pub(crate) fn list_turns_after(
+    conn: &Connection,
+    session_id: SessionId,
+    after_idx: i64,
+) -> Result<Vec<TurnRow>> {
+    let mut st = conn.prepare(&format!(
+        "SELECT {} FROM turns WHERE session_id = ?1 AND idx > ?2 ORDER BY idx",
+        TurnRow::COLUMNS
+    ))?;
+    let rows = st.query_map(params![session_id, after_idx], TurnRow::from_row)?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
 /// Every running turn but the parked ones (a call of theirs waits for a
 /// decision); the runner keeps those a host may resume (lease expired or
 /// owner dead). A parked turn whose calls are all decided is among them.
