@@ -562,9 +562,21 @@ impl Tool {
                 .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?,
             None => serde_json::json!({"type": "object"}),
         };
+        if let (Some(f), "transactional") = (&fn_, effect.as_str()) {
+            let is_async: bool = Python::with_gil(|py| -> PyResult<bool> {
+                py.import("inspect")?
+                    .call_method1("iscoroutinefunction", (f.bind(py),))?
+                    .extract()
+            })?;
+            if is_async {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "tool {name}: a transactional tool's function is sync (it runs inside the step's transaction)"
+                )));
+            }
+        }
         match (effect.as_str(), &fn_) {
-            ("idempotent" | "at_most_once", Some(_)) | ("deferred", None) => {}
-            ("idempotent" | "at_most_once", None) => {
+            ("idempotent" | "at_most_once" | "transactional", Some(_)) | ("deferred", None) => {}
+            ("idempotent" | "at_most_once" | "transactional", None) => {
                 return Err(pyo3::exceptions::PyValueError::new_err(format!(
                     "tool {name}: an {effect} tool needs a function"
                 )))
@@ -576,7 +588,7 @@ impl Tool {
             }
             (other, _) => {
                 return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "tool {name}: effect must be idempotent, at_most_once or deferred, not {other:?}"
+                "tool {name}: effect must be idempotent, at_most_once, transactional or deferred, not {other:?}"
             )))
             }
         }
@@ -606,23 +618,10 @@ struct PyTool {
 #[abridge::async_trait]
 impl abridge::Tool for PyTool {
     async fn call(&self, call: &ToolCall) -> Result<serde_json::Value, ToolError> {
-        let input = call.input.to_string();
-        let meta = serde_json::json!({
-            "idempotency_key": call.idempotency_key,
-            "session": call.session,
-            "turn": call.turn_idx,
-            "step": call.step_idx,
-            "id": call.tool_call_id,
-            "name": call.name,
-        })
-        .to_string();
         let err = |e: PyErr| ToolError::new(Python::with_gil(|py| e.value(py).to_string()));
         // A coroutine is awaited on the host's loop; a plain value is the result.
         let called = Python::with_gil(|py| -> PyResult<Result<PyObject, _>> {
-            let out = self
-                .func
-                .bind(py)
-                .call1((from_json(py, &input)?, from_json(py, &meta)?))?;
+            let out = self.func.bind(py).call1(call_args(py, call)?)?;
             if out.hasattr("__await__")? {
                 let locals = pyo3_async_runtimes::tokio::get_current_locals(py)?;
                 return Ok(Err(pyo3_async_runtimes::into_future_with_locals(
@@ -638,6 +637,199 @@ impl abridge::Tool for PyTool {
         };
         let text = Python::with_gil(|py| to_json(value.bind(py))).map_err(err)?;
         serde_json::from_str(&text).map_err(|e| ToolError::new(e.to_string()))
+    }
+}
+
+/// The arguments and the call of a tool's invocation, as Python objects.
+fn call_args(py: Python<'_>, call: &ToolCall) -> PyResult<(PyObject, PyObject)> {
+    let meta = serde_json::json!({
+        "idempotency_key": call.idempotency_key,
+        "session": call.session,
+        "turn": call.turn_idx,
+        "step": call.step_idx,
+        "id": call.tool_call_id,
+        "name": call.name,
+    })
+    .to_string();
+    Ok((
+        from_json(py, &call.input.to_string())?,
+        from_json(py, &meta)?,
+    ))
+}
+
+/// The step's own transaction, for a transactional tool's function while it
+/// runs (and refused after): `execute(sql, params)` and `query(sql, params)`,
+/// the SQL of the store's backend, `?` placeholders.
+#[pyclass(module = "abridge._abridge", frozen)]
+struct Transaction {
+    /// The transaction's address and the thread the tool runs on, set only
+    /// while the tool's function runs (see `PyTransactionalTool`).
+    tx: std::sync::Mutex<Option<(usize, std::thread::ThreadId)>>,
+}
+
+/// A Python value as an SQL value.
+fn sql_value(v: &Bound<'_, PyAny>) -> PyResult<abridge::rusqlite::types::Value> {
+    use abridge::rusqlite::types::Value;
+    if v.is_none() {
+        return Ok(Value::Null);
+    }
+    if let Ok(b) = v.downcast::<pyo3::types::PyBool>() {
+        return Ok(Value::Integer(b.is_true() as i64));
+    }
+    if let Ok(i) = v.extract::<i64>() {
+        return Ok(Value::Integer(i));
+    }
+    if let Ok(f) = v.extract::<f64>() {
+        return Ok(Value::Real(f));
+    }
+    if let Ok(s) = v.extract::<String>() {
+        return Ok(Value::Text(s));
+    }
+    if let Ok(b) = v.extract::<Vec<u8>>() {
+        return Ok(Value::Blob(b));
+    }
+    Err(pyo3::exceptions::PyTypeError::new_err(format!(
+        "an SQL parameter is None, an int, a float, a str or bytes, not {}",
+        v.get_type().name()?
+    )))
+}
+
+impl Transaction {
+    fn with<R>(
+        &self,
+        f: impl FnOnce(&abridge::store::Transaction<'_>) -> PyResult<R>,
+    ) -> PyResult<R> {
+        let slot = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        match *slot {
+            // SAFETY: the address is set by `PyTransactionalTool::call` to the
+            // transaction it was lent, and cleared (under this lock) before
+            // that call returns, so the transaction outlives every use; it is
+            // used only on the thread that holds it.
+            Some((addr, thread)) if thread == std::thread::current().id() => {
+                f(unsafe { &*(addr as *const abridge::store::Transaction<'_>) })
+            }
+            Some(_) => Err(AbridgeError::new_err(
+                "the transaction is used only on the thread its tool runs on",
+            )),
+            None => Err(AbridgeError::new_err(
+                "the transaction is over: a handle is good only while its tool runs",
+            )),
+        }
+    }
+
+    fn params(params: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<abridge::rusqlite::types::Value>> {
+        match params {
+            None => Ok(Vec::new()),
+            Some(p) if p.is_none() => Ok(Vec::new()),
+            Some(p) => p.try_iter()?.map(|v| sql_value(&v?)).collect(),
+        }
+    }
+}
+
+#[pymethods]
+impl Transaction {
+    /// Runs one statement; the number of rows it changed.
+    #[pyo3(signature = (sql, params = None))]
+    fn execute(&self, sql: &str, params: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+        let values = Self::params(params)?;
+        self.with(|tx| {
+            let refs: Vec<&dyn abridge::rusqlite::ToSql> = values
+                .iter()
+                .map(|v| v as &dyn abridge::rusqlite::ToSql)
+                .collect();
+            tx.execute(sql, refs.as_slice()).map_err(py_err)
+        })
+    }
+
+    /// Runs a query; its rows, each a tuple of None, int, float, str or bytes.
+    #[pyo3(signature = (sql, params = None))]
+    fn query(
+        &self,
+        py: Python<'_>,
+        sql: &str,
+        params: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<PyObject>> {
+        use abridge::rusqlite::types::Value;
+        let values = Self::params(params)?;
+        let rows: Vec<Vec<Value>> = self.with(|tx| {
+            let refs: Vec<&dyn abridge::rusqlite::ToSql> = values
+                .iter()
+                .map(|v| v as &dyn abridge::rusqlite::ToSql)
+                .collect();
+            let mut st = tx.prepare(sql).map_err(py_err)?;
+            let mut rows = st.query(refs.as_slice()).map_err(py_err)?;
+            let mut out = Vec::new();
+            while let Some(row) = rows.next().map_err(py_err)? {
+                let mut vals = Vec::new();
+                for i in 0.. {
+                    match row.get::<usize, Value>(i) {
+                        Ok(v) => vals.push(v),
+                        Err(abridge::rusqlite::Error::InvalidColumnIndex(_)) => break,
+                        Err(e) => return Err(AbridgeError::new_err(e.to_string())),
+                    }
+                }
+                out.push(vals);
+            }
+            Ok(out)
+        })?;
+        rows.into_iter()
+            .map(|vals| {
+                let items: Vec<PyObject> = vals
+                    .into_iter()
+                    .map(|v| -> PyResult<PyObject> {
+                        Ok(match v {
+                            Value::Null => py.None(),
+                            Value::Integer(i) => i.into_pyobject(py)?.into_any().unbind(),
+                            Value::Real(f) => f.into_pyobject(py)?.into_any().unbind(),
+                            Value::Text(s) => s.into_pyobject(py)?.into_any().unbind(),
+                            Value::Blob(b) => pyo3::types::PyBytes::new(py, &b).into_any().unbind(),
+                        })
+                    })
+                    .collect::<PyResult<_>>()?;
+                Ok(pyo3::types::PyTuple::new(py, items)?.into_any().unbind())
+            })
+            .collect()
+    }
+}
+
+/// A Python function as a transactional tool: `fn(tx, args, call)`, sync,
+/// run inside the transaction that records the call completed, so its
+/// writes commit with that record or not at all.
+struct PyTransactionalTool {
+    func: Arc<PyObject>,
+}
+
+impl abridge::TransactionalTool for PyTransactionalTool {
+    fn call(
+        &self,
+        tx: &abridge::store::Transaction<'_>,
+        call: &ToolCall,
+    ) -> Result<serde_json::Value, ToolError> {
+        let err = |e: PyErr| ToolError::new(Python::with_gil(|py| e.value(py).to_string()));
+        Python::with_gil(|py| -> Result<serde_json::Value, ToolError> {
+            // The lifetime erased: see `Transaction::with` for why it holds.
+            let addr = tx as *const abridge::store::Transaction<'_> as usize;
+            let handle = Py::new(
+                py,
+                Transaction {
+                    tx: std::sync::Mutex::new(Some((addr, std::thread::current().id()))),
+                },
+            )
+            .map_err(err)?;
+            let (args, meta) = call_args(py, call).map_err(err)?;
+            let out = self.func.bind(py).call1((handle.clone_ref(py), args, meta));
+            // The handle is good only while the function runs.
+            *handle.get().tx.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            let out = out.map_err(err)?;
+            if out.hasattr("__await__").map_err(err)? {
+                let _ = out.call_method0("close");
+                return Err(ToolError::new(
+                    "a transactional tool's function is sync: it runs inside the step's transaction",
+                ));
+            }
+            let text = to_json(&out).map_err(err)?;
+            serde_json::from_str(&text).map_err(|e| ToolError::new(e.to_string()))
+        })
     }
 }
 
@@ -755,6 +947,9 @@ impl Runner {
             registry = match (t.effect.as_str(), t.func) {
                 ("deferred", _) => registry.deferred(t.spec),
                 ("at_most_once", Some(f)) => registry.at_most_once(t.spec, PyTool { func: f }),
+                ("transactional", Some(f)) => {
+                    registry.transactional(t.spec, PyTransactionalTool { func: f })
+                }
                 (_, Some(f)) => registry.idempotent(t.spec, PyTool { func: f }),
                 (_, None) => registry,
             };
@@ -1036,6 +1231,7 @@ fn _abridge(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<OpenAIResponses>()?;
     m.add_class::<Anthropic>()?;
     m.add_class::<Recorder>()?;
+    m.add_class::<Transaction>()?;
     for (name, ty) in [
         ("AbridgeError", py.get_type::<AbridgeError>()),
         ("LeaseLost", py.get_type::<LeaseLost>()),

@@ -286,3 +286,51 @@ def test_a_cancelled_task_leaves_the_turn_resumable(tmp_path):
         assert (await store.verify())["ok"]
 
     run(main())
+
+
+def test_a_transactional_tool_writes_in_the_steps_own_transaction(tmp_path):
+    """A transactional tool's writes commit with the record of its call, or
+    not at all: a raised exception rolls them back (the model gets an error
+    result); a resumed turn never runs a completed call again; the handle
+    is refused once the call is over."""
+    kept = []
+
+    def reserve(tx, args, call):
+        tx.execute("CREATE TABLE IF NOT EXISTS seats (seat TEXT PRIMARY KEY, call TEXT)")
+        tx.execute("INSERT INTO seats VALUES (?, ?)", [f"seat-{args['amount']}", call["id"]])
+        kept.append(tx)
+        n = tx.query("SELECT count(*), max(seat) FROM seats")[0]
+        if args["amount"] == 20:
+            raise ValueError("no such seat")
+        return {"seats": n[0], "last": n[1]}
+
+    async def main():
+        store = abridge.Store.open(str(tmp_path / "tx.db"))
+        runner = abridge.Runner(
+            store,
+            tool_model(["reserve", "reserve"]),
+            tools=[abridge.Tool("reserve", reserve, effect="transactional")],
+        )
+        s = await runner.create_session("tx", "gpt-4o", "sys")
+        out = await runner.run_turn_at(s["id"], 0, "two seats")
+        # The first call's row committed with its record; the second's raised
+        # and rolled back, and the model saw the error.
+        assert out["output"] == '{"last":"seat-10","seats":1} | error: no such seat'
+        again = await runner.run_turn_at(s["id"], 0, "two seats")
+        assert again["output"] == out["output"]
+        assert len(kept) == 2, "a completed call ran again"
+        with pytest.raises(abridge.AbridgeError, match="transaction is over"):
+            kept[0].query("SELECT 1")
+        assert (await store.verify())["ok"]
+
+    run(main())
+    import sqlite3
+
+    rows = sqlite3.connect(str(tmp_path / "tx.db")).execute("SELECT seat FROM seats").fetchall()
+    assert rows == [("seat-10",)]
+    with pytest.raises(ValueError, match="sync"):
+
+        async def nope(tx, args, call):
+            return 1
+
+        abridge.Tool("nope", nope, effect="transactional")

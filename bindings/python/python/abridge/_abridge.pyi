@@ -33,6 +33,12 @@ class Store:
     def rebuild_step(self, step_id: int) -> Awaitable[dict]: ...
     def verify(self) -> Awaitable[dict]: ...
 
+class Transaction:
+    """The step's own transaction, lent to a transactional tool while it runs."""
+
+    def execute(self, sql: str, params: Optional[list[Any]] = None) -> int: ...
+    def query(self, sql: str, params: Optional[list[Any]] = None) -> list[tuple[Any, ...]]: ...
+
 class Tool:
     def __init__(
         self,
@@ -41,7 +47,7 @@ class Tool:
         *,
         description: str = "",
         input_schema: Optional[dict] = None,
-        effect: Literal["idempotent", "at_most_once", "deferred"] = "idempotent",
+        effect: Literal["idempotent", "at_most_once", "transactional", "deferred"] = "idempotent",
     ) -> None: ...
     @property
     def name(self) -> str: ...
