@@ -926,7 +926,7 @@ impl Runner {
     /// fraction of the model's window (float) or "off"; `context_window`:
     /// the model's window in tokens, for a model abridge does not know.
     #[new]
-    #[pyo3(signature = (store, model, *, tools = Vec::new(), approval = None, compact_at = None, context_window = None, model_name = None, summariser = None, summary_model = None, keep_last_turns = None, background = true))]
+    #[pyo3(signature = (store, model, *, tools = Vec::new(), approval = None, compact_at = None, context_window = None, model_name = None, summariser = None, summary_model = None, keep_last_turns = None, background = true, stream = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -941,6 +941,7 @@ impl Runner {
         summary_model: Option<String>,
         keep_last_turns: Option<u32>,
         background: bool,
+        stream: bool,
     ) -> PyResult<Runner> {
         let mut registry = Tools::new();
         for t in tools {
@@ -1008,7 +1009,8 @@ impl Runner {
             let mut b = EngineRunner::builder(store, model)
                 .tools(registry)
                 .approval(approval)
-                .compaction(compaction);
+                .compaction(compaction)
+                .stream(stream);
             if let Some(s) = summariser {
                 b = b.summariser_arc(s);
             }

@@ -31,6 +31,28 @@ class FakeOpenAI:
                         break
                     threading.Event().wait(0.05)
                 text = fake.answer(body)
+                if body.get("stream"):
+                    # Server-sent events: the text in three pieces, then the
+                    # usage in a chunk of its own, then [DONE].
+                    third = max(1, len(text) // 3)
+                    pieces = [text[i : i + third] for i in range(0, len(text), third)]
+                    chunks = [
+                        {"choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]}
+                        for p in pieces
+                    ]
+                    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+                    chunks.append(
+                        {"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 7}}
+                    )
+                    data = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks)
+                    data += "data: [DONE]\n\n"
+                    out = data.encode()
+                    self.send_response(200)
+                    self.send_header("content-type", "text/event-stream")
+                    self.send_header("content-length", str(len(out)))
+                    self.end_headers()
+                    self.wfile.write(out)
+                    return
                 out = json.dumps(
                     {
                         "id": "chatcmpl-1",

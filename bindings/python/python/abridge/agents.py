@@ -48,7 +48,7 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from ._abridge import (
     LeaseHeld,
@@ -59,6 +59,9 @@ from ._abridge import (
     Store,
     TurnRunning,
 )
+
+if TYPE_CHECKING:
+    from ._abridge import CompactionRow, SessionView
 
 __all__ = ["AbridgeSession"]
 
@@ -206,12 +209,17 @@ class AbridgeSession:
     async def _session(self, create: bool) -> Optional[int]:
         if self._sid is None:
             if create:
-                row = await self._runner.create_session(self.session_id, self.model, "")
-            else:
-                try:
-                    row = await self._store.session(self.session_id)
-                except NotFound:
-                    return None
+                return await self._created()
+            try:
+                row = await self._store.session(self.session_id)
+            except NotFound:
+                return None
+            self._sid = row["id"]
+        return self._sid
+
+    async def _created(self) -> int:
+        if self._sid is None:
+            row = await self._runner.create_session(self.session_id, self.model, "")
             self._sid = row["id"]
         return self._sid
 
@@ -219,7 +227,7 @@ class AbridgeSession:
         """abridge's row id of the session (None before its first item)."""
         return await self._session(create=False)
 
-    async def _view(self) -> Optional[dict]:
+    async def _view(self) -> Optional[SessionView]:
         sid = await self._session(create=False)
         if sid is None:
             return None
@@ -229,7 +237,7 @@ class AbridgeSession:
             self._sid = None
             return None
 
-    async def _record(self, payload: dict) -> None:
+    async def _record(self, payload: Dict[str, Any]) -> None:
         """Writes one turn with `payload` as its input, resuming first any
         turn a crash left running; a session deleted by another instance
         is created again."""
@@ -238,7 +246,7 @@ class AbridgeSession:
         deadline = loop.time() + self.busy_timeout
         pause = 0.002
         while True:
-            sid = await self._session(create=True)
+            sid = await self._created()
             try:
                 await self._runner.run_turn(sid, text)
                 return
@@ -280,10 +288,10 @@ class AbridgeSession:
             return await self._resume(sid)
 
     @staticmethod
-    def _items_of(view: dict) -> List[tuple]:
+    def _items_of(view: SessionView) -> List[Tuple[int, int, Any]]:
         """The view's live items as ``(turn idx, index, item)``, oldest
         first, retractions applied."""
-        out: List[tuple] = []
+        out: List[Tuple[int, int, Any]] = []
         retracted = set()
         for turn in view["turns"]:
             if turn["status"] != "completed":
@@ -358,7 +366,7 @@ class AbridgeSession:
                 pass
             self._sid = None
 
-    async def compact_now(self, focus: Optional[str] = None) -> Optional[dict]:
+    async def compact_now(self, focus: Optional[str] = None) -> Optional[CompactionRow]:
         """Compacts the session now (a manual compaction; None when there
         is nothing to fold)."""
         sid = await self._session(create=False)
@@ -368,7 +376,7 @@ class AbridgeSession:
 
     async def pin(self, value: str, slot: Optional[str] = None) -> int:
         """Pins a fact every later summary carries."""
-        sid = await self._session(create=True)
+        sid = await self._created()
         return await self._runner.pin(sid, value, slot)
 
     def close(self) -> None:
