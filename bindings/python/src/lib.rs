@@ -903,6 +903,100 @@ struct Runner {
     inner: EngineRunner,
 }
 
+/// A setting given as a keyword and in `compaction=`.
+fn both(key: &str) -> PyErr {
+    pyo3::exceptions::PyValueError::new_err(format!(
+        "{key} is given twice: as a keyword and in compaction="
+    ))
+}
+
+/// The settings of a runner's `compaction=` mapping.
+#[derive(Default)]
+struct CompactionArgs<'py> {
+    dict: Option<Bound<'py, PyDict>>,
+    compact_at: Option<Bound<'py, PyAny>>,
+    summariser: Option<Arc<dyn ModelClient>>,
+}
+
+impl<'py> CompactionArgs<'py> {
+    const KEYS: [&'static str; 7] = [
+        "compact_at",
+        "context_window",
+        "model_name",
+        "summariser",
+        "summary_model",
+        "keep_last_turns",
+        "background",
+    ];
+
+    fn from_dict(d: Option<&Bound<'py, PyDict>>) -> PyResult<Self> {
+        let Some(d) = d else {
+            return Ok(Self::default());
+        };
+        for k in d.keys() {
+            let k: String = k.extract()?;
+            if !Self::KEYS.contains(&k.as_str()) {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "compaction= has no setting {k:?} (it takes {})",
+                    Self::KEYS.join(", ")
+                )));
+            }
+        }
+        let summariser = match d.get_item("summariser")? {
+            Some(p) if !p.is_none() => Some(
+                p.downcast::<Provider>()
+                    .map_err(|_| {
+                        pyo3::exceptions::PyTypeError::new_err(
+                            "compaction['summariser'] is a provider of abridge.providers",
+                        )
+                    })?
+                    .get()
+                    .client
+                    .clone(),
+            ),
+            _ => None,
+        };
+        Ok(Self {
+            compact_at: d.get_item("compact_at")?.filter(|v| !v.is_none()),
+            summariser,
+            dict: Some(d.clone()),
+        })
+    }
+
+    /// The keyword's object, else the mapping's.
+    fn pick(
+        &self,
+        key: &str,
+        given: Option<&Bound<'py, PyAny>>,
+        from_dict: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match (given.filter(|v| !v.is_none()), from_dict) {
+            (Some(_), Some(_)) => Err(both(key)),
+            (Some(g), None) => Ok(Some(g.clone())),
+            (None, d) => Ok(d.cloned()),
+        }
+    }
+
+    /// The keyword's value, else the mapping's.
+    fn pick_value<T: for<'a> FromPyObject<'a>>(
+        &self,
+        key: &str,
+        given: Option<T>,
+    ) -> PyResult<Option<T>> {
+        let from_dict = match &self.dict {
+            Some(d) => match d.get_item(key)? {
+                Some(v) if !v.is_none() => Some(v.extract::<T>()?),
+                _ => None,
+            },
+            None => None,
+        };
+        match (given, from_dict) {
+            (Some(_), Some(_)) => Err(both(key)),
+            (g, d) => Ok(g.or(d)),
+        }
+    }
+}
+
 /// A threshold: a token count (int), a fraction of the window (float), or
 /// None / "off".
 fn threshold(v: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Threshold>> {
@@ -926,7 +1020,7 @@ impl Runner {
     /// fraction of the model's window (float) or "off"; `context_window`:
     /// the model's window in tokens, for a model abridge does not know.
     #[new]
-    #[pyo3(signature = (store, model, *, tools = Vec::new(), approval = None, compact_at = None, context_window = None, model_name = None, summariser = None, summary_model = None, keep_last_turns = None, background = true, stream = false))]
+    #[pyo3(signature = (store, model, *, tools = Vec::new(), approval = None, compact_at = None, context_window = None, model_name = None, summariser = None, summary_model = None, keep_last_turns = None, background = None, stream = false, compaction = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -940,9 +1034,26 @@ impl Runner {
         summariser: Option<PyRef<'_, Provider>>,
         summary_model: Option<String>,
         keep_last_turns: Option<u32>,
-        background: bool,
+        background: Option<bool>,
         stream: bool,
+        compaction: Option<Bound<'_, PyDict>>,
     ) -> PyResult<Runner> {
+        // `compaction={...}`: the same settings as a mapping, for a host that
+        // keeps them together; a setting given both ways is refused.
+        let settings = CompactionArgs::from_dict(compaction.as_ref())?;
+        let compact_at = settings.pick("compact_at", compact_at, settings.compact_at.as_ref())?;
+        let context_window = settings.pick_value("context_window", context_window)?;
+        let model_name = settings.pick_value("model_name", model_name)?;
+        let summary_model = settings.pick_value("summary_model", summary_model)?;
+        let keep_last_turns = settings.pick_value("keep_last_turns", keep_last_turns)?;
+        let background = settings
+            .pick_value("background", background)?
+            .unwrap_or(true);
+        let summariser = match (summariser, settings.summariser) {
+            (Some(_), Some(_)) => return Err(both("summariser")),
+            (Some(p), None) => Some(p.client.clone()),
+            (None, p) => p,
+        };
         let mut registry = Tools::new();
         for t in tools {
             registry = match (t.effect.as_str(), t.func) {
@@ -966,7 +1077,7 @@ impl Runner {
             },
         };
         let mut compaction = CompactionConfig::default();
-        if let Some(t) = threshold(compact_at)? {
+        if let Some(t) = threshold(compact_at.as_ref())? {
             compaction = compaction.with_compact_at(t);
         }
         if let (Some(w), Some(m)) = (context_window, &model_name) {
@@ -995,9 +1106,7 @@ impl Runner {
         let summariser: Option<Arc<dyn abridge::Summariser>> =
             match (summariser, summary_model) {
                 (None, None) => None,
-                (Some(p), Some(m)) => {
-                    Some(Arc::new(abridge::ModelSummariser::new(p.client.clone(), m)))
-                }
+                (Some(client), Some(m)) => Some(Arc::new(abridge::ModelSummariser::new(client, m))),
                 _ => return Err(pyo3::exceptions::PyValueError::new_err(
                     "summariser and summary_model go together (neither: the offline summariser)",
                 )),

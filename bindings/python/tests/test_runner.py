@@ -334,3 +334,28 @@ def test_a_transactional_tool_writes_in_the_steps_own_transaction(tmp_path):
             return 1
 
         abridge.Tool("nope", nope, effect="transactional")
+
+
+def test_compaction_settings_as_one_mapping(tmp_path):
+    async def main():
+        store = abridge.Store.open(str(tmp_path / "m.db"))
+        runner = abridge.Runner(
+            store,
+            scripted_model(),
+            compaction={"compact_at": 400, "keep_last_turns": 2, "background": False},
+        )
+        s = await runner.create_session("m", "gpt-4o", "sys")
+        for i in range(12):
+            await runner.run_turn_at(s["id"], i, f"turn {i}: order ORD-{1000 + i} please")
+        rows = await store.compactions(s["id"])
+        assert rows and all(not c["background"] for c in rows)
+        view = await store.view(s["id"])
+        # Two turns kept verbatim before the turn that compacted.
+        assert len(view["turns"]) >= 3
+
+    run(main())
+    store = abridge.Store.open(str(tmp_path / "m2.db"))
+    with pytest.raises(ValueError, match="twice"):
+        abridge.Runner(store, scripted_model(), compact_at=100, compaction={"compact_at": 200})
+    with pytest.raises(ValueError, match="no setting"):
+        abridge.Runner(store, scripted_model(), compaction={"compact_after": 200})

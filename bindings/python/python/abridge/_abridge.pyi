@@ -254,8 +254,9 @@ class Runner:
         summariser: Optional[Provider] = None,
         summary_model: Optional[str] = None,
         keep_last_turns: Optional[int] = None,
-        background: bool = True,
+        background: Optional[bool] = None,
         stream: bool = False,
+        compaction: Optional[dict[str, Any]] = None,
     ) -> None: ...
     def create_session(
         self, external_id: str, model: str, system_prompt: str
