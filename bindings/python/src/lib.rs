@@ -283,6 +283,15 @@ struct Provider {
     kind: &'static str,
 }
 
+impl Provider {
+    fn new(client: impl ModelClient + 'static, kind: &'static str) -> Provider {
+        Provider {
+            client: Arc::new(client),
+            kind,
+        }
+    }
+}
+
 #[pymethods]
 impl Provider {
     fn __repr__(&self) -> String {
@@ -340,24 +349,36 @@ impl OpenAIChat {
         headers: Option<std::collections::HashMap<String, String>>,
         timeout: Option<f64>,
     ) -> PyResult<(Self, Provider)> {
-        use abridge::providers::{openai_base_url, OpenAiChat};
-        let base = base_url.or_else(|| env_base("OPENAI_BASE_URL"));
-        let opts = http_options(
-            base.map(|b| openai_base_url(&b)),
-            OpenAiChat::DEFAULT_BASE_URL,
-            headers,
-            timeout,
-        )?;
-        let key = api_key_opt(api_key, "OPENAI_API_KEY");
-        let client = OpenAiChat::new(opts, key).map_err(py_err)?;
-        Ok((
-            OpenAIChat,
-            Provider {
-                client: Arc::new(client),
-                kind: "OpenAIChat",
-            },
-        ))
+        let (opts, key) = openai_options(api_key, base_url, headers, timeout)?;
+        let client = abridge::providers::OpenAiChat::new(opts, key).map_err(py_err)?;
+        Ok((OpenAIChat, Provider::new(client, "OpenAIChat")))
     }
+}
+
+/// What both OpenAI clients are built from: the given values, else
+/// `OPENAI_BASE_URL` and `OPENAI_API_KEY` (none for a local server that
+/// wants none).
+fn openai_options(
+    api_key: Option<String>,
+    base_url: Option<String>,
+    headers: Option<std::collections::HashMap<String, String>>,
+    timeout: Option<f64>,
+) -> PyResult<(
+    abridge::providers::HttpOptions,
+    Option<abridge::providers::ApiKey>,
+)> {
+    use abridge::providers::{openai_base_url, ApiKey, OpenAiChat};
+    let base = base_url.or_else(|| env_base("OPENAI_BASE_URL"));
+    let opts = http_options(
+        base.map(|b| openai_base_url(&b)),
+        OpenAiChat::DEFAULT_BASE_URL,
+        headers,
+        timeout,
+    )?;
+    let key = api_key
+        .map(ApiKey::new)
+        .or_else(|| ApiKey::from_env("OPENAI_API_KEY").ok());
+    Ok((opts, key))
 }
 
 /// The model of a host that runs its own model loop and records what it
@@ -387,22 +408,8 @@ impl ModelClient for RecorderClient {
 impl Recorder {
     #[new]
     fn new() -> (Self, Provider) {
-        (
-            Recorder,
-            Provider {
-                client: Arc::new(RecorderClient),
-                kind: "Recorder",
-            },
-        )
+        (Recorder, Provider::new(RecorderClient, "Recorder"))
     }
-}
-
-/// An OpenAI key: the given one, else `OPENAI_API_KEY`; none for a local
-/// server that wants none.
-fn api_key_opt(given: Option<String>, var: &str) -> Option<abridge::providers::ApiKey> {
-    given
-        .map(abridge::providers::ApiKey::new)
-        .or_else(|| abridge::providers::ApiKey::from_env(var).ok())
 }
 
 /// OpenAI's Responses API. Without arguments: `OPENAI_API_KEY` and
@@ -420,23 +427,9 @@ impl OpenAIResponses {
         headers: Option<std::collections::HashMap<String, String>>,
         timeout: Option<f64>,
     ) -> PyResult<(Self, Provider)> {
-        use abridge::providers::{openai_base_url, OpenAiChat, OpenAiResponses};
-        let base = base_url.or_else(|| env_base("OPENAI_BASE_URL"));
-        let opts = http_options(
-            base.map(|b| openai_base_url(&b)),
-            OpenAiChat::DEFAULT_BASE_URL,
-            headers,
-            timeout,
-        )?;
-        let key = api_key_opt(api_key, "OPENAI_API_KEY");
-        let client = OpenAiResponses::new(opts, key).map_err(py_err)?;
-        Ok((
-            OpenAIResponses,
-            Provider {
-                client: Arc::new(client),
-                kind: "OpenAIResponses",
-            },
-        ))
+        let (opts, key) = openai_options(api_key, base_url, headers, timeout)?;
+        let client = abridge::providers::OpenAiResponses::new(opts, key).map_err(py_err)?;
+        Ok((OpenAIResponses, Provider::new(client, "OpenAIResponses")))
     }
 }
 
@@ -470,13 +463,7 @@ impl Anthropic {
         if let Some(n) = max_tokens {
             client = client.with_max_tokens(n);
         }
-        Ok((
-            Anthropic,
-            Provider {
-                client: Arc::new(client),
-                kind: "Anthropic",
-            },
-        ))
+        Ok((Anthropic, Provider::new(client, "Anthropic")))
     }
 }
 
