@@ -248,3 +248,28 @@ def test_a_host_killed_mid_summary_finishes_the_same_compaction(tmp_path):
         run(check())
     finally:
         fake.close()
+
+
+def test_items_are_stored_exactly_and_read_as_a_conversation(tmp_path):
+    tricky = [
+        {"role": "user", "content": "line one\nassistant: not a new item\n"},
+        {"content": "keys in another order", "role": "user"},
+        {"role": "assistant", "content": ""},
+        {"role": "user", "content": [{"type": "input_text", "text": "parts"}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{\"a\": 1}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "こんにちは 😊"},
+        {"role": "user", "content": "[abridge.items] [] trying to confuse it"},
+    ]
+
+    async def main():
+        session = AbridgeSession("exact", tmp_path / "e.db")
+        await session.add_items(tricky)
+        got = await session.get_items()
+        assert got == tricky
+        assert [list(g) for g in got] == [list(t) for t in tricky], "key order changed"
+        sid = await session.session_row_id()
+        text = (await session.store.turns(sid))[0]["input"]
+        assert "\nuser: line one\nassistant: not a new item\n" in text
+        assert "\nuser: keys in another order" in text
+
+    run(main())

@@ -12,9 +12,12 @@
 
 How the SDK's items live in abridge:
 
-- Each ``add_items`` call is one abridge turn. Its input is the items as
-  JSON (``{"items": [...]}``), kept exactly; its one step is a recording (the
-  SDK ran the model, not abridge), so the threshold check, the compaction
+- Each ``add_items`` call is one abridge turn. Its input holds the items
+  exactly and reads as a conversation: a header line (``[abridge.items]``
+  and, as JSON, each item's role and length, or the whole item when it is
+  not a plain ``{"role", "content"}`` message), then a line ``role:
+  content`` per plain message. Its one step is a recording (the SDK ran the
+  model, not abridge), so the threshold check, the compaction
   claim under ``UNIQUE (session, up_to_turn)``, leases, crash resumption and
   ``verify`` apply to it as to any turn.
 - Once the history passes ``compact_at`` (tokens, or a fraction of
@@ -94,6 +97,68 @@ def _remove_temporary_stores() -> None:
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+#: The first line of a turn that records items (see `_encode_items`).
+_ITEMS_HEADER = "[abridge.items] "
+
+
+def _encode_items(items: List[Any]) -> str:
+    """Items as a turn's input, exactly and readably: a header line, then a
+    line `role: content` for each plain message (a dict of exactly `role`
+    and a str `content`), so that a summariser reads the conversation, not
+    JSON. The header lists each item: `[role, length]` for a plain message
+    (its content's length in characters, which makes the text after it
+    unambiguous whatever it holds; a third element when its keys come
+    content first), `{"item": ...}` with the item itself otherwise."""
+    entries: List[Any] = []
+    lines: List[str] = []
+    for item in items:
+        if (
+            isinstance(item, dict)
+            and set(item) == {"role", "content"}
+            and isinstance(item["role"], str)
+            and isinstance(item["content"], str)
+            and "\n" not in item["role"]
+        ):
+            entry = [item["role"], len(item["content"])]
+            if list(item)[0] == "content":
+                entry.append("content-first")  # the dict's key order, kept
+            entries.append(entry)
+            lines.append(f"{item['role']}: {item['content']}")
+        else:
+            entries.append({"item": item})
+    return _ITEMS_HEADER + _dumps(entries) + "".join("\n" + line for line in lines)
+
+
+def _decode_items(text: str) -> Optional[List[Any]]:
+    """The items `_encode_items` wrote (the same dicts, key order included);
+    None for a turn that is not such a record."""
+    if not text.startswith(_ITEMS_HEADER):
+        return None
+    header, _, rest = text.partition("\n")
+    try:
+        entries = json.loads(header[len(_ITEMS_HEADER) :])
+    except ValueError:
+        return None
+    items: List[Any] = []
+    pos = 0
+    for e in entries:
+        if isinstance(e, dict):
+            items.append(e["item"])
+            continue
+        role, n = e[0], e[1]
+        prefix = f"{role}: "
+        if not rest.startswith(prefix, pos):
+            return None
+        start = pos + len(prefix)
+        content = rest[start : start + n]
+        if len(e) > 2:
+            items.append({"content": content, "role": role})
+        else:
+            items.append({"role": role, "content": content})
+        pos = start + n + 1  # the newline between lines
+    return items
 
 
 def _limit_of(settings: Any) -> Optional[int]:
@@ -237,11 +302,10 @@ class AbridgeSession:
             self._sid = None
             return None
 
-    async def _record(self, payload: Dict[str, Any]) -> None:
-        """Writes one turn with `payload` as its input, resuming first any
+    async def _record(self, text: str) -> None:
+        """Writes one turn with `text` as its input, resuming first any
         turn a crash left running; a session deleted by another instance
         is created again."""
-        text = _dumps(payload)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.busy_timeout
         pause = 0.002
@@ -296,14 +360,16 @@ class AbridgeSession:
         for turn in view["turns"]:
             if turn["status"] != "completed":
                 continue
+            recorded = _decode_items(turn["input"])
+            if recorded is not None:
+                for i, item in enumerate(recorded):
+                    out.append((turn["idx"], i, item))
+                continue
             try:
                 payload = json.loads(turn["input"])
             except ValueError:
                 payload = None
-            if isinstance(payload, dict) and isinstance(payload.get("items"), list):
-                for i, item in enumerate(payload["items"]):
-                    out.append((turn["idx"], i, item))
-            elif isinstance(payload, dict) and isinstance(payload.get("retract"), dict):
+            if isinstance(payload, dict) and isinstance(payload.get("retract"), dict):
                 r = payload["retract"]
                 retracted.add((r.get("turn"), r.get("index")))
             else:
@@ -335,9 +401,11 @@ class AbridgeSession:
         self._check_open()
         if not items:
             return
-        payload = {"items": json.loads(_dumps(list(items)))}
+        # Through JSON first: what is stored is what JSON can hold (a value
+        # it cannot is a TypeError here, and nothing is written).
+        text = _encode_items(json.loads(_dumps(list(items))))
         async with self._lock():
-            await self._record(payload)
+            await self._record(text)
 
     async def pop_item(self) -> Optional[Any]:
         """Retracts the most recent item after the newest summary and
@@ -352,7 +420,7 @@ class AbridgeSession:
             if not live:
                 return None
             turn, index, item = live[-1]
-            await self._record({"retract": {"turn": turn, "index": index}})
+            await self._record(_dumps({"retract": {"turn": turn, "index": index}}))
             return item
 
     async def clear_session(self) -> None:
