@@ -89,9 +89,12 @@ async fn run(log_content: bool) -> (Vec<String>, String) {
         std::time::Duration::from_millis(1),
         std::time::Duration::from_millis(2),
     );
+    // No verbatim tail: these few short turns would all fit it, and turn 0
+    // must be folded (and its summary fail) for the events to show.
     cfg.compaction = CompactionConfig::default()
         .with_compact_at(Threshold::Tokens(1_000))
-        .with_background(None);
+        .with_background(None)
+        .with_keep_recent_share(None);
     cfg.compaction.retry = cfg.model_retry;
     let r = Runner::builder(store.clone(), Arc::new(Quoting))
         .summariser(QuotingSummariser)

@@ -25,6 +25,21 @@ from ._abridge import (
 )
 from . import providers
 
+import atexit as _atexit
+import time as _time
+
+
+@_atexit.register
+def _let_engine_threads_finish() -> None:
+    """The engine's threads hand each result back to Python under the GIL
+    (setting the awaitable's result, or seeing it cancelled). One caught
+    midway when the interpreter starts to finalize would abort the process
+    ("PyGILState_Release: thread state must be current"). At exit, before
+    finalizing, the GIL is released a few times so that any such hand-off
+    completes: 20 ms at most."""
+    for _ in range(10):
+        _time.sleep(0.002)
+
 __all__ = [
     "AbridgeError",
     "AlreadyDecided",

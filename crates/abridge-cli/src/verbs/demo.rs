@@ -44,7 +44,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', value_name = "TOOL[,TOOL]")]
     pub require_approval: Vec<String>,
     /// Recent turns kept verbatim, as a share of the threshold (0 keeps none).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.15)]
     pub keep_recent_share: f64,
     /// Print one JSON object instead of the table.
     #[arg(long)]
@@ -82,7 +82,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         background: background == "on",
         key: crate::common::key()?,
         require_approval,
-        keep_recent_share: (keep_recent_share > 0.0).then_some(keep_recent_share),
+        keep_recent_share: Some(keep_recent_share),
     };
     let tty = (progress || std::io::stdout().is_terminal()) && !json;
     let report = run_demo(&opts, move |p| {

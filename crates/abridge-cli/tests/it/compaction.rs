@@ -986,3 +986,22 @@ async fn g7_counts_the_summary_as_the_message_steps_send() {
     assert_eq!(row.tokens_after, Some(counted as i64));
     assert!(row.tokens_after < row.tokens_before);
 }
+
+/// The verbatim tail (0.15 of the threshold by default) gives way when a
+/// compaction is asked for and the whole session fits it: `/compact` on a
+/// short session folds every finished turn rather than nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_compaction_of_a_session_that_fits_the_tail_folds_by_count() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let s = history(&store, 4).await;
+    let r = runner_with(&store, "m", extractive(), |c| {
+        c.compaction.compact_at = Threshold::Tokens(1_000_000);
+        assert_eq!(c.compaction.keep_recent_share, Some(0.15), "the default");
+    });
+    let preview = r.preview_compaction(s.id, None).await.unwrap();
+    assert_eq!(preview.boundary, 3, "{preview:?}");
+    let row = r.compact_now(s.id, None).await.unwrap();
+    assert_eq!(row.up_to_turn_index, 3);
+    assert_verified(&store);
+}

@@ -70,12 +70,20 @@ pub(super) fn manual_plan(
     }
     let last = turns.last().map_or(-1, |t| t.idx);
     let latest = store::latest_completed(c, session_id, i64::MAX)?;
-    let mut b = last - config.keep_last_turns as i64;
+    let by_count = last - config.keep_last_turns as i64;
+    let folds = |b: i64| b >= 0 && latest.as_ref().is_none_or(|l| l.up_to_turn_index <= b);
+    let mut b = by_count;
     if keep_recent > 0 && b >= 0 {
         let after = latest.as_ref().map_or(-1, |l| l.up_to_turn_index);
         b = store::recent_window_boundary(c, session_id, last + 1, after, b, keep_recent)?;
+        // Asked for, a compaction folds what it can: when the whole rest
+        // fits the verbatim tail, the tail gives way to the turns kept by
+        // count (an automatic one waits until the tail is full instead).
+        if !folds(b) {
+            b = by_count;
+        }
     }
-    if b < 0 || latest.as_ref().is_some_and(|l| l.up_to_turn_index > b) {
+    if !folds(b) {
         return Err(Error::NothingToCompact { session_id });
     }
     Ok(ManualPlan {
