@@ -129,31 +129,22 @@ def main():
         rust = summary("host: Rust (host_loop)", rust_host(os.path.join(d, "r.db"), turns))
         py = summary("host: Python (abridge.Runner)", asyncio.run(python_host(os.path.join(d, "p.db"), turns)))
         rows += [rust, py]
-        sq = summary(
-            "SDK run: SQLiteSession",
-            asyncio.run(sdk_runs(SQLiteSession("bench", os.path.join(d, "sq.db")), runs)),
-        )
-        ab = summary(
-            "SDK run: AbridgeSession",
-            asyncio.run(sdk_runs(AbridgeSession("bench", os.path.join(d, "ab.db")), runs)),
-        )
-        rows += [sq, ab]
-        sq2 = summary(
-            "session calls: SQLiteSession",
-            asyncio.run(session_calls(SQLiteSession("calls", os.path.join(d, "sq2.db")), runs)),
-        )
-        ab2 = summary(
-            "session calls: AbridgeSession",
-            asyncio.run(session_calls(AbridgeSession("calls", os.path.join(d, "ab2.db")), runs)),
-        )
-        rows += [sq2, ab2]
+        # Each workload over a fresh file per session kind, SQLiteSession first.
+        pair = {}
+        for workload, run_it in (("SDK run", sdk_runs), ("session calls", session_calls)):
+            for kind, make in (("SQLiteSession", SQLiteSession), ("AbridgeSession", AbridgeSession)):
+                path = os.path.join(d, f"{workload}-{kind}.db".replace(" ", "-"))
+                row = summary(f"{workload}: {kind}", asyncio.run(run_it(make("bench", path), runs)))
+                pair[(workload, kind)] = row
+                rows.append(row)
     print(f"{'':34} {'n':>5} {'p50 µs':>9} {'mean µs':>9}")
     for r in rows:
         print(f"{r['name']:34} {r['n']:>5} {r['p50_us']:>9.0f} {r['mean_us']:>9.0f}")
     print()
     print(f"Python host / Rust host (p50):          {py['p50_us'] / rust['p50_us']:.2f}")
-    print(f"AbridgeSession / SQLiteSession, SDK run (p50): {ab['p50_us'] / sq['p50_us']:.2f}")
-    print(f"AbridgeSession / SQLiteSession, calls (p50):   {ab2['p50_us'] / sq2['p50_us']:.2f}")
+    for workload in ("SDK run", "session calls"):
+        ratio = pair[(workload, "AbridgeSession")]["p50_us"] / pair[(workload, "SQLiteSession")]["p50_us"]
+        print(f"AbridgeSession / SQLiteSession, {workload} (p50): {ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -271,10 +271,9 @@ class AbridgeSession:
         if self._closed:
             raise RuntimeError(f"session {self.session_id!r} is closed")
 
-    async def _session(self, create: bool) -> Optional[int]:
+    async def _existing(self) -> Optional[int]:
+        """The session's row id, None before its first write."""
         if self._sid is None:
-            if create:
-                return await self._created()
             try:
                 row = await self._store.session(self.session_id)
             except NotFound:
@@ -283,6 +282,7 @@ class AbridgeSession:
         return self._sid
 
     async def _created(self) -> int:
+        """The session's row id, the session created if it is not yet."""
         if self._sid is None:
             row = await self._runner.create_session(self.session_id, self.model, "")
             self._sid = row["id"]
@@ -290,10 +290,10 @@ class AbridgeSession:
 
     async def session_row_id(self) -> Optional[int]:
         """abridge's row id of the session (None before its first item)."""
-        return await self._session(create=False)
+        return await self._existing()
 
     async def _view(self) -> Optional[SessionView]:
-        sid = await self._session(create=False)
+        sid = await self._existing()
         if sid is None:
             return None
         try:
@@ -346,7 +346,7 @@ class AbridgeSession:
         start-up. Any later write does it too. True if there was one."""
         self._check_open()
         async with self._lock():
-            sid = await self._session(create=False)
+            sid = await self._existing()
             if sid is None:
                 return False
             return await self._resume(sid)
@@ -437,7 +437,7 @@ class AbridgeSession:
     async def compact_now(self, focus: Optional[str] = None) -> Optional[CompactionRow]:
         """Compacts the session now (a manual compaction; None when there
         is nothing to fold)."""
-        sid = await self._session(create=False)
+        sid = await self._existing()
         if sid is None:
             return None
         return await self._runner.compact_now(sid, focus)

@@ -20,12 +20,7 @@ pub(crate) fn get_turn(conn: &Connection, id: TurnId) -> Result<TurnRow> {
 }
 
 pub(crate) fn list_turns(conn: &Connection, session_id: SessionId) -> Result<Vec<TurnRow>> {
-    let mut st = conn.prepare(&format!(
-        "SELECT {} FROM turns WHERE session_id = ?1 ORDER BY idx",
-        TurnRow::COLUMNS
-    ))?;
-    let rows = st.query_map([session_id], TurnRow::from_row)?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    list_turns_after(conn, session_id, -1)
 }
 
 /// A session's turns after turn `after_idx`, in order.
