@@ -312,6 +312,10 @@ pub struct Outcome {
     pub tool_ids_visible: usize,
     /// Whether `verify` passed (G8 included).
     pub verified: bool,
+    /// The window of facts mentioned in passing the last compaction
+    /// carried (smaller than `pins_window` when they were folded to keep the
+    /// pinned block within its share of the threshold).
+    pub last_window: Option<i64>,
 }
 
 impl Outcome {
@@ -408,6 +412,11 @@ pub async fn run(path: &Path, which: Which, guard: bool) -> Result<Outcome> {
                 tool_ids: 0,
                 tool_ids_visible: 0,
                 verified: abridge::verify::verify(c)?.ok,
+                last_window: abridge::inspect::compactions(c, sid)?
+                    .iter()
+                    .rev()
+                    .find(|r| r.status == abridge::store::CompactionStatus::Completed)
+                    .and_then(|r| r.pins_window),
             };
             for batch in 0..FILLER_TURNS {
                 // user_turn() spends two filler turns on changes.

@@ -8,6 +8,7 @@
 //! - [`chaos`] (Unix): the kill/race/fault harness behind `abridge chaos`,
 //!   with the deliberately broken runners of the `broken-*` features.
 //! - [`fidelity`]: the workload measuring what summaries keep.
+//! - [`long_session`]: one new fact a turn for hundreds of compactions.
 //! - [`fake_http`]: a scripted HTTP server for provider clients.
 //! - [`local_provider`]: a local stand-in for each provider's API (the
 //!   provider examples' server when no key is set).
@@ -24,6 +25,7 @@ pub mod demo_tables;
 pub mod fake_http;
 pub mod fidelity;
 pub mod local_provider;
+pub mod long_session;
 pub mod sabotage;
 
 /// Bulk history for benchmarks, written as a runner would have (the

@@ -315,6 +315,21 @@ pub enum EventKind {
         /// The budget, chars.
         budget: usize,
     },
+    /// The pins live for good (what the user stated for a slot, rules, the
+    /// host's pins) alone fill the pinned facts' share of the threshold
+    /// ([`crate::CompactionConfig::pins_max_share`]): every fact mentioned
+    /// in passing was folded and they were all kept, so the summary leaves
+    /// less room (raise the threshold or the share). `verify` notes it.
+    PinsOverShare {
+        /// The row.
+        compaction_id: CompactionId,
+        /// Live pins kept.
+        pins: usize,
+        /// Chars of those pins as block lines without sentences.
+        chars: usize,
+        /// The share, chars.
+        share: usize,
+    },
     /// A summariser attempt failed; `last` is true when the row is now failed.
     CompactionFailed {
         /// The row.

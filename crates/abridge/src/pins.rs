@@ -174,10 +174,13 @@ impl Fact {
     /// only while among the session's newest ones
     /// ([`crate::CompactionConfig::pins_window`]; the user's and the tools'
     /// and assistant's are counted apart). True for a fact without a
-    /// slot from a tool result or the assistant's text, and for an id, an
-    /// amount or a date the user mentions without naming what it is; false
-    /// for what the user states for a slot, rules, names, e-mail addresses,
-    /// paths, URLs, keys, and the host's pins, which stay live for good.
+    /// slot from a tool result or the assistant's text, and for what the
+    /// user mentions without stating it for a slot (an id, an amount, a
+    /// date, a name, an e-mail address, a path, a URL, a key); false for
+    /// what the user states for a slot, rules and the host's pins, which
+    /// stay live for good. (Pins recorded by earlier builds, when a user's
+    /// names, addresses, paths, URLs and keys stayed live for good too, keep
+    /// the window they were recorded with.)
     pub fn in_passing(&self, source: FactSource) -> bool {
         in_passing(self.kind, self.slot.is_some(), source)
     }
@@ -197,7 +200,7 @@ pub(crate) fn window_group(kind: FactKind, slotted: bool, source: FactSource) ->
     }
     match source {
         FactSource::Tool | FactSource::Assistant => 1,
-        FactSource::User if matches!(kind, FactKind::Id | FactKind::Amount | FactKind::Date) => 2,
+        FactSource::User if kind != FactKind::Rule => 2,
         FactSource::User | FactSource::Host => 0,
     }
 }
@@ -517,7 +520,19 @@ fn known_slot(slot: &str) -> bool {
     )
 }
 
-/// The known slot named by the one or two words before a value, if any.
+/// Slots that name *which* thing rather than a value of it: "order
+/// ORD-1002" is another order, not a new value of the order ("my order
+/// number is ..." still states one).
+fn entity_slot(slot: &str) -> bool {
+    let last = slot.rsplit(' ').next().unwrap_or(slot);
+    matches!(
+        last,
+        "order" | "account" | "file" | "path" | "directory" | "folder" | "branch" | "key"
+    )
+}
+
+/// The known slot named by the one or two words before a value, if any
+/// (not one naming which thing it is: [`entity_slot`]).
 fn slot_before(before: &[&str]) -> Option<String> {
     let word = |w: &&str| trim_token(w).to_lowercase();
     let n = before.len();
@@ -531,7 +546,7 @@ fn slot_before(before: &[&str]) -> Option<String> {
     tries
         .into_iter()
         .map(|t| normalise_slot(&t))
-        .find(|t| known_slot(t))
+        .find(|t| known_slot(t) && !entity_slot(t))
 }
 
 /// Slots too vague to supersede anything by ("the problem is...").
@@ -839,6 +854,10 @@ pub struct Pin {
     pub supersedes: Option<i64>,
     /// That pin's value.
     pub superseded_value: Option<String>,
+    /// The window it counts in, as stored when it was pinned: 0 live for
+    /// good, 1 mentioned in passing by a tool or the assistant, 2 by the user
+    /// (see [`Fact::in_passing`]).
+    pub window: u8,
 }
 
 impl Pin {
@@ -865,9 +884,10 @@ impl Pin {
         })
     }
 
-    /// Whether it was mentioned in passing ([`Fact::in_passing`]).
+    /// Whether it was mentioned in passing ([`Fact::in_passing`]), as
+    /// recorded when it was pinned.
     pub fn in_passing(&self) -> bool {
-        in_passing(self.kind, self.slot.is_some(), self.source)
+        self.window != 0
     }
 
     /// The pin as one line of the pinned-facts block: turn, label, value,
@@ -937,6 +957,145 @@ fn on_token_boundaries(hay: &str, needle: &str) -> bool {
     })
 }
 
+/// The live pins that fit `share_chars` as a block without sentences
+/// (`- [turn N] label: value` lines, and the values mentioned in passing by
+/// tools and the assistant listed by kind): every pin live for good, and of
+/// those mentioned in passing the newest `w` of each window, for the largest
+/// `w` up to `window` that fits (0 when the pins live for good alone fill
+/// the share: they are all kept, whatever their size). `pins` are the live
+/// pins at `window` ([`crate::inspect::live_pins`]). Returns the pins kept, in
+/// their order, `w` (`window` when nothing was left out), and how many were
+/// left out: what a compaction records as its window, and `verify` checks
+/// G8 with.
+pub fn fold_to_share(pins: Vec<Pin>, window: usize, share_chars: usize) -> Folded {
+    let bare = |p: &Pin| {
+        if p.window == 1 {
+            p.value.chars().count() + 2
+        } else {
+            p.line(true).chars().count() + 1
+        }
+    };
+    let mut total = BLOCK_HEADING.chars().count();
+    let mut groups: [Vec<usize>; 2] = [Vec::new(), Vec::new()];
+    for (i, p) in pins.iter().enumerate() {
+        match p.window {
+            0 => total += bare(p),
+            w => groups[usize::from(w != 1)].push(i),
+        }
+    }
+    // Newest first, as the live-pins query takes them.
+    for g in &mut groups {
+        g.sort_by_key(|&i| std::cmp::Reverse((pins[i].turn_index, pins[i].id)));
+    }
+    let longest = groups.iter().map(Vec::len).max().unwrap_or(0);
+    // One list line per kind of value mentioned in passing.
+    let kinds = |n: usize| {
+        let mut seen: Vec<FactKind> = Vec::new();
+        for &i in groups[0].iter().take(n) {
+            if !seen.contains(&pins[i].kind) {
+                seen.push(pins[i].kind);
+            }
+        }
+        seen.iter()
+            .map(|k| PASSING_LINE.len() + k.as_str().len() + 2)
+            .sum::<usize>()
+    };
+    // The pins live for good alone over the share: nothing in passing.
+    let over = total > share_chars;
+    let mut w = 0;
+    let mut grown = total;
+    while w < longest && !over {
+        let add: usize = groups
+            .iter()
+            .filter_map(|g| g.get(w))
+            .map(|&i| bare(&pins[i]))
+            .sum();
+        if grown + add + kinds(w + 1) > share_chars {
+            break;
+        }
+        grown += add;
+        w += 1;
+    }
+    if w >= longest && !over {
+        return Folded {
+            pins,
+            window,
+            folded: 0,
+        };
+    }
+    let mut keep = vec![true; pins.len()];
+    let mut folded = 0;
+    for g in &groups {
+        for &i in g.iter().skip(w) {
+            keep[i] = false;
+            folded += 1;
+        }
+    }
+    let mut it = keep.into_iter();
+    let pins = pins
+        .into_iter()
+        .filter(|_| it.next().unwrap_or(true))
+        .collect();
+    Folded {
+        pins,
+        window: w,
+        folded,
+    }
+}
+
+/// Chars of `pins` as a block without sentences (as [`fold_to_share`]
+/// counts them).
+pub fn bare_block_chars(pins: &[Pin]) -> usize {
+    if pins.is_empty() {
+        return 0;
+    }
+    let mut kinds: Vec<FactKind> = Vec::new();
+    let mut total = BLOCK_HEADING.chars().count();
+    for p in pins {
+        if p.window == 1 {
+            if !kinds.contains(&p.kind) {
+                kinds.push(p.kind);
+                total += PASSING_LINE.len() + p.kind.as_str().len() + 2;
+            }
+            total += p.value.chars().count() + 2;
+        } else {
+            total += p.line(true).chars().count() + 1;
+        }
+    }
+    total
+}
+
+/// Chars of the block the guard would append if a summary carried none of
+/// `pins` ([`render_block`] within `budget_chars`): the most the block can
+/// take, which the summary's share counts.
+pub fn block_bound_chars(pins: &[Pin], budget_chars: usize) -> usize {
+    let all: Vec<&Pin> = pins.iter().collect();
+    render_block(&all, budget_chars).0.chars().count()
+}
+
+/// What [`fold_to_share`] kept.
+#[derive(Debug, Clone)]
+pub struct Folded {
+    /// The pins kept, in their order.
+    pub pins: Vec<Pin>,
+    /// The window they were kept with (the one given when nothing folded).
+    pub window: usize,
+    /// How many live pins mentioned in passing were left out.
+    pub folded: usize,
+}
+
+/// The line the guard appends when facts mentioned in passing were folded
+/// to keep the pinned block within its share ([`fold_to_share`]).
+pub const FOLDED_LINE: &str = "- [folded] ";
+
+/// [`FOLDED_LINE`] for `n` facts.
+pub fn folded_line(n: usize) -> String {
+    format!(
+        "{FOLDED_LINE}{n} older facts mentioned in passing are not listed, to keep this list \
+         within its share of the context (the history keeps them)"
+    )
+}
+
 /// The prefix of a block line listing the values of the pins of one kind
 /// mentioned in passing: `- [in passing] id: tx_1, tx_2`.
 pub const PASSING_LINE: &str = "- [in passing] ";
@@ -951,7 +1110,11 @@ pub fn render_block(missing: &[&Pin], budget_chars: usize) -> (String, bool) {
     if missing.is_empty() {
         return (String::new(), false);
     }
-    let (tools, stated): (Vec<&Pin>, Vec<&Pin>) = missing.iter().partition(|p| p.in_passing());
+    // The user's facts (stated ones first) get a line each, with their
+    // sentence; what tools and the assistant mentioned in passing is listed
+    // by kind.
+    let (tools, mut stated): (Vec<&Pin>, Vec<&Pin>) = missing.iter().partition(|p| p.window == 1);
+    stated.sort_by_key(|p| p.window != 0);
     let mut grouped: Vec<(FactKind, Vec<&str>)> = Vec::new();
     for p in &tools {
         match grouped.iter_mut().find(|(k, _)| *k == p.kind) {
@@ -972,10 +1135,16 @@ pub fn render_block(missing: &[&Pin], budget_chars: usize) -> (String, bool) {
         + full.iter().map(chars).sum::<usize>()
         + tool_lines.iter().map(chars).sum::<usize>();
     let mut with_sentence = vec![true; stated.len()];
-    let mut drop_order: Vec<usize> = (0..stated.len())
-        .filter(|&i| stated[i].source == FactSource::Assistant)
-        .collect();
-    drop_order.extend((0..stated.len()).filter(|&i| stated[i].source != FactSource::Assistant));
+    // The assistant's first (a host's own extractor may give it lines),
+    // then what the user mentioned in passing, then what the user stated,
+    // oldest first in each.
+    let rank = |p: &Pin| match (p.source, p.window) {
+        (FactSource::Assistant, _) => 0,
+        (_, 0) => 2,
+        _ => 1,
+    };
+    let mut drop_order: Vec<usize> = (0..stated.len()).collect();
+    drop_order.sort_by_key(|&i| (rank(stated[i]), stated[i].turn_index, stated[i].id));
     for i in drop_order {
         if total <= budget_chars {
             break;
@@ -1216,6 +1385,7 @@ mod tests {
             source: FactSource::User,
             supersedes: None,
             superseded_value: None,
+            window: 0,
         };
         let prose = "The customer ordered 17 in all for their team.\n\
                      Deliveries on 27 and 31 March to Lisbon.\n\
@@ -1266,6 +1436,7 @@ mod tests {
             source: FactSource::User,
             supersedes: None,
             superseded_value: Some("900 EUR".into()),
+            window: 0,
         };
         let pins = [pin(1, "1,250 EUR")];
         assert!(missing(&pins, "the budget is 1,250 EUR").is_empty());
@@ -1287,6 +1458,56 @@ mod tests {
     }
 
     #[test]
+    fn folding_keeps_every_pin_live_for_good_and_the_newest_in_passing_that_fit() {
+        let pin = |id: i64, window: u8, v: &str| Pin {
+            id,
+            turn_index: id,
+            kind: if window == 0 {
+                FactKind::Rule
+            } else {
+                FactKind::Id
+            },
+            slot: None,
+            value: v.into(),
+            sentence: v.into(),
+            source: if window == 1 {
+                FactSource::Tool
+            } else {
+                FactSource::User
+            },
+            supersedes: None,
+            superseded_value: None,
+            window,
+        };
+        let mut pins = vec![pin(0, 0, "Never ship on Sundays.")];
+        for i in 1..=40 {
+            pins.push(pin(i, 1 + (i % 2) as u8, &format!("ID-{i:03}")));
+        }
+        // Room for everything: nothing folds, the window is as given.
+        let all = fold_to_share(pins.clone(), 100, 100_000);
+        assert_eq!((all.pins.len(), all.window, all.folded), (41, 100, 0));
+        // A share that holds the rule and some of each window.
+        let f = fold_to_share(pins.clone(), 100, 300);
+        assert!(f.window > 0 && f.window < 20, "{}", f.window);
+        assert_eq!(f.folded, 40 - 2 * f.window);
+        assert!(
+            bare_block_chars(&f.pins) <= 300,
+            "{}",
+            bare_block_chars(&f.pins)
+        );
+        assert!(f.pins.iter().any(|p| p.window == 0));
+        // The newest of each window stay.
+        assert!(f.pins.iter().any(|p| p.value == "ID-040"));
+        assert!(f.pins.iter().any(|p| p.value == "ID-039"));
+        assert!(!f.pins.iter().any(|p| p.value == "ID-001"));
+        // The rule alone over the share: kept, and nothing in passing.
+        let f = fold_to_share(pins, 100, 20);
+        assert_eq!((f.pins.len(), f.window, f.folded), (1, 0, 40));
+        let f = fold_to_share(vec![pin(0, 0, "Never ship on Sundays.")], 100, 20);
+        assert_eq!((f.pins.len(), f.window, f.folded), (1, 0, 0));
+    }
+
+    #[test]
     fn values_in_passing_share_a_line_per_kind_and_the_oldest_sentences_go_first() {
         let pin = |id, source, kind, slot: Option<&str>, v: &str| Pin {
             id,
@@ -1298,6 +1519,7 @@ mod tests {
             source,
             supersedes: None,
             superseded_value: None,
+            window: window_group(kind, slot.is_some(), source),
         };
         let pins = [
             pin(1, FactSource::User, FactKind::Stated, Some("size"), "M"),
@@ -1312,9 +1534,14 @@ mod tests {
         assert_eq!(
             b,
             "## Pinned facts\n- [turn 1] size: M | \"said M\"\n- [turn 5] colour: red | \"said red\"\n\
-             - [in passing] id: tx_1, ORD-4\n- [in passing] amount: 9 EUR\n- [in passing] date: 2026-01-02"
+             - [turn 4] id: ORD-4 | \"said ORD-4\"\n\
+             - [in passing] id: tx_1\n- [in passing] amount: 9 EUR\n- [in passing] date: 2026-01-02"
         );
         assert!(!over);
+        // The sentence of what the user mentioned in passing goes first,
+        // then the oldest stated ones'.
+        let (b, _) = render_block(&m, b.chars().count() - 1);
+        assert!(b.contains("said M") && !b.contains("said ORD-4"), "{b}");
         let (b, _) = render_block(&m, b.chars().count() - 1);
         assert!(
             b.contains("colour: red | \"said red\"") && !b.contains("said M"),

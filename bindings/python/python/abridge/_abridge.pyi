@@ -92,6 +92,7 @@ class PinRow(TypedDict):
     source: str
     supersedes: Optional[int]
     superseded_value: Optional[str]
+    window: int
 
 class ApprovalRow(TypedDict):
     id: int

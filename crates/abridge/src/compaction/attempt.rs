@@ -37,7 +37,7 @@ impl Compactor {
         subject: &Subject,
     ) -> Result<Option<CompactionRow>> {
         let row = row.clone();
-        let span = self.load_span(&row).await?;
+        let span = self.load_span(&row, &subject.model).await?;
         self.events.emit(
             subject,
             EventKind::CompactionClaimed {
@@ -53,8 +53,17 @@ impl Compactor {
             first: self.rules(&row, false),
             update: self.rules(&row, true),
             focus: row.focus.clone().filter(|f| !f.trim().is_empty()),
-            summary_chars: self.config.summary_chars(&subject.model),
+            summary_chars: if self.config.guard_pins {
+                let block =
+                    crate::pins::block_bound_chars(&span.pins, self.config.pins_budget_chars);
+                self.config.summary_chars_beside(&subject.model, block)
+            } else {
+                self.config.summary_chars(&subject.model)
+            },
         };
+        if self.config.guard_pins {
+            self.say_if_over_share(&row, &span, subject);
+        }
         // Heartbeat: keep the row's lease while this claim is alive and working.
         // Dropped with the future, so a dropped future renews nothing.
         let hb = self.heartbeat.then(|| {
@@ -83,9 +92,10 @@ impl Compactor {
 
     /// The previous completed compaction the row folds in, and the turns it
     /// summarises.
-    pub(super) async fn load_span(&self, row: &CompactionRow) -> Result<Span> {
+    pub(super) async fn load_span(&self, row: &CompactionRow, model: &str) -> Result<Span> {
         let (sid, b, prev_id) = (row.session_id, row.up_to_turn_index, row.previous_id);
         let window = self.config.pins_window;
+        let (cfg, model) = (self.config.clone(), model.to_string());
         self.store
             .call(move |c| {
                 // One snapshot; on PostgreSQL two round trips: the redaction
@@ -99,14 +109,16 @@ impl Compactor {
                         None => None,
                     };
                     let redaction = store::session_redaction(c, sid)?;
-                    let pins = store::live_pins(c, sid, b, window)?;
+                    let folded = preview::carried_pins(&cfg, c, sid, b, &model)?;
                     let after = prev.as_ref().map_or(-1, |p| p.up_to_turn_index);
                     let turns = store::load_history(c, sid, after, b, i64::MAX)?;
                     Ok(Span {
                         redaction,
                         prev,
                         turns,
-                        pins,
+                        pins: folded.pins,
+                        window: folded.window,
+                        folded: folded.folded,
                     })
                 })
             })
@@ -271,7 +283,7 @@ impl Compactor {
                     let (text, pins_added, calls) = if text.is_empty() || !cfg.guard_pins {
                         (text, 0, calls)
                     } else {
-                        self.guard(row, rules, text, pins, calls, subject).await?
+                        self.guard(row, rules, text, span, calls, subject).await?
                     };
                     let after = message_tokens(
                         counter,
@@ -301,7 +313,7 @@ impl Compactor {
                                 pins_added: cfg.guard_pins.then_some(pins_added as i64),
                                 pins_window: cfg
                                     .guard_pins
-                                    .then(|| i64::try_from(cfg.pins_window).unwrap_or(i64::MAX)),
+                                    .then(|| i64::try_from(span.window).unwrap_or(i64::MAX)),
                             },
                         ));
                     }
@@ -338,11 +350,12 @@ impl Compactor {
         row: &CompactionRow,
         rules: &Rules,
         text: String,
-        pins: &[Pin],
+        span: &Span,
         calls: i64,
         subject: &Subject,
     ) -> Result<(String, usize, i64)> {
         let cfg = &self.config;
+        let pins = &span.pins;
         let mut text = text;
         let mut calls = calls;
         let mut missing = crate::pins::missing(pins, &text);
@@ -401,7 +414,42 @@ impl Compactor {
             text.push_str("\n\n");
             text.push_str(&block);
         }
+        if span.folded > 0 {
+            text.push_str(if block.is_empty() { "\n\n" } else { "\n" });
+            if block.is_empty() {
+                text.push_str(crate::pins::BLOCK_HEADING);
+                text.push('\n');
+            }
+            text.push_str(&crate::pins::folded_line(span.folded));
+        }
         Ok((text, added, calls))
+    }
+
+    /// [`EventKind::PinsOverShare`] when the pins live for good alone fill
+    /// the pinned facts' share (every fact mentioned in passing folded).
+    fn say_if_over_share(&self, row: &CompactionRow, span: &Span, subject: &Subject) {
+        let Some(share) = self.config.pins_share_chars(&subject.model) else {
+            return;
+        };
+        let chars = crate::pins::bare_block_chars(&span.pins);
+        if span.window == 0 && chars > share {
+            warn!(
+                compaction_id = %row.id,
+                pins = span.pins.len(),
+                chars,
+                share,
+                "the pins live for good fill the pinned facts' share; all kept"
+            );
+            self.events.emit(
+                subject,
+                EventKind::PinsOverShare {
+                    compaction_id: row.id,
+                    pins: span.pins.len(),
+                    chars,
+                    share,
+                },
+            );
+        }
     }
 
     /// One pass over the chunks, each folded into the running summary.
@@ -489,7 +537,12 @@ pub(super) struct Span {
     pub(super) redaction: i64,
     pub(super) prev: Option<CompactionRow>,
     pub(super) turns: Vec<crate::store::HistoryTurn>,
+    /// The live pins to carry, within their share.
     pub(super) pins: Vec<Pin>,
+    /// The window they were kept with (recorded on the row).
+    pub(super) window: usize,
+    /// Live pins mentioned in passing left out to stay within the share.
+    pub(super) folded: usize,
 }
 
 /// Tokens of messages as a step sends them (their JSON bytes).

@@ -362,13 +362,25 @@ pub struct CompactionConfig {
     pub pins_budget_chars: usize,
     /// How many of the newest facts *mentioned in passing* count as live
     /// pins: facts without a slot found in tool results or the assistant's
-    /// text, and identifiers, amounts and dates the user mentions without
-    /// naming what they are. What the user states for a slot ("my order
-    /// number is..."), rules, names, addresses, paths, keys, URLs and the
-    /// host's pins always stay live. Keeps a long, tool-heavy session's
-    /// summary bounded. Recorded on each compaction. Default
+    /// text, and what the user mentions without stating it for a slot (an
+    /// id, an amount, a date, a name, an address, a path). What the user
+    /// states for a slot ("my order number is..."), rules and the host's
+    /// pins always stay live. Keeps a long, tool-heavy session's summary
+    /// bounded. Recorded on each compaction. Default
     /// [`crate::pins::DEFAULT_PINS_WINDOW`] (100).
     pub pins_window: usize,
+    /// The pinned facts' share of the threshold: the live pins' block,
+    /// without sentences, is kept within this share of the threshold's
+    /// tokens (4 chars a token) by folding the oldest facts mentioned in
+    /// passing (a smaller window, recorded on the compaction, so `verify`
+    /// checks G8 with it; a line in the block says how many). What the user
+    /// stated for a slot, rules and the host's pins never fold: when they
+    /// alone fill the share, a [`crate::EventKind::PinsOverShare`] event is
+    /// sent, `verify` notes it, and they are all kept. The block also counts
+    /// inside the summary's share: the summariser is asked for at most
+    /// `max_summary_share` of the threshold less the block's size. In
+    /// (0, 1]; None folds nothing. Default 0.10.
+    pub pins_max_share: Option<f64>,
     /// The pins guard (G8): a summary as stored carries every live pin its
     /// text lacks. Default true. Off, nothing checks what a summary keeps and
     /// `verify` does not check G8 for the compactions made so (their
@@ -417,6 +429,7 @@ impl Default for CompactionConfig {
             pins_budget_chars: 4_000,
             guard_pins: true,
             pins_window: crate::pins::DEFAULT_PINS_WINDOW,
+            pins_max_share: Some(0.10),
             reask_missing_pins: false,
         }
     }
@@ -500,6 +513,32 @@ impl CompactionConfig {
         }
     }
 
+    /// The summariser's cap for a session of `model` when the pinned block
+    /// will take `block_chars`: [`CompactionConfig::summary_chars`], and
+    /// within `max_summary_share` of the threshold with the block counted
+    /// inside it (never below 800 chars, nor a quarter of the cap).
+    pub fn summary_chars_beside(&self, model: &str, block_chars: usize) -> usize {
+        let cap = self.summary_chars(model);
+        match (
+            self.compact_at.tokens(self.context_window(model)),
+            self.max_summary_share,
+        ) {
+            (Some(t), Some(share)) if block_chars > 0 => {
+                let whole = (t as f64 * share * 4.0) as usize;
+                cap.min(whole.saturating_sub(block_chars).max(800).max(cap / 4))
+            }
+            _ => cap,
+        }
+    }
+
+    /// The pinned facts' share for a session of `model`, chars
+    /// ([`CompactionConfig::pins_max_share`]); None folds nothing.
+    pub fn pins_share_chars(&self, model: &str) -> Option<usize> {
+        let t = self.compact_at.tokens(self.context_window(model))?;
+        self.pins_max_share
+            .map(|share| ((t as f64 * share * 4.0) as usize).max(400))
+    }
+
     /// The context window of `model`: registered, else the built-in table
     /// ([`CONTEXT_WINDOWS`], exact ids and their snapshots).
     pub fn context_window(&self, model: &str) -> Option<u64> {
@@ -546,6 +585,13 @@ impl CompactionConfig {
             if !(share > 0.0 && share <= 1.0) {
                 return Err(Error::Config(format!(
                     "max_summary_share must be in (0, 1], got {share}"
+                )));
+            }
+        }
+        if let Some(share) = self.pins_max_share {
+            if !(share > 0.0 && share <= 1.0) {
+                return Err(Error::Config(format!(
+                    "pins_max_share must be in (0, 1], got {share}"
                 )));
             }
         }

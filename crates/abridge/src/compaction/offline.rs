@@ -16,7 +16,9 @@
 use super::summarise::{Summariser, SummaryRequest, SummaryResponse};
 use crate::message::Usage;
 use crate::model::ModelError;
-use crate::pins::{FactKind, FactSource, PinExtractor, RuleExtractor, BLOCK_HEADING, PASSING_LINE};
+use crate::pins::{
+    FactKind, FactSource, PinExtractor, RuleExtractor, BLOCK_HEADING, FOLDED_LINE, PASSING_LINE,
+};
 use crate::text::truncate_chars;
 use async_trait::async_trait;
 use regex::Regex;
@@ -33,8 +35,12 @@ const SUPERSEDED: &str = "## Superseded";
 const EARLIER: &str = "## Earlier summary";
 const OPEN: &str = "## Open";
 const COMMITMENTS: &str = "## Commitments";
+const DECISIONS: &str = "## The user's decisions";
 const TOOL_RESULTS: &str = "## Tool results";
-const TOOL_IDS: &str = "## Identifiers from tools";
+/// Summaries written by earlier builds listed the identifiers on one line,
+/// oldest first.
+const TOOL_IDS_OLDEST_FIRST: &str = "## Identifiers from tools";
+const TOOL_IDS: &str = "## Identifiers from tools, newest first";
 const REQUESTS: &str = "## Recent requests";
 
 /// Most entries kept per list section (the newest).
@@ -42,6 +48,7 @@ const MAX_FACTS: usize = 80;
 const MAX_SUPERSEDED: usize = 12;
 const MAX_FOCUS: usize = 8;
 const MAX_COMMITMENTS: usize = 8;
+const MAX_DECISIONS: usize = 8;
 const MAX_TOOL_RESULTS: usize = 8;
 const MAX_TOOL_IDS: usize = 120;
 const MAX_REQUESTS: usize = 6;
@@ -96,6 +103,7 @@ struct Sections {
     earlier: Vec<String>,
     open: Vec<String>,
     commitments: Vec<String>,
+    decisions: Vec<String>,
     tool_results: Vec<String>,
     tool_ids: Vec<String>,
     requests: Vec<String>,
@@ -154,10 +162,14 @@ impl Sections {
             EARLIER,
             OPEN,
             COMMITMENTS,
+            DECISIONS,
             TOOL_RESULTS,
             TOOL_IDS,
+            TOOL_IDS_OLDEST_FIRST,
             REQUESTS,
         ];
+        let mut newest_first_ids: Vec<String> = Vec::new();
+        let mut facts: Vec<FactLine> = Vec::new();
         for line in prev.lines() {
             if line.starts_with("## ") {
                 if let Some(k) = known.iter().find(|k| line.trim_end() == **k) {
@@ -170,7 +182,7 @@ impl Sections {
             }
             match cur {
                 Some(FACTS) | Some(BLOCK_HEADING) => match parse_fact(line) {
-                    Some(f) => s.add_fact(f),
+                    Some(f) => facts.push(f),
                     None => match line
                         .strip_prefix(PASSING_LINE)
                         .and_then(|l| l.split_once(": "))
@@ -181,6 +193,8 @@ impl Sections {
                                 s.add_tool_id(v);
                             }
                         }
+                        // The guard's note of what it folded.
+                        None if line.starts_with(FOLDED_LINE) => {}
                         None if !line.trim().is_empty() => s.earlier.push(line.to_string()),
                         None => {}
                     },
@@ -190,15 +204,48 @@ impl Sections {
                 // The previous focus and open list belong to the previous span.
                 Some(FOCUS) | Some(OPEN) => {}
                 Some(COMMITMENTS) => push_item(&mut s.commitments, line),
+                Some(DECISIONS) => push_item(&mut s.decisions, line),
                 Some(TOOL_RESULTS) => push_item(&mut s.tool_results, line),
-                Some(TOOL_IDS) => {
+                Some(TOOL_IDS_OLDEST_FIRST) => {
                     for v in line.split(", ").filter(|w| !w.trim().is_empty()) {
                         s.add_tool_id(v);
                     }
                 }
+                Some(TOOL_IDS) => newest_first_ids.extend(
+                    line.split(", ")
+                        .filter(|w| !w.trim().is_empty())
+                        .map(str::to_string),
+                ),
                 Some(REQUESTS) => push_item(&mut s.requests, line),
                 _ => s.earlier.push(line.to_string()),
             }
+        }
+        for v in newest_first_ids.iter().rev() {
+            s.add_tool_id(v);
+        }
+        // Facts are written newest first: folded in the order they were
+        // stated, so a slot's newest value stays current (stable within a
+        // turn: the block's lines follow the summary's).
+        facts.sort_by_key(|f| f.turn);
+        for f in facts {
+            s.add_fact(f);
+        }
+        // Lists are written newest first (by earlier builds, oldest
+        // first): kept in the order of their turns, whichever it was.
+        let by_turn = |l: &String| {
+            l.strip_prefix("- [turn ")
+                .and_then(|r| r.split(']').next())
+                .and_then(|n| n.parse::<i64>().ok())
+                .unwrap_or(i64::MIN)
+        };
+        for list in [
+            &mut s.superseded,
+            &mut s.commitments,
+            &mut s.decisions,
+            &mut s.tool_results,
+            &mut s.requests,
+        ] {
+            list.sort_by_key(by_turn);
         }
         while s.earlier.first().is_some_and(|l| l.trim().is_empty()) {
             s.earlier.remove(0);
@@ -228,6 +275,30 @@ fn commitment(text: &str) -> bool {
         "quoted",
         "promise",
         "scheduled",
+    ]
+    .iter()
+    .any(|k| l.contains(k))
+}
+
+/// A decision the user takes ("let's go with...", "I'll take the...").
+fn decision(text: &str) -> bool {
+    let l = text.to_lowercase();
+    [
+        "let's go with",
+        "lets go with",
+        "go ahead with",
+        "go ahead and",
+        "i'll take",
+        "i will take",
+        "i decided",
+        "i've decided",
+        "we decided",
+        "we've decided",
+        "we'll go with",
+        "i'll go with",
+        "i choose",
+        "i chose",
+        "approved",
     ]
     .iter()
     .any(|k| l.contains(k))
@@ -310,6 +381,13 @@ pub fn extract(request: &SummaryRequest) -> String {
                     replaces: None,
                 });
             }
+            if decision(t) {
+                sec.decisions.push(format!(
+                    "- {} the user decided: {}",
+                    e.tag,
+                    one_line(t, 160)
+                ));
+            }
             sec.requests
                 .push(format!("- {} {}", e.tag, one_line(t, 160)));
         } else if let Some(t) = e
@@ -381,11 +459,11 @@ pub fn extract(request: &SummaryRequest) -> String {
         _ => Vec::new(),
     };
     if sec.facts.len() > MAX_FACTS {
-        // Identifiers go first (the guard carries pinned ones); stated
-        // values, rules and names stay.
+        // The oldest facts that fill no slot and state no rule go first
+        // (the guard carries the pinned ones); stated values and rules stay.
         let mut over = sec.facts.len() - MAX_FACTS;
         sec.facts.retain(|f| {
-            let drop = over > 0 && !f.slotted && f.label != "rule" && f.label != "name";
+            let drop = over > 0 && !f.slotted && f.label != "rule";
             if drop {
                 over -= 1;
             }
@@ -395,35 +473,94 @@ pub fn extract(request: &SummaryRequest) -> String {
     }
     keep_newest(&mut sec.superseded, MAX_SUPERSEDED);
     keep_newest(&mut sec.commitments, MAX_COMMITMENTS);
+    keep_newest(&mut sec.decisions, MAX_DECISIONS);
     keep_newest(&mut sec.tool_results, MAX_TOOL_RESULTS);
     keep_newest(&mut sec.tool_ids, MAX_TOOL_IDS);
     keep_newest(&mut sec.requests, MAX_REQUESTS);
 
+    let newest_first = |l: &[String]| l.iter().rev().cloned().collect::<Vec<_>>();
+    // Facts newest first; those of one turn in the order they were stated.
+    let mut facts: Vec<&FactLine> = sec.facts.iter().collect();
+    facts.sort_by_key(|f| std::cmp::Reverse(f.turn));
+    let facts: Vec<String> = facts.into_iter().map(FactLine::render).collect();
+    let ids: Vec<String> = sec
+        .tool_ids
+        .iter()
+        .rev()
+        .cloned()
+        .collect::<Vec<_>>()
+        .chunks(12)
+        .map(|c| c.join(", "))
+        .collect();
+    // In the order the model reads them, each with the share of the cap it
+    // is sure of; what a section leaves unused goes to the next ones.
+    let sections: [(&str, Vec<String>, usize); 10] = [
+        (FOCUS, focus, 10),
+        (OPEN, sec.open.clone(), 10),
+        (FACTS, facts, 30),
+        (DECISIONS, newest_first(&sec.decisions), 5),
+        (COMMITMENTS, newest_first(&sec.commitments), 10),
+        (REQUESTS, newest_first(&sec.requests), 10),
+        (TOOL_RESULTS, newest_first(&sec.tool_results), 10),
+        (TOOL_IDS, ids, 5),
+        (EARLIER, sec.earlier.clone(), 5),
+        (SUPERSEDED, newest_first(&sec.superseded), 5),
+    ];
+    fit(&sections, request.max_chars)
+}
+
+/// The summary within `max_chars`, whole lines only: each section first
+/// takes its lines, newest first, up to its share (percent) of the cap,
+/// then what is left goes to the sections in order. A line that does not
+/// fit is left out whole (never cut), and a heading only stands over lines.
+fn fit(sections: &[(&str, Vec<String>, usize)], max_chars: usize) -> String {
+    let len = |l: &str| l.chars().count() + 1;
+    let mut taken: Vec<Vec<bool>> = sections.iter().map(|s| vec![false; s.1.len()]).collect();
+    let mut headed = vec![false; sections.len()];
+    let mut total = 0usize;
+    let mut take = |i: usize, quota: Option<usize>, total: &mut usize| {
+        let (name, lines, _) = &sections[i];
+        let mut used = 0usize;
+        for (j, line) in lines.iter().enumerate() {
+            if taken[i][j] {
+                used += len(line);
+                continue;
+            }
+            let head = if headed[i] { 0 } else { len(name) };
+            let cost = head + len(line);
+            if *total + cost > max_chars || quota.is_some_and(|q| used + cost > q) {
+                if quota.is_some() {
+                    break;
+                }
+                continue;
+            }
+            taken[i][j] = true;
+            headed[i] = true;
+            used += cost;
+            *total += cost;
+        }
+    };
+    for (i, (_, _, share)) in sections.iter().enumerate() {
+        take(i, Some(max_chars * share / 100), &mut total);
+    }
+    for i in 0..sections.len() {
+        take(i, None, &mut total);
+    }
     let mut out = String::new();
-    let mut section = |name: &str, lines: &[String]| {
-        if lines.is_empty() {
-            return;
+    for (i, (name, lines, _)) in sections.iter().enumerate() {
+        if !headed[i] {
+            continue;
         }
         out.push_str(name);
         out.push('\n');
-        for l in lines {
-            out.push_str(l);
-            out.push('\n');
+        for (j, line) in lines.iter().enumerate() {
+            if taken[i][j] {
+                out.push_str(line);
+                out.push('\n');
+            }
         }
-    };
-    section(FOCUS, &focus);
-    let facts: Vec<String> = sec.facts.iter().map(FactLine::render).collect();
-    section(FACTS, &facts);
-    section(EARLIER, &sec.earlier);
-    section(OPEN, &sec.open);
-    section(COMMITMENTS, &sec.commitments);
-    section(SUPERSEDED, &sec.superseded);
-    section(TOOL_RESULTS, &sec.tool_results);
-    if !sec.tool_ids.is_empty() {
-        section(TOOL_IDS, &[sec.tool_ids.join(", ")]);
     }
-    section(REQUESTS, &sec.requests);
-    truncate_chars(out.trim_end(), request.max_chars)
+    out.trim_end().to_string()
 }
 
 #[async_trait]
@@ -586,6 +723,80 @@ mod tests {
             "[turn 0] user: first line\nsecond line: my zip code is 75001\n[turn 1] user: ok",
         ));
         assert!(s.contains("postcode: 75001"), "{s}");
+    }
+
+    /// Item by item, 400 turns folded 25 at a time at a small cap: the
+    /// newest facts, the last request, the last commitment and decision
+    /// and what is open stay; the oldest content leaves (the summary rolls
+    /// instead of freezing at its first turns); no line is ever cut.
+    #[test]
+    fn a_long_session_rolls_newest_first_and_never_cuts_a_line() {
+        let mut prev: Option<String> = None;
+        let turn = |t: i64| {
+            let fact = match t % 4 {
+                0 => format!("My colleague Person{t} Okafor will sign for order ORD-{t}00."),
+                1 => format!("Please change my budget to {t}0 EUR."),
+                2 => format!("Let's go with option {t} for the lamp."),
+                _ => format!("Is parcel {t} late?"),
+            };
+            format!(
+                "[turn {t}] user: {fact}\n[turn {t}] assistant: I will check parcel {t} and \
+                 report back tomorrow{}",
+                if t % 4 == 3 { "." } else { ", shall I?" }
+            )
+        };
+        let cap = 2_500;
+        let mut oldest_seen = Vec::new();
+        for span in 0..16 {
+            let t: Vec<String> = (span * 25..span * 25 + 25).map(turn).collect();
+            let mut r = req(prev.as_deref(), &t.join("\n"));
+            r.max_chars = cap;
+            let s = extract(&r);
+            assert!(s.chars().count() <= cap, "{}", s.chars().count());
+            for line in s.lines() {
+                assert!(
+                    line.starts_with("## ") || line.starts_with("- "),
+                    "a cut or stray line: {line:?}"
+                );
+                if line.starts_with("- [turn") && line.contains(": ") && line.contains("| \"") {
+                    assert!(line.ends_with('"'), "a fact line cut: {line:?}");
+                }
+            }
+            let last = span * 25 + 24;
+            let newest = |k: i64| (last - 3..=last).find(|t| t % 4 == k).unwrap();
+            assert!(s.contains(&format!("ORD-{}00", newest(0))), "{s}");
+            assert!(s.contains(&format!("budget: {}0 EUR", newest(1))), "{s}");
+            assert!(
+                s.contains(&format!(
+                    "the user decided: Let's go with option {}",
+                    newest(2)
+                )),
+                "{s}"
+            );
+            assert!(
+                s.contains(&format!("] Is parcel {0} late?", newest(3))),
+                "{s}"
+            );
+            if last % 4 != 3 {
+                assert!(
+                    s.contains(&format!("- [turn {last}] the assistant asked")),
+                    "{s}"
+                );
+            }
+            let oldest = s
+                .lines()
+                .filter_map(|l| l.strip_prefix("- [turn "))
+                .filter_map(|l| l.split(']').next()?.parse::<i64>().ok())
+                .min()
+                .unwrap();
+            oldest_seen.push(oldest);
+            prev = Some(s);
+        }
+        // Rolls: what it holds moves with the session.
+        assert!(
+            oldest_seen[15] > oldest_seen[4] && oldest_seen[15] > 200,
+            "{oldest_seen:?}"
+        );
     }
 
     #[test]

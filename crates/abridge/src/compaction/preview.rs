@@ -122,7 +122,13 @@ pub fn preview(
             tokens_before: row.tokens_before.unwrap_or(0).max(0) as u64,
             expected_tokens_after: row.tokens_after.unwrap_or(0).max(0) as u64,
             summary_cap_chars: config.summary_chars(&session.model),
-            pins: store::live_pins(c, session_id, plan.boundary, config.pins_window)?,
+            pins: store::live_pins(
+                c,
+                session_id,
+                plan.boundary,
+                row.pins_window
+                    .map_or(config.pins_window, |w| usize::try_from(w).unwrap_or(0)),
+            )?,
             already_compacted: Some(row.id),
         });
     }
@@ -132,9 +138,17 @@ pub fn preview(
     };
     let after = prev.as_ref().map_or(-1, |p| p.up_to_turn_index);
     let turns = store::load_history(c, session_id, after, plan.boundary, i64::MAX)?;
-    let pins = store::live_pins(c, session_id, plan.boundary, config.pins_window)?;
+    let folded = carried_pins(config, c, session_id, plan.boundary, &session.model)?;
+    let pins = folded.pins;
     let tokens_before = replaced_tokens(config, prev.as_ref(), &turns)?;
-    let cap = config.summary_chars(&session.model);
+    let cap = if config.guard_pins {
+        config.summary_chars_beside(
+            &session.model,
+            crate::pins::block_bound_chars(&pins, config.pins_budget_chars),
+        )
+    } else {
+        config.summary_chars(&session.model)
+    };
     let cfg = config;
     let request = SummaryRequest {
         rules: String::new(),
@@ -149,6 +163,10 @@ pub fn preview(
     if !block.is_empty() {
         text.push_str("\n\n");
         text.push_str(&block);
+    }
+    if folded.folded > 0 {
+        text.push('\n');
+        text.push_str(&crate::pins::folded_line(folded.folded));
     }
     let expected = message_tokens(
         &*cfg.token_counter,
@@ -167,6 +185,28 @@ pub fn preview(
         summary_cap_chars: cap,
         pins,
         already_compacted: None,
+    })
+}
+
+/// The live pins a compaction at `boundary` carries: those at
+/// `pins_window`, folded to the pinned facts' share of the threshold
+/// ([`crate::pins::fold_to_share`]).
+pub(crate) fn carried_pins(
+    config: &CompactionConfig,
+    c: &crate::store::Connection,
+    session_id: SessionId,
+    boundary: i64,
+    model: &str,
+) -> Result<crate::pins::Folded> {
+    let window = config.pins_window;
+    let live = store::live_pins(c, session_id, boundary, window)?;
+    Ok(match config.pins_share_chars(model) {
+        Some(share) => crate::pins::fold_to_share(live, window, share),
+        None => crate::pins::Folded {
+            pins: live,
+            window,
+            folded: 0,
+        },
     })
 }
 

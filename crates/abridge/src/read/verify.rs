@@ -126,6 +126,7 @@ pub fn verify_with(conn: &Connection, effect_checks: &[&dyn EffectCheck]) -> Res
     ));
 
     notes.extend(compacting_often(&compactions));
+    notes.extend(pins_filled_their_share(&compactions));
     notes.extend(stalled_turns(conn, conn.now_ms())?);
     notes.extend(parked_turns(conn, conn.now_ms())?);
     Ok(Report {
@@ -536,6 +537,31 @@ fn compacting_often(compactions: &[store::CompactionRow]) -> Vec<String> {
         }
     }
     notes
+}
+
+/// Compactions whose pins live for good filled the pinned facts' share:
+/// every fact mentioned in passing folded (their recorded window is 0 while
+/// the guard was on; [`crate::EventKind::PinsOverShare`] said so then).
+fn pins_filled_their_share(compactions: &[store::CompactionRow]) -> Vec<String> {
+    let mut by_session: std::collections::BTreeMap<i64, (usize, i64)> = Default::default();
+    for c in compactions.iter().filter(|c| {
+        c.status == CompactionStatus::Completed && c.pins_window == Some(0) && c.pins_live.is_some()
+    }) {
+        let e = by_session.entry(c.session_id.0).or_insert((0, 0));
+        e.0 += 1;
+        e.1 = c.up_to_turn_index;
+    }
+    by_session
+        .into_iter()
+        .map(|(sid, (n, last))| {
+            format!(
+                "session {sid}: {n} compaction(s) (the last at turn {last}) carried no fact \
+                 mentioned in passing (window 0: pins_window, or its stated facts, rules and \
+                 host pins alone filled the pinned facts' share; raise the threshold or \
+                 pins_max_share: see docs/fidelity.md, \"A budget that holds\")"
+            )
+        })
+        .collect()
 }
 
 /// Rows missing from the history: a gap in a session's turn numbering or a

@@ -10,7 +10,7 @@ use crate::store::history::{load_history, HistoryTurn};
 use rusqlite::params;
 
 const PIN_COLUMNS: &str = "p.id, p.turn_index, p.kind, p.slot, p.value, p.sentence, p.source, \
-     p.supersedes, (SELECT o.value FROM pins o WHERE o.id = p.supersedes)";
+     p.supersedes, (SELECT o.value FROM pins o WHERE o.id = p.supersedes), p.windowed";
 
 fn pin_from_row(r: &crate::store::Row<'_>) -> rusqlite::Result<Pin> {
     let kind: String = r.get(2)?;
@@ -25,6 +25,7 @@ fn pin_from_row(r: &crate::store::Row<'_>) -> rusqlite::Result<Pin> {
         source: FactSource::parse(&source).unwrap_or(FactSource::Host),
         supersedes: r.get(7)?,
         superseded_value: r.get(8)?,
+        window: u8::try_from(r.get::<_, i64>(9)?).unwrap_or(0),
     })
 }
 
