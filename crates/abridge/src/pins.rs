@@ -219,9 +219,12 @@ pub trait PinExtractor: Send + Sync {
 /// environment-variable-like names, dates, amounts with a currency, and
 /// identifiers that mix letters and digits. From the user's input also: values
 /// stated for a slot ("my budget is 1,250 EUR", "change the size to L", "call
-/// me Ana"), sentences stating a rule (never, always, only, must, do not, at
-/// most...), proper names, and bare numbers of three or more digits. Tokens
-/// inside a stated value or a rule are carried by it, not pinned again.
+/// me Ana"), corrections naming no slot ("make it 1,000 EUR", "use brown
+/// paper instead": their slot is [`LAST_SLOT`], resolved when recorded),
+/// sentences stating a rule (never, always, only, must, do not, at
+/// most...), proper names, and bare numbers of three or more digits. A
+/// question sets no slot. Tokens inside a stated value or a rule are carried
+/// by it, not pinned again.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RuleExtractor;
 
@@ -233,10 +236,58 @@ static STATED: LazyLock<Regex> = LazyLock::new(|| {
 });
 static CHANGED: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r"(?i)\b(?:set|change|switch|update|make|move)\s+(my|our|the)\s+((?:[\p{L}-]+\s+){0,2}?[\p{L}-]+)\s+to\s+(.+)$",
+        r"(?i)\b(?:set|change|changed|switch|switched|update|updated|make|made|move|moved|push|pushed|bring|brought)\s+(my|our|the)\s+((?:[\p{L}-]+\s+){0,2}?[\p{L}-]+)\s+to\s+(.+)$",
     )
     .expect("static regex")
 });
+/// A correction naming no slot: "make it X", "change it to X", "no wait,
+/// X", "use X instead", "X instead".
+static CORRECTION: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?i)(?:\b(?:make it|make that|change it to|change that to|set it to|switch it to)\s+(.+)$|\b(?:use|take|go with)\s+(.+?)\s+instead\b)",
+    )
+    .expect("static regex")
+});
+
+/// The slot a correction naming none fills: resolved when it is recorded
+/// ([`resolve_last_slot`]) to the slot last mentioned with a value of the
+/// same shape; a fact with no such slot stands alone.
+pub const LAST_SLOT: &str = "\u{1}last";
+
+/// The shape of a value, to match a correction to its slot: an amount, a
+/// date, a number, or words.
+fn shape(v: &str) -> u8 {
+    if AMOUNT.find(v).is_some_and(|m| m.len() * 2 >= v.len()) {
+        1
+    } else if DATE.is_match(v) {
+        2
+    } else if v.chars().any(|c| c.is_ascii_digit()) {
+        3
+    } else {
+        4
+    }
+}
+
+/// The slot a correction of `value` fills ([`LAST_SLOT`]): the newest of
+/// `recent` (slot, value) pairs, newest first, whose value has its shape.
+pub fn resolve_last_slot<'a>(
+    value: &str,
+    recent: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Option<String> {
+    let want = shape(value);
+    recent
+        .into_iter()
+        .filter(|(slot, _)| *slot != LAST_SLOT)
+        .find(|(_, v)| shape(v) == want)
+        .map(|(slot, _)| slot.to_string())
+}
+
+/// Whether a sentence of the user's asks rather than states.
+fn is_question(sentence: &str) -> bool {
+    let s = sentence.trim_end();
+    s.ends_with('?') || s.ends_with('？')
+}
+
 static CALL_ME: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
         r"\b(?:[Cc]all me|[Mm]y name's|I am|I'm)\s+(\p{Lu}[\p{L}'-]+(?:\s+\p{Lu}[\p{L}'-]+)?)",
@@ -655,7 +706,11 @@ impl RuleExtractor {
             (FactSource::Tool, None) => around(sentence, value, 40),
             _ => kept.clone(),
         };
-        if user {
+        // A question asks; it never sets a slot ("could you check if you
+        // deliver to postal code 37527?").
+        let question = user && is_question(sentence);
+        if user && !question {
+            let mut stated = false;
             for re in [&*CHANGED, &*STATED] {
                 if let Some(c) = re.captures(sentence) {
                     let slot = normalise_slot(&c[2]);
@@ -666,12 +721,30 @@ impl RuleExtractor {
                         if let Some(v) = stated_value(&c[3]) {
                             long.push(v.clone());
                             out.push(FactKind::Stated, Some(slot), v, kept.clone());
+                            stated = true;
                             break;
                         }
                     }
                 }
             }
-            if let Some(c) = CALL_ME.captures(sentence) {
+            // A correction that names no slot ("no wait, make it 1,000
+            // EUR", "use brown paper instead"): the slot last mentioned
+            // with a value of its shape, found when it is recorded.
+            if !stated {
+                if let Some(v) = CORRECTION
+                    .captures(sentence)
+                    .and_then(|c| c.get(1).or_else(|| c.get(2)))
+                    .and_then(|m| stated_value(m.as_str()))
+                    // "I'll make it to the office": not a value.
+                    .filter(|v| !v.to_lowercase().starts_with("to "))
+                {
+                    long.push(v.clone());
+                    out.push(FactKind::Stated, Some(LAST_SLOT.into()), v, kept.clone());
+                }
+            }
+        }
+        if user {
+            if let Some(c) = CALL_ME.captures(sentence).filter(|_| !question) {
                 let v = c[1].to_string();
                 if !inside(&v, &carried, &long) {
                     long.push(v.clone());
@@ -742,7 +815,9 @@ impl RuleExtractor {
                         carried.insert(part.to_string());
                         // "postal code 80273": a value right after a slot's
                         // name fills that slot (the user's words only).
-                        let slot = user.then(|| slot_before(&words[..i])).flatten();
+                        let slot = (user && !question)
+                            .then(|| slot_before(&words[..i]))
+                            .flatten();
                         let sentence = sentence_of(part, Some(offset(part)));
                         out.push(kind, slot, part.to_string(), sentence);
                     }
@@ -1234,9 +1309,75 @@ mod tests {
     }
 
     #[test]
+    fn a_question_never_sets_a_slot() {
+        let f = facts(
+            "Could you check if you deliver to postal code 37527?",
+            FactSource::User,
+        );
+        assert!(f.iter().all(|(_, slot, _)| slot.is_none()), "{f:?}");
+        assert!(f.iter().any(|(_, _, v)| v == "37527"), "{f:?}");
+        let f = facts("Is my budget is 900 EUR enough?", FactSource::User);
+        assert!(f.iter().all(|(_, slot, _)| slot.is_none()), "{f:?}");
+    }
+
+    #[test]
+    fn a_correction_naming_no_slot_is_resolved_to_the_slot_last_mentioned_of_its_shape() {
+        for (text, value) in [
+            ("No wait, make it 1,000 EUR.", "1,000 EUR"),
+            ("Actually, make it 3.", "3"),
+            ("Use brown paper instead.", "brown paper"),
+            ("change it to 2027-03-01", "2027-03-01"),
+        ] {
+            let f = facts(text, FactSource::User);
+            assert!(
+                f.contains(&(FactKind::Stated, Some(LAST_SLOT.into()), value.into())),
+                "{text}: {f:?}"
+            );
+        }
+        let recent = [
+            ("wrapping", "gift paper"),
+            ("deadline", "2027-01-10"),
+            ("quantity", "2"),
+            ("budget", "900 EUR"),
+        ];
+        let r = |v: &str| resolve_last_slot(v, recent.iter().copied());
+        assert_eq!(r("1,000 EUR").as_deref(), Some("budget"));
+        assert_eq!(r("2027-03-01").as_deref(), Some("deadline"));
+        assert_eq!(r("3").as_deref(), Some("quantity"));
+        assert_eq!(r("brown paper").as_deref(), Some("wrapping"));
+        assert_eq!(resolve_last_slot("brown paper", []), None);
+        assert!(
+            facts("I'll make it to the office by nine.", FactSource::User)
+                .iter()
+                .all(|(_, slot, _)| slot.is_none())
+        );
+        // A change in the past tense states a value too.
+        assert_eq!(
+            facts("We moved the deadline to 2027-04-02.", FactSource::User)[0],
+            (
+                FactKind::Stated,
+                Some("deadline".into()),
+                "2027-04-02".into()
+            )
+        );
+    }
+
+    #[test]
+    fn another_orders_id_is_another_order_not_a_new_value() {
+        let f = facts(
+            "Order ORD-1002 came yesterday, the box was dented.",
+            FactSource::User,
+        );
+        assert!(
+            f.contains(&(FactKind::Id, None, "ORD-1002".into())),
+            "{f:?}"
+        );
+    }
+
+    #[test]
     fn a_value_after_its_slot_name_fills_the_slot() {
         let f = facts(
-            "Can you ship ORD-4 to postal code 80273 by 2026-12-03?",
+            "Please ship ORD-4 to postal code 80273 by 2026-12-03.",
             FactSource::User,
         );
         assert!(

@@ -228,6 +228,53 @@ async fn a_newer_value_supersedes_the_older_one_and_the_block_says_so() {
     common::assert_all_steps_rebuild(&store);
 }
 
+/// Corrections that name no slot attach to the slot last mentioned with a
+/// value of their shape; a question never replaces a value; another order's
+/// id never supersedes the first.
+#[tokio::test]
+async fn corrections_questions_and_other_orders_keep_the_current_values_right() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(common::db_for(&path)).unwrap();
+    let r = runner(&store, Arc::new(Forgets), small_threshold());
+    let s = padded_session(
+        &r,
+        &[
+            "My budget is 900 EUR. My postcode is 80273.",
+            "No wait, make it 1,000 EUR.",
+            "Could you check if you deliver to postal code 37527?",
+            "Order ORD-1001 is the sofa. Order ORD-1002 is the lamp.",
+            "We moved the deadline to 2027-04-02.",
+        ],
+    )
+    .await;
+    let live = store
+        .with_conn(move |c| {
+            abridge::inspect::live_pins(c, s.id, i64::MAX, abridge::pins::DEFAULT_PINS_WINDOW)
+        })
+        .unwrap();
+    let slot = |name: &str| {
+        live.iter()
+            .filter(|p| p.slot.as_deref() == Some(name))
+            .map(|p| p.value.as_str())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(slot("budget"), ["1,000 EUR"], "{live:#?}");
+    assert_eq!(slot("postcode"), ["80273"], "{live:#?}");
+    assert_eq!(slot("deadline"), ["2027-04-02"], "{live:#?}");
+    for id in ["ORD-1001", "ORD-1002", "37527"] {
+        assert!(
+            live.iter().any(|p| p.value == id && p.slot.is_none()),
+            "{id}: {live:#?}"
+        );
+    }
+    assert!(
+        !live
+            .iter()
+            .any(|p| p.slot.as_deref() == Some(abridge::pins::LAST_SLOT)),
+        "{live:#?}"
+    );
+}
+
 #[tokio::test]
 async fn a_host_pin_is_carried_by_the_next_compaction() {
     let (_d, path) = common::temp_db();

@@ -17,7 +17,8 @@ use super::summarise::{Summariser, SummaryRequest, SummaryResponse};
 use crate::message::Usage;
 use crate::model::ModelError;
 use crate::pins::{
-    FactKind, FactSource, PinExtractor, RuleExtractor, BLOCK_HEADING, FOLDED_LINE, PASSING_LINE,
+    FactKind, FactSource, PinExtractor, RuleExtractor, BLOCK_HEADING, FOLDED_LINE, LAST_SLOT,
+    PASSING_LINE,
 };
 use crate::text::truncate_chars;
 use async_trait::async_trait;
@@ -367,7 +368,16 @@ pub fn extract(request: &SummaryRequest) -> String {
     let mut answered_in: Vec<i64> = Vec::new();
     for e in &entries {
         if let Some(t) = e.body.strip_prefix("user: ") {
-            for f in RuleExtractor.extract(t, FactSource::User) {
+            for mut f in RuleExtractor.extract(t, FactSource::User) {
+                if f.slot.as_deref() == Some(LAST_SLOT) {
+                    let recent = sec
+                        .facts
+                        .iter()
+                        .rev()
+                        .filter(|x| x.slotted)
+                        .map(|x| (x.label.as_str(), x.value.as_str()));
+                    f.slot = crate::pins::resolve_last_slot(&f.value, recent);
+                }
                 sec.add_fact(FactLine {
                     turn: e.turn,
                     label: f.label().to_string(),

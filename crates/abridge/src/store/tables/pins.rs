@@ -50,6 +50,44 @@ const HELD_SQL: &str = "SELECT 1 FROM pins WHERE session_id = ?1 AND value = ?2 
 const NEWEST_OF_SLOT_SQL: &str = "SELECT id, value FROM pins WHERE session_id = ?1 AND slot = ?2 \
      ORDER BY id DESC LIMIT 1";
 
+/// The session's live slots, newest first (for a correction naming none).
+const RECENT_SLOTS_SQL: &str = "SELECT slot, value FROM pins WHERE session_id = ?1 \
+     AND windowed = 0 AND superseded_at IS NULL AND slot IS NOT NULL \
+     ORDER BY turn_index DESC, id DESC LIMIT 50";
+
+/// `facts` with each [`LAST_SLOT`](crate::pins::LAST_SLOT) resolved to the
+/// slot last mentioned with a value of its shape (stated earlier in the same
+/// batch, or the session's live slots); a correction with none stands alone.
+fn resolve_corrections(
+    conn: &Connection,
+    session_id: SessionId,
+    facts: &[(FactSource, &Fact)],
+) -> Result<Vec<(FactSource, Fact)>> {
+    let stored: Vec<(String, String)> = {
+        let mut st = conn.prepare_cached(RECENT_SLOTS_SQL)?;
+        let rows = st.query_map(params![session_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
+    let mut batch: Vec<(String, String)> = Vec::new();
+    let mut out = Vec::with_capacity(facts.len());
+    for (source, f) in facts {
+        let mut f = (*f).clone();
+        if f.slot.as_deref() == Some(crate::pins::LAST_SLOT) {
+            let recent = batch
+                .iter()
+                .rev()
+                .chain(stored.iter())
+                .map(|(s, v)| (s.as_str(), v.as_str()));
+            f.slot = crate::pins::resolve_last_slot(&f.value, recent);
+        }
+        if let Some(slot) = &f.slot {
+            batch.push((slot.clone(), f.value.clone()));
+        }
+        out.push((*source, f));
+    }
+    Ok(out)
+}
+
 /// [`record_facts`] for facts of several sources, in order. What the
 /// store holds is read for all of them first (queued together: one round
 /// trip on PostgreSQL), and what this batch records is followed in memory,
@@ -62,6 +100,20 @@ fn record_all(
     turn_index: i64,
     facts: &[(FactSource, &Fact)],
 ) -> Result<usize> {
+    // A correction naming no slot takes the slot last mentioned with a
+    // value of its shape (read only when a turn has one).
+    let resolved: Vec<(FactSource, Fact)>;
+    let owned: Vec<(FactSource, &Fact)>;
+    let facts = if facts
+        .iter()
+        .any(|(_, f)| f.slot.as_deref() == Some(crate::pins::LAST_SLOT))
+    {
+        resolved = resolve_corrections(conn, session_id, facts)?;
+        owned = resolved.iter().map(|(s, f)| (*s, f)).collect();
+        &owned[..]
+    } else {
+        facts
+    };
     let facts: Vec<&(FactSource, &Fact)> = facts
         .iter()
         .filter(|(_, f)| !f.value.trim().is_empty())
