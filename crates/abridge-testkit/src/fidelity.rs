@@ -163,7 +163,7 @@ impl Which {
         }
     }
 
-    fn summariser(self) -> Arc<dyn Summariser> {
+    pub(crate) fn summariser(self) -> Arc<dyn Summariser> {
         match self {
             Which::Offline => Arc::new(ExtractiveSummariser),
             Which::Lossy => Arc::new(Lossy),

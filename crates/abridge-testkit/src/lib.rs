@@ -9,6 +9,8 @@
 //!   with the deliberately broken runners of the `broken-*` features.
 //! - [`fidelity`]: the workload measuring what summaries keep.
 //! - [`long_session`]: one new fact a turn for hundreds of compactions.
+//! - [`probes`]: the probe evaluation (what the model can answer after 1, 3,
+//!   10 and 20 compactions).
 //! - [`fake_http`]: a scripted HTTP server for provider clients.
 //! - [`local_provider`]: a local stand-in for each provider's API (the
 //!   provider examples' server when no key is set).
@@ -26,6 +28,7 @@ pub mod fake_http;
 pub mod fidelity;
 pub mod local_provider;
 pub mod long_session;
+pub mod probes;
 pub mod sabotage;
 
 /// Bulk history for benchmarks, written as a runner would have (the

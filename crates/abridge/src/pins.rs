@@ -61,6 +61,10 @@ pub enum FactKind {
     Rule,
     /// A value stated for a slot ("my budget is 1,250 EUR").
     Stated,
+    /// A sentence stating a preference without a rule word ("I'd rather
+    /// you text me", "please wrap everything in brown paper"), kept
+    /// verbatim; mentioned in passing.
+    Preference,
     /// Pinned by the host.
     Host,
 }
@@ -79,6 +83,7 @@ impl FactKind {
             FactKind::Name => "name",
             FactKind::Rule => "rule",
             FactKind::Stated => "stated",
+            FactKind::Preference => "preference",
             FactKind::Host => "host",
         }
     }
@@ -96,6 +101,7 @@ impl FactKind {
             "name" => FactKind::Name,
             "rule" => FactKind::Rule,
             "stated" => FactKind::Stated,
+            "preference" => FactKind::Preference,
             "host" => FactKind::Host,
             _ => return None,
         })
@@ -230,7 +236,7 @@ pub struct RuleExtractor;
 
 static STATED: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r"(?i)\b(my|our|the|your)\s+((?:[\p{L}-]+\s+){0,2}?[\p{L}-]+)\s+(?:is|are|will be|should be|=)\s+(.+)$",
+        r"(?i)\b(my|our|the|your)\s+((?:[\p{L}-]+\s+){0,2}?[\p{L}-]+(?:\s+for\s+(?:the|my|our)\s+[\p{L}-]+)?)\s+(?:is|are|will be|should be|=)\s+(.+)$",
     )
     .expect("static regex")
 });
@@ -240,6 +246,14 @@ static CHANGED: LazyLock<Regex> = LazyLock::new(|| {
     )
     .expect("static regex")
 });
+/// What the user can spend, restated without the word budget.
+static SPEND: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?i)\b(?:can spend|can afford|spend up to|spend at most|budget of|up to .* in total)\b",
+    )
+    .expect("static regex")
+});
+
 /// A correction naming no slot: "make it X", "change it to X", "no wait,
 /// X", "use X instead", "X instead".
 static CORRECTION: LazyLock<Regex> = LazyLock::new(|| {
@@ -268,25 +282,91 @@ fn shape(v: &str) -> u8 {
     }
 }
 
-/// The slot a correction of `value` fills ([`LAST_SLOT`]): the newest of
-/// `recent` (slot, value) pairs, newest first, whose value has its shape.
+/// The slot a correction of `value` fills ([`LAST_SLOT`], or a
+/// [`hinted_slot`]): the newest of `recent` (slot, value) pairs, newest
+/// first, whose value has its shape (for words, one that shares a word of
+/// three letters or more with it: "brown paper" corrects "gift paper", not
+/// the dog's name), and for a hint whose name is the hint or ends with it
+/// ("the deadline" is the shelves' deadline when that is the one stated).
+/// With a hint and no such slot, the hint itself; with none, None.
 pub fn resolve_last_slot<'a>(
     value: &str,
     recent: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> Option<String> {
-    let want = shape(value);
-    recent
-        .into_iter()
-        .filter(|(slot, _)| *slot != LAST_SLOT)
-        .find(|(_, v)| shape(v) == want)
-        .map(|(slot, _)| slot.to_string())
+    resolve_slot(LAST_SLOT, value, recent)
 }
 
-/// Whether a sentence of the user's asks rather than states.
+/// A slot to resolve when recorded: `hint` itself, or the newest slot
+/// keyed by what it belongs to that ends with it (see
+/// [`resolve_last_slot`]).
+pub fn hinted_slot(hint: &str) -> String {
+    format!("{LAST_SLOT}:{hint}")
+}
+
+/// Whether `slot` is resolved when recorded ([`LAST_SLOT`] or a
+/// [`hinted_slot`]).
+pub fn is_unresolved_slot(slot: &str) -> bool {
+    slot.starts_with(LAST_SLOT)
+}
+
+/// Resolves `marker` ([`LAST_SLOT`] or a [`hinted_slot`]) for `value`.
+pub fn resolve_slot<'a>(
+    marker: &str,
+    value: &str,
+    recent: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Option<String> {
+    let hint = marker
+        .strip_prefix(LAST_SLOT)
+        .and_then(|h| h.strip_prefix(':'))
+        .filter(|h| !h.is_empty());
+    let want = shape(value);
+    let words = |v: &str| -> Vec<String> {
+        v.split(|c: char| !c.is_alphanumeric())
+            .filter(|w| w.chars().count() >= 3)
+            .map(str::to_lowercase)
+            .collect()
+    };
+    let mine = words(value);
+    let found = recent
+        .into_iter()
+        .filter(|(slot, _)| !is_unresolved_slot(slot))
+        .filter(|(slot, _)| hint.is_none_or(|h| *slot == h || slot.ends_with(&format!(" {h}"))))
+        .find(|(_, v)| {
+            shape(v) == want
+                && (want != 4 || hint.is_some() || words(v).iter().any(|w| mine.contains(w)))
+        })
+        .map(|(slot, _)| slot.to_string());
+    found.or_else(|| hint.map(str::to_string))
+}
+
+/// Whether a sentence of the user's asks rather than states: a question
+/// that is not a request to change something ("could you check if you
+/// deliver to postal code 37527?", "how much would shipping to 75511
+/// cost?"; but "can you ship it to postal code 30742?" asks for a change,
+/// and states the postcode).
 fn is_question(sentence: &str) -> bool {
     let s = sentence.trim_end();
-    s.ends_with('?') || s.ends_with('？')
+    if !(s.ends_with('?') || s.ends_with('？')) {
+        return false;
+    }
+    !REQUEST.is_match(s) || QUERY.is_match(s)
 }
+
+/// A question asking for a change: "can you change / ship / set ...".
+static REQUEST: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?i)^\s*(?:please\s+)?(?:can|could|would|will)\s+you\s+(?:please\s+)?(?:change|ship|send|set|update|move|make|switch|deliver|book|add|use|put|cancel)\b",
+    )
+    .expect("static regex")
+});
+
+/// A question asking about something: "check if", "whether", "how much".
+static QUERY: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?i)\b(?:check if|check whether|whether|if you|how much|how long|is it possible)\b",
+    )
+    .expect("static regex")
+});
 
 static CALL_ME: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
@@ -309,11 +389,21 @@ static RULE_INTL: LazyLock<Regex> = LazyLock::new(|| {
     )
     .expect("static regex")
 });
+/// A preference stated without a rule word: English, Portuguese, Spanish,
+/// German and French forms of "I prefer", "I'd rather", "from now on",
+/// "everything in...".
+static PREFERENCE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?i)\b(?:i prefer|i'd prefer|i would prefer|i'd rather|i would rather|i like it when|i'd like you to|from now on|each time|every time|everything in|whenever|prefiro|prefiero|prefería|ich möchte lieber|lieber|je préfère|je voudrais plutôt|de préférence)\b|の方がいい|がいいです|पसंद",
+    )
+    .expect("static regex")
+});
+
 /// An amount: a currency (its sign, `R$`, `US$`, or its code after) with a
 /// figure in either notation (`1,250.50` or `1.250,50`, `2 500`).
 static AMOUNT: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r"(?:(?:R\$|US\$|A\$|C\$|[$€£¥₹])\s?\d{1,3}(?:[.,]\d{3})*(?:[.,]\d{1,2})?(?:\d*)|(?-u:\b)\d{1,3}(?:[.,]\d{3})*(?:[.,]\d{1,2})?\d*\s?(?:EUR|USD|GBP|JPY|CHF|CAD|AUD|BRL|INR|€|£|₹|euros?(?-u:\b)|dollars?(?-u:\b)|pounds?(?-u:\b)|reais(?-u:\b)))",
+        r"(?:(?:R\$|US\$|A\$|C\$|[$€£¥₹])\s?\d{1,3}(?:[.,]\d{3})*(?:[.,]\d{1,2})?(?:\d*)|(?-u:\b)\d{1,3}(?:[.,]\d{3})*(?:[.,]\d{1,2})?\d*\s?(?:EUR|USD|GBP|JPY|CHF|CAD|AUD|BRL|INR|€|£|₹|[万千]?円|रुपये|रुपए|euros?(?-u:\b)|dollars?(?-u:\b)|pounds?(?-u:\b)|reais(?-u:\b)))",
     )
     .expect("static regex")
 });
@@ -411,9 +501,20 @@ const NOT_NAMES: &[&str] = &[
     "ID",
 ];
 
-/// Slot names that mean the same thing.
+/// Slot names that mean the same thing; "the budget for the sofa" is "sofa
+/// budget", a slot of its own (keyed by what it belongs to).
 fn normalise_slot(raw: &str) -> String {
     let s = raw.trim().to_lowercase();
+    let s = match s.split_once(" for ") {
+        Some((what, of)) => {
+            let of = ["the ", "my ", "our "]
+                .iter()
+                .find_map(|p| of.strip_prefix(p))
+                .unwrap_or(of);
+            format!("{of} {what}")
+        }
+        None => s,
+    };
     let s = ["my ", "our ", "your ", "the ", "a "]
         .iter()
         .find_map(|p| s.strip_prefix(p))
@@ -720,11 +821,36 @@ impl RuleExtractor {
                     if !vague_slot(&slot) && (personal || known_slot(&slot)) {
                         if let Some(v) = stated_value(&c[3]) {
                             long.push(v.clone());
+                            // "We moved the deadline to ...": the deadline
+                            // last stated, whatever it belongs to.
+                            let changed_generic = std::ptr::eq(re, &*CHANGED)
+                                && c[1].eq_ignore_ascii_case("the")
+                                && !slot.contains(' ');
+                            let slot = if changed_generic {
+                                hinted_slot(&slot)
+                            } else {
+                                slot
+                            };
                             out.push(FactKind::Stated, Some(slot), v, kept.clone());
                             stated = true;
                             break;
                         }
                     }
+                }
+            }
+            // A budget restated in other words ("I can spend up to 3,400
+            // EUR in total"): the budget last stated.
+            if !stated && SPEND.is_match(sentence) {
+                if let Some(m) = AMOUNT.find(sentence) {
+                    let v = m.as_str().trim().to_string();
+                    long.push(v.clone());
+                    out.push(
+                        FactKind::Stated,
+                        Some(hinted_slot("budget")),
+                        v,
+                        kept.clone(),
+                    );
+                    stated = true;
                 }
             }
             // A correction that names no slot ("no wait, make it 1,000
@@ -754,6 +880,9 @@ impl RuleExtractor {
             if RULE.is_match(sentence) || RULE_INTL.is_match(sentence) {
                 long.push(kept.clone());
                 out.push(FactKind::Rule, None, kept.clone(), kept.clone());
+            } else if !question && PREFERENCE.is_match(sentence) {
+                long.push(kept.clone());
+                out.push(FactKind::Preference, None, kept.clone(), kept.clone());
             }
         }
         // Byte offset of a sub-slice of `sentence` within it.
@@ -1272,7 +1401,14 @@ mod tests {
                 "1,250 EUR for the whole order".into()
             )]
         );
+        // "the size": the size last stated, whatever it belongs to
+        // (resolved when recorded).
         let f = facts("Please change the size to L.", FactSource::User);
+        assert_eq!(
+            f[0],
+            (FactKind::Stated, Some(hinted_slot("size")), "L".into())
+        );
+        let f = facts("Please change my size to L.", FactSource::User);
         assert_eq!(f[0], (FactKind::Stated, Some("size".into()), "L".into()));
         let f = facts(
             "my postal code is 90210 and my name is Ana",
@@ -1318,6 +1454,15 @@ mod tests {
         assert!(f.iter().any(|(_, _, v)| v == "37527"), "{f:?}");
         let f = facts("Is my budget is 900 EUR enough?", FactSource::User);
         assert!(f.iter().all(|(_, slot, _)| slot.is_none()), "{f:?}");
+        // A request for a change states what it changes to.
+        let f = facts(
+            "Can you change the delivery date and ship to postal code 30742?",
+            FactSource::User,
+        );
+        assert!(
+            f.contains(&(FactKind::Id, Some("postcode".into()), "30742".into())),
+            "{f:?}"
+        );
     }
 
     #[test]
@@ -1351,15 +1496,77 @@ mod tests {
                 .iter()
                 .all(|(_, slot, _)| slot.is_none())
         );
-        // A change in the past tense states a value too.
+        // Words correct only words they share one with: not the dog's name.
         assert_eq!(
-            facts("We moved the deadline to 2027-04-02.", FactSource::User)[0],
+            resolve_last_slot("brown paper", [("dog", "called biscuit")]),
+            None
+        );
+        // A change in the past tense states a value too, for the deadline
+        // last stated whatever it belongs to.
+        let f = facts("We moved the deadline to 2027-04-02.", FactSource::User);
+        assert_eq!(
+            f[0],
             (
                 FactKind::Stated,
-                Some("deadline".into()),
+                Some(hinted_slot("deadline")),
                 "2027-04-02".into()
             )
         );
+        let hinted = hinted_slot("deadline");
+        let recent = [
+            ("sofa budget", "1,200 EUR"),
+            ("shelves deadline", "2027-01-10"),
+        ];
+        assert_eq!(
+            resolve_slot(&hinted, "2027-04-02", recent).as_deref(),
+            Some("shelves deadline")
+        );
+        assert_eq!(
+            resolve_slot(&hinted, "2027-04-02", [("sofa budget", "1,200 EUR")]).as_deref(),
+            Some("deadline")
+        );
+        // Keyed by what it belongs to.
+        assert_eq!(
+            facts(
+                "The deadline for the shelves is 2027-01-10.",
+                FactSource::User
+            )[0],
+            (
+                FactKind::Stated,
+                Some("shelves deadline".into()),
+                "2027-01-10".into()
+            )
+        );
+        // A budget restated in other words.
+        let f = facts("I can spend up to 3,400 EUR in total.", FactSource::User);
+        assert_eq!(
+            f[0],
+            (
+                FactKind::Stated,
+                Some(hinted_slot("budget")),
+                "3,400 EUR".into()
+            )
+        );
+        // A preference with no rule word, in English and Portuguese.
+        for text in ["I'd rather you text me.", "Prefiro entrega pela manhã."] {
+            let f = facts(text, FactSource::User);
+            assert!(
+                f.iter()
+                    .any(|(k, _, v)| *k == FactKind::Preference && v == text),
+                "{text}: {f:?}"
+            );
+        }
+        // Amounts in yen and rupees.
+        for (text, v) in [
+            ("私の予算は5万円です。", "5万円"),
+            ("बजट 5000 रुपये है।", "5000 रुपये"),
+        ] {
+            let f = facts(text, FactSource::User);
+            assert!(
+                f.iter().any(|(k, _, x)| *k == FactKind::Amount && x == v),
+                "{text}: {f:?}"
+            );
+        }
     }
 
     #[test]

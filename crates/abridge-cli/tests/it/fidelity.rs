@@ -949,3 +949,31 @@ async fn facts_in_passing_fold_to_the_share_and_verify_checks_the_recorded_windo
     let report = store.call(|c| abridge::verify::verify(c)).await.unwrap();
     assert!(report.ok, "{report:?}");
 }
+
+/// Issue 32's probe targets (docs/fidelity.md, "The probe evaluation"):
+/// after 20 compactions the offline summariser and any summariser with the
+/// guard score at least 90% of the maximum, the lossy one with the guard at
+/// least 85%, and `verify` passes; without the guard the lossy and the
+/// previous-blind ones score under half, so the workload can tell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probe_evaluation_meets_its_targets_after_20_compactions() {
+    use abridge_testkit::probes;
+    for which in Which::ALL {
+        for guard in [true, false] {
+            let (_d, path) = common::temp_db();
+            let o = probes::run(&path, which, guard).await.unwrap();
+            assert_eq!(
+                o.points.len(),
+                probes::CHECKPOINTS.len(),
+                "{which:?}: not every checkpoint was reached: {o:?}"
+            );
+            assert!(o.verified, "{which:?} guard {guard}: verify failed");
+            let share = o.share(20);
+            match (which, guard) {
+                (Which::Lossy, true) => assert!(share >= 0.85, "{o:?}"),
+                (_, true) | (Which::Offline, false) => assert!(share >= 0.90, "{o:?}"),
+                (_, false) => assert!(share < 0.5, "the workload no longer tells: {o:?}"),
+            }
+        }
+    }
+}

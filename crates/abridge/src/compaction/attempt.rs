@@ -283,7 +283,10 @@ impl Compactor {
                     let (text, pins_added, calls) = if text.is_empty() || !cfg.guard_pins {
                         (text, 0, calls)
                     } else {
-                        self.guard(row, rules, text, span, calls, subject).await?
+                        let (text, added, more) = self
+                            .guard(row, rules, text, span, tokens_before, subject)
+                            .await?;
+                        (text, added, calls + more)
                     };
                     let after = message_tokens(
                         counter,
@@ -351,13 +354,13 @@ impl Compactor {
         rules: &Rules,
         text: String,
         span: &Span,
-        calls: i64,
+        tokens_before: u64,
         subject: &Subject,
     ) -> Result<(String, usize, i64)> {
         let cfg = &self.config;
         let pins = &span.pins;
         let mut text = text;
-        let mut calls = calls;
+        let mut calls = 0i64;
         let mut missing = crate::pins::missing(pins, &text);
         if cfg.reask_missing_pins && !missing.is_empty() {
             let list: Vec<String> = missing.iter().map(|p| p.line(false)).collect();
@@ -389,7 +392,38 @@ impl Compactor {
                 }
             }
         }
-        let (block, over) = crate::pins::render_block(&missing, cfg.pins_budget_chars);
+        // The sentences go too where they would leave the summary no
+        // smaller than what it replaces (G7): a short span's summary keeps
+        // its values and drops their sentences rather than fail.
+        let so_far = message_tokens(
+            &*cfg.token_counter,
+            &[crate::render::summary_message(SummaryView {
+                up_to_turn_index: row.up_to_turn_index,
+                summary: &text,
+            })],
+        );
+        let room = usize::try_from(tokens_before.saturating_sub(so_far + 8)).unwrap_or(usize::MAX);
+        let mut budget = cfg.pins_budget_chars.min(room.saturating_mul(4) * 9 / 10);
+        let mut block = crate::pins::render_block(&missing, budget).0;
+        // Measured as sent (escaping included): halved while too large, down
+        // to the values alone.
+        while budget > 0 {
+            let with = message_tokens(
+                &*cfg.token_counter,
+                &[crate::render::summary_message(SummaryView {
+                    up_to_turn_index: row.up_to_turn_index,
+                    summary: &format!("{text}\n\n{block}"),
+                })],
+            );
+            if with < tokens_before {
+                break;
+            }
+            budget /= 2;
+            block = crate::pins::render_block(&missing, budget).0;
+        }
+        // Over the configured budget, even without sentences (the room G7
+        // leaves is not the host's budget).
+        let over = block.chars().count() > cfg.pins_budget_chars;
         if over {
             let chars = block.chars().count();
             warn!(

@@ -17,8 +17,8 @@ use super::summarise::{Summariser, SummaryRequest, SummaryResponse};
 use crate::message::Usage;
 use crate::model::ModelError;
 use crate::pins::{
-    FactKind, FactSource, PinExtractor, RuleExtractor, BLOCK_HEADING, FOLDED_LINE, LAST_SLOT,
-    PASSING_LINE,
+    is_unresolved_slot, FactKind, FactSource, PinExtractor, RuleExtractor, BLOCK_HEADING,
+    FOLDED_LINE, PASSING_LINE,
 };
 use crate::text::truncate_chars;
 use async_trait::async_trait;
@@ -202,8 +202,17 @@ impl Sections {
                 },
                 Some(SUPERSEDED) => push_item(&mut s.superseded, line),
                 Some(EARLIER) => s.earlier.push(line.to_string()),
-                // The previous focus and open list belong to the previous span.
-                Some(FOCUS) | Some(OPEN) => {}
+                // The previous focus and open list belong to the previous
+                // span; the facts the focus showed (not repeated under
+                // Facts) are kept.
+                Some(FOCUS) => {
+                    if let Some(f) = parse_fact(line)
+                        .filter(|f| FactKind::parse(&f.label).is_some() || !f.sentence.is_empty())
+                    {
+                        facts.push(f);
+                    }
+                }
+                Some(OPEN) => {}
                 Some(COMMITMENTS) => push_item(&mut s.commitments, line),
                 Some(DECISIONS) => push_item(&mut s.decisions, line),
                 Some(TOOL_RESULTS) => push_item(&mut s.tool_results, line),
@@ -369,14 +378,14 @@ pub fn extract(request: &SummaryRequest) -> String {
     for e in &entries {
         if let Some(t) = e.body.strip_prefix("user: ") {
             for mut f in RuleExtractor.extract(t, FactSource::User) {
-                if f.slot.as_deref() == Some(LAST_SLOT) {
+                if let Some(marker) = f.slot.take_if(|s| is_unresolved_slot(s)) {
                     let recent = sec
                         .facts
                         .iter()
                         .rev()
                         .filter(|x| x.slotted)
                         .map(|x| (x.label.as_str(), x.value.as_str()));
-                    f.slot = crate::pins::resolve_last_slot(&f.value, recent);
+                    f.slot = crate::pins::resolve_slot(&marker, &f.value, recent);
                 }
                 sec.add_fact(FactLine {
                     turn: e.turn,
@@ -492,7 +501,12 @@ pub fn extract(request: &SummaryRequest) -> String {
     // Facts newest first; those of one turn in the order they were stated.
     let mut facts: Vec<&FactLine> = sec.facts.iter().collect();
     facts.sort_by_key(|f| std::cmp::Reverse(f.turn));
-    let facts: Vec<String> = facts.into_iter().map(FactLine::render).collect();
+    // A fact the focus already shows is not repeated.
+    let facts: Vec<String> = facts
+        .into_iter()
+        .map(FactLine::render)
+        .filter(|l| !focus.contains(l))
+        .collect();
     let ids: Vec<String> = sec
         .tool_ids
         .iter()
@@ -724,6 +738,21 @@ mod tests {
             s.starts_with("## Focus\n- [turn 1] user: the parcel is late"),
             "{s}"
         );
+    }
+
+    /// A fact the focus shows is not repeated under Facts, and the next
+    /// summary still has it.
+    #[test]
+    fn a_fact_shown_in_the_focus_is_kept_by_the_next_summary() {
+        let mut r = req(
+            None,
+            "[turn 0] user: My invoice is INV-9.\n[turn 1] user: hello",
+        );
+        r.focus = Some("invoice".into());
+        let s = extract(&r);
+        assert_eq!(s.matches("INV-9 |").count(), 1, "{s}");
+        let next = extract(&req(Some(&s), "[turn 2] user: ok"));
+        assert!(next.contains("invoice: INV-9"), "{next}");
     }
 
     #[test]

@@ -72,13 +72,13 @@ fn resolve_corrections(
     let mut out = Vec::with_capacity(facts.len());
     for (source, f) in facts {
         let mut f = (*f).clone();
-        if f.slot.as_deref() == Some(crate::pins::LAST_SLOT) {
+        if let Some(marker) = f.slot.take_if(|s| crate::pins::is_unresolved_slot(s)) {
             let recent = batch
                 .iter()
                 .rev()
                 .chain(stored.iter())
                 .map(|(s, v)| (s.as_str(), v.as_str()));
-            f.slot = crate::pins::resolve_last_slot(&f.value, recent);
+            f.slot = crate::pins::resolve_slot(&marker, &f.value, recent);
         }
         if let Some(slot) = &f.slot {
             batch.push((slot.clone(), f.value.clone()));
@@ -104,10 +104,11 @@ fn record_all(
     // value of its shape (read only when a turn has one).
     let resolved: Vec<(FactSource, Fact)>;
     let owned: Vec<(FactSource, &Fact)>;
-    let facts = if facts
-        .iter()
-        .any(|(_, f)| f.slot.as_deref() == Some(crate::pins::LAST_SLOT))
-    {
+    let facts = if facts.iter().any(|(_, f)| {
+        f.slot
+            .as_deref()
+            .is_some_and(crate::pins::is_unresolved_slot)
+    }) {
         resolved = resolve_corrections(conn, session_id, facts)?;
         owned = resolved.iter().map(|(s, f)| (*s, f)).collect();
         &owned[..]
