@@ -12,12 +12,13 @@
 //! `fidelity` example prints the table of docs/fidelity.md, and
 //! `crates/abridge-cli/tests/it/fidelity.rs` asserts its targets.
 
+use crate::scripted;
 use abridge::async_trait;
 use abridge::compaction::{
     CompactionConfig, ExtractiveSummariser, Summariser, SummaryRequest, SummaryResponse, Threshold,
 };
 use abridge::error::Result;
-use abridge::message::{ModelRequest, ModelResponse, ResponseBlock, ToolSpec, Usage};
+use abridge::message::{ModelRequest, ModelResponse, ToolSpec, Usage};
 use abridge::model::{ModelClient, ModelError};
 use abridge::runner::{Runner, RunnerConfig};
 use abridge::store::Store;
@@ -220,38 +221,16 @@ struct FidelityModel;
 #[async_trait]
 impl ModelClient for FidelityModel {
     async fn complete(&self, req: &ModelRequest) -> std::result::Result<ModelResponse, ModelError> {
-        let last = req
-            .messages
-            .last()
-            .map(|m| serde_json::to_string(&m.content).unwrap_or_default())
-            .unwrap_or_default();
-        let text = |t: String| ModelResponse {
-            blocks: vec![ResponseBlock::Text { text: t }],
-            usage: Usage::default(),
-            ..Default::default()
-        };
+        let last = scripted::last_content(req);
         if last.contains("tool_result") {
-            return Ok(text(
-                "I checked that batch: three transactions failed and are listed above.".into(),
+            return Ok(scripted::text(
+                "I checked that batch: three transactions failed and are listed above.",
             ));
         }
-        match last
-            .split("batch ")
-            .nth(1)
-            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
-        {
-            Some(n) if !n.is_empty() => Ok(ModelResponse {
-                blocks: vec![ResponseBlock::ToolUse {
-                    id: format!("logs_{n}"),
-                    name: "fetch_logs".into(),
-                    input: json!({"batch": n}),
-                    raw_input: None,
-                }],
-                usage: Usage::default(),
-                ..Default::default()
-            }),
-            _ => Ok(text("Noted, thank you.".into())),
-        }
+        Ok(match scripted::number_after(&last, "batch ") {
+            Some(n) => scripted::tool_use(format!("logs_{n}"), "fetch_logs", json!({"batch": n})),
+            None => scripted::text("Noted, thank you."),
+        })
     }
 }
 
@@ -333,11 +312,13 @@ impl Outcome {
 pub const FILLER_TURNS: u64 = 40;
 
 /// The compaction settings of the workload: 2,500 tokens, the recent turn
-/// kept.
+/// kept, compaction inline (so that every run compacts at the same turns and
+/// the tables are the same on every machine).
 pub fn config(guard: bool) -> CompactionConfig {
     let mut c = CompactionConfig::default()
         .with_compact_at(Threshold::Tokens(2_500))
-        .with_keep_last_turns(1);
+        .with_keep_last_turns(1)
+        .with_background(None);
     c.guard_pins = guard;
     c
 }

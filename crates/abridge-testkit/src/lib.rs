@@ -30,6 +30,7 @@ pub mod local_provider;
 pub mod long_session;
 pub mod probes;
 pub mod sabotage;
+pub mod scripted;
 
 /// Bulk history for benchmarks, written as a runner would have (the
 /// engine's, under its `testing` feature: it writes rows as the engine does).

@@ -11,11 +11,11 @@
 //! compaction off (deterministic), the session compacts every dozen turns or
 //! so.
 
+use crate::scripted;
 use abridge::compaction::Summariser;
 use abridge::{
-    async_trait, CompactionConfig, ModelClient, ModelError, ModelRequest, ModelResponse,
-    ResponseBlock, Result, Runner, RunnerConfig, Store, Threshold, Tool, ToolCall, ToolError,
-    ToolSpec, Tools, Usage,
+    async_trait, CompactionConfig, ModelClient, ModelError, ModelRequest, ModelResponse, Result,
+    Runner, RunnerConfig, Store, Threshold, Tool, ToolCall, ToolError, ToolSpec, Tools,
 };
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -139,48 +139,25 @@ struct LongModel;
 #[async_trait]
 impl ModelClient for LongModel {
     async fn complete(&self, req: &ModelRequest) -> std::result::Result<ModelResponse, ModelError> {
-        let last = req
-            .messages
-            .last()
-            .map(|m| serde_json::to_string(&m.content).unwrap_or_default())
-            .unwrap_or_default();
-        let text = |t: &str| ModelResponse {
-            blocks: vec![ResponseBlock::Text { text: t.into() }],
-            usage: Usage::default(),
-            ..Default::default()
-        };
+        let last = scripted::last_content(req);
         if last.contains("tool_result") {
-            return Ok(text(
+            return Ok(scripted::text(
                 "The parcel is on its way; its tracking id is in the result above, and I will \
                  tell you when it reaches the hub.",
             ));
         }
-        if let Some(n) = last
-            .split("Where is parcel ")
-            .nth(1)
-            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
-            .filter(|n| !n.is_empty())
-        {
-            return Ok(ModelResponse {
-                blocks: vec![ResponseBlock::ToolUse {
-                    id: format!("track_{n}"),
-                    name: "track".into(),
-                    input: json!({"parcel": n}),
-                    raw_input: None,
-                }],
-                usage: Usage::default(),
-                ..Default::default()
-            });
-        }
-        Ok(text(
-            "Noted. I have recorded that for your account and will use it from now on. \
+        Ok(match scripted::number_after(&last, "Where is parcel ") {
+            Some(n) => scripted::tool_use(format!("track_{n}"), "track", json!({"parcel": n})),
+            None => scripted::text(
+                "Noted. I have recorded that for your account and will use it from now on. \
              Everything else on the order stays as it was: the items, the invoice address \
              and the way you asked to be contacted. If the warehouse needs anything more \
              from you before the parcel leaves, I will ask here first, and I will not \
              change anything you have not confirmed. Deliveries in your area usually take \
              two to four working days once the parcel has been handed to the carrier, and \
              the tracking page updates after each scan. Tell me if anything else changes.",
-        ))
+            ),
+        })
     }
 }
 

@@ -18,12 +18,12 @@
 //! booking tool once. `crates/abridge/examples/probes.rs` prints the tables
 //! of docs/fidelity.md.
 
+use crate::scripted;
 use abridge::compaction::Summariser;
 use abridge::message::Message;
 use abridge::{
-    async_trait, CompactionConfig, ModelClient, ModelError, ModelRequest, ModelResponse,
-    ResponseBlock, Result, Runner, RunnerConfig, Store, Threshold, Tool, ToolCall, ToolError,
-    ToolSpec, Tools, Usage,
+    async_trait, CompactionConfig, ModelClient, ModelError, ModelRequest, ModelResponse, Result,
+    Runner, RunnerConfig, Store, Threshold, Tool, ToolCall, ToolError, ToolSpec, Tools,
 };
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -243,49 +243,23 @@ struct ProbeModel;
 #[async_trait]
 impl ModelClient for ProbeModel {
     async fn complete(&self, req: &ModelRequest) -> std::result::Result<ModelResponse, ModelError> {
-        let last = req
-            .messages
-            .last()
-            .map(|m| serde_json::to_string(&m.content).unwrap_or_default())
-            .unwrap_or_default();
-        let text = |t: &str| ModelResponse {
-            blocks: vec![ResponseBlock::Text { text: t.into() }],
-            usage: Usage::default(),
-            ..Default::default()
-        };
+        let last = scripted::last_content(req);
         if last.contains("tool_result") {
-            return Ok(text("It is booked; the details are in the result above."));
+            return Ok(scripted::text(
+                "It is booked; the details are in the result above.",
+            ));
         }
         if last.contains("Please book it") {
-            return Ok(ModelResponse {
-                blocks: vec![ResponseBlock::ToolUse {
-                    id: "book_1".into(),
-                    name: "book_delivery".into(),
-                    input: json!({"item": "sofa"}),
-                    raw_input: None,
-                }],
-                usage: Usage::default(),
-                ..Default::default()
-            });
+            return Ok(scripted::tool_use(
+                "book_1",
+                "book_delivery",
+                json!({"item": "sofa"}),
+            ));
         }
-        if let Some(n) = last
-            .split("catalogue page ")
-            .nth(1)
-            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
-            .filter(|n| !n.is_empty())
-        {
-            return Ok(ModelResponse {
-                blocks: vec![ResponseBlock::ToolUse {
-                    id: format!("page_{n}"),
-                    name: "catalogue".into(),
-                    input: json!({"page": n}),
-                    raw_input: None,
-                }],
-                usage: Usage::default(),
-                ..Default::default()
-            });
-        }
-        Ok(text("Noted, thank you. I will keep that in mind."))
+        Ok(match scripted::number_after(&last, "catalogue page ") {
+            Some(n) => scripted::tool_use(format!("page_{n}"), "catalogue", json!({"page": n})),
+            None => scripted::text("Noted, thank you. I will keep that in mind."),
+        })
     }
 }
 
