@@ -228,9 +228,10 @@ pub trait PinExtractor: Send + Sync {
 /// me Ana"), corrections naming no slot ("make it 1,000 EUR", "use brown
 /// paper instead": their slot is [`LAST_SLOT`], resolved when recorded),
 /// sentences stating a rule (never, always, only, must, do not, at
-/// most...), proper names, and bare numbers of three or more digits. A
-/// question sets no slot. Tokens inside a stated value or a rule are carried
-/// by it, not pinned again.
+/// most...), preferences ("I'd rather..."), proper names, and bare numbers
+/// of three or more digits. A question sets no slot unless it asks for a
+/// change ("can you ship it to postal code 30742?"). Tokens inside a stated
+/// value or a rule are carried by it, not pinned again.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RuleExtractor;
 
@@ -264,7 +265,7 @@ static CORRECTION: LazyLock<Regex> = LazyLock::new(|| {
 });
 
 /// The slot a correction naming none fills: resolved when it is recorded
-/// ([`resolve_last_slot`]) to the slot last mentioned with a value of the
+/// ([`resolve_slot`]) to the slot last mentioned with a value of the
 /// same shape; a fact with no such slot stands alone.
 pub const LAST_SLOT: &str = "\u{1}last";
 
@@ -282,23 +283,8 @@ fn shape(v: &str) -> u8 {
     }
 }
 
-/// The slot a correction of `value` fills ([`LAST_SLOT`], or a
-/// [`hinted_slot`]): the newest of `recent` (slot, value) pairs, newest
-/// first, whose value has its shape (for words, one that shares a word of
-/// three letters or more with it: "brown paper" corrects "gift paper", not
-/// the dog's name), and for a hint whose name is the hint or ends with it
-/// ("the deadline" is the shelves' deadline when that is the one stated).
-/// With a hint and no such slot, the hint itself; with none, None.
-pub fn resolve_last_slot<'a>(
-    value: &str,
-    recent: impl IntoIterator<Item = (&'a str, &'a str)>,
-) -> Option<String> {
-    resolve_slot(LAST_SLOT, value, recent)
-}
-
 /// A slot to resolve when recorded: `hint` itself, or the newest slot
-/// keyed by what it belongs to that ends with it (see
-/// [`resolve_last_slot`]).
+/// keyed by what it belongs to that ends with it (see [`resolve_slot`]).
 pub fn hinted_slot(hint: &str) -> String {
     format!("{LAST_SLOT}:{hint}")
 }
@@ -309,7 +295,13 @@ pub fn is_unresolved_slot(slot: &str) -> bool {
     slot.starts_with(LAST_SLOT)
 }
 
-/// Resolves `marker` ([`LAST_SLOT`] or a [`hinted_slot`]) for `value`.
+/// The slot `marker` ([`LAST_SLOT`] or a [`hinted_slot`]) stands for, for
+/// `value`: the newest of `recent` (slot, value) pairs, newest first, whose
+/// value has its shape (for words, one that shares a word of three letters
+/// or more with it: "brown paper" corrects "gift paper", not the dog's
+/// name), and for a hint whose name is the hint or ends with it ("the
+/// deadline" is the shelves' deadline when that is the one stated). With a
+/// hint and no such slot, the hint itself; with none, None.
 pub fn resolve_slot<'a>(
     marker: &str,
     value: &str,
@@ -1167,23 +1159,24 @@ fn on_token_boundaries(hay: &str, needle: &str) -> bool {
 /// those mentioned in passing the newest `w` of each window, for the largest
 /// `w` up to `window` that fits (0 when the pins live for good alone fill
 /// the share: they are all kept, whatever their size). `pins` are the live
-/// pins at `window` ([`crate::inspect::live_pins`]). Returns the pins kept, in
-/// their order, `w` (`window` when nothing was left out), and how many were
-/// left out: what a compaction records as its window, and `verify` checks
-/// G8 with.
-pub fn fold_to_share(pins: Vec<Pin>, window: usize, share_chars: usize) -> Folded {
-    let bare = |p: &Pin| {
-        if p.window == 1 {
-            p.value.chars().count() + 2
-        } else {
-            p.line(true).chars().count() + 1
-        }
+/// pins at `window` ([`crate::inspect::live_pins`]); no share (None) folds
+/// nothing. Returns the pins kept, in their order, `w` (`window` when
+/// nothing was left out), and how many were left out: what a compaction
+/// records as its window, and `verify` checks G8 with.
+pub fn fold_to_share(pins: Vec<Pin>, window: usize, share_chars: Option<usize>) -> Folded {
+    let Some(share_chars) = share_chars else {
+        return Folded {
+            pins,
+            window,
+            folded: 0,
+            over_share: false,
+        };
     };
-    let mut total = BLOCK_HEADING.chars().count();
+    let mut size = BareSize::default();
     let mut groups: [Vec<usize>; 2] = [Vec::new(), Vec::new()];
     for (i, p) in pins.iter().enumerate() {
         match p.window {
-            0 => total += bare(p),
+            0 => size.add(p),
             w => groups[usize::from(w != 1)].push(i),
         }
     }
@@ -1192,39 +1185,26 @@ pub fn fold_to_share(pins: Vec<Pin>, window: usize, share_chars: usize) -> Folde
         g.sort_by_key(|&i| std::cmp::Reverse((pins[i].turn_index, pins[i].id)));
     }
     let longest = groups.iter().map(Vec::len).max().unwrap_or(0);
-    // One list line per kind of value mentioned in passing.
-    let kinds = |n: usize| {
-        let mut seen: Vec<FactKind> = Vec::new();
-        for &i in groups[0].iter().take(n) {
-            if !seen.contains(&pins[i].kind) {
-                seen.push(pins[i].kind);
-            }
-        }
-        seen.iter()
-            .map(|k| PASSING_LINE.len() + k.as_str().len() + 2)
-            .sum::<usize>()
-    };
     // The pins live for good alone over the share: nothing in passing.
-    let over = total > share_chars;
+    let over_share = size.total > share_chars;
     let mut w = 0;
-    let mut grown = total;
-    while w < longest && !over {
-        let add: usize = groups
-            .iter()
-            .filter_map(|g| g.get(w))
-            .map(|&i| bare(&pins[i]))
-            .sum();
-        if grown + add + kinds(w + 1) > share_chars {
+    while w < longest && !over_share {
+        let mut grown = size.clone();
+        for &i in groups.iter().filter_map(|g| g.get(w)) {
+            grown.add(&pins[i]);
+        }
+        if grown.total > share_chars {
             break;
         }
-        grown += add;
+        size = grown;
         w += 1;
     }
-    if w >= longest && !over {
+    if w >= longest && !over_share {
         return Folded {
             pins,
             window,
             folded: 0,
+            over_share,
         };
     }
     let mut keep = vec![true; pins.len()];
@@ -1244,6 +1224,38 @@ pub fn fold_to_share(pins: Vec<Pin>, window: usize, share_chars: usize) -> Folde
         pins,
         window: w,
         folded,
+        over_share,
+    }
+}
+
+/// Chars of pins as block lines without sentences: a line each, and the
+/// values tools and the assistant mentioned in passing listed by kind.
+#[derive(Debug, Clone)]
+struct BareSize {
+    total: usize,
+    kinds: Vec<FactKind>,
+}
+
+impl Default for BareSize {
+    fn default() -> Self {
+        BareSize {
+            total: BLOCK_HEADING.chars().count(),
+            kinds: Vec::new(),
+        }
+    }
+}
+
+impl BareSize {
+    fn add(&mut self, p: &Pin) {
+        if p.window == 1 {
+            if !self.kinds.contains(&p.kind) {
+                self.kinds.push(p.kind);
+                self.total += PASSING_LINE.len() + p.kind.as_str().len() + 2;
+            }
+            self.total += p.value.chars().count() + 2;
+        } else {
+            self.total += p.line(true).chars().count() + 1;
+        }
     }
 }
 
@@ -1253,20 +1265,9 @@ pub fn bare_block_chars(pins: &[Pin]) -> usize {
     if pins.is_empty() {
         return 0;
     }
-    let mut kinds: Vec<FactKind> = Vec::new();
-    let mut total = BLOCK_HEADING.chars().count();
-    for p in pins {
-        if p.window == 1 {
-            if !kinds.contains(&p.kind) {
-                kinds.push(p.kind);
-                total += PASSING_LINE.len() + p.kind.as_str().len() + 2;
-            }
-            total += p.value.chars().count() + 2;
-        } else {
-            total += p.line(true).chars().count() + 1;
-        }
-    }
-    total
+    let mut size = BareSize::default();
+    pins.iter().for_each(|p| size.add(p));
+    size.total
 }
 
 /// Chars of the block the guard would append if a summary carried none of
@@ -1286,6 +1287,20 @@ pub struct Folded {
     pub window: usize,
     /// How many live pins mentioned in passing were left out.
     pub folded: usize,
+    /// Whether the pins live for good alone exceed the share.
+    pub over_share: bool,
+}
+
+/// `block` (from [`render_block`]) with the line saying that `folded` facts
+/// mentioned in passing are left out, when any are (under the block's
+/// heading, which it starts when the block is empty).
+pub fn with_folded_line(mut block: String, folded: usize) -> String {
+    if folded > 0 {
+        block.push_str(if block.is_empty() { BLOCK_HEADING } else { "" });
+        block.push('\n');
+        block.push_str(&folded_line(folded));
+    }
+    block
 }
 
 /// The line the guard appends when facts mentioned in passing were folded
@@ -1485,12 +1500,12 @@ mod tests {
             ("quantity", "2"),
             ("budget", "900 EUR"),
         ];
-        let r = |v: &str| resolve_last_slot(v, recent.iter().copied());
+        let r = |v: &str| resolve_slot(LAST_SLOT, v, recent.iter().copied());
         assert_eq!(r("1,000 EUR").as_deref(), Some("budget"));
         assert_eq!(r("2027-03-01").as_deref(), Some("deadline"));
         assert_eq!(r("3").as_deref(), Some("quantity"));
         assert_eq!(r("brown paper").as_deref(), Some("wrapping"));
-        assert_eq!(resolve_last_slot("brown paper", []), None);
+        assert_eq!(resolve_slot(LAST_SLOT, "brown paper", []), None);
         assert!(
             facts("I'll make it to the office by nine.", FactSource::User)
                 .iter()
@@ -1498,7 +1513,7 @@ mod tests {
         );
         // Words correct only words they share one with: not the dog's name.
         assert_eq!(
-            resolve_last_slot("brown paper", [("dog", "called biscuit")]),
+            resolve_slot(LAST_SLOT, "brown paper", [("dog", "called biscuit")]),
             None
         );
         // A change in the past tense states a value too, for the deadline
@@ -1832,10 +1847,10 @@ mod tests {
             pins.push(pin(i, 1 + (i % 2) as u8, &format!("ID-{i:03}")));
         }
         // Room for everything: nothing folds, the window is as given.
-        let all = fold_to_share(pins.clone(), 100, 100_000);
+        let all = fold_to_share(pins.clone(), 100, Some(100_000));
         assert_eq!((all.pins.len(), all.window, all.folded), (41, 100, 0));
         // A share that holds the rule and some of each window.
-        let f = fold_to_share(pins.clone(), 100, 300);
+        let f = fold_to_share(pins.clone(), 100, Some(300));
         assert!(f.window > 0 && f.window < 20, "{}", f.window);
         assert_eq!(f.folded, 40 - 2 * f.window);
         assert!(
@@ -1849,9 +1864,9 @@ mod tests {
         assert!(f.pins.iter().any(|p| p.value == "ID-039"));
         assert!(!f.pins.iter().any(|p| p.value == "ID-001"));
         // The rule alone over the share: kept, and nothing in passing.
-        let f = fold_to_share(pins, 100, 20);
+        let f = fold_to_share(pins, 100, Some(20));
         assert_eq!((f.pins.len(), f.window, f.folded), (1, 0, 40));
-        let f = fold_to_share(vec![pin(0, 0, "Never ship on Sundays.")], 100, 20);
+        let f = fold_to_share(vec![pin(0, 0, "Never ship on Sundays.")], 100, Some(20));
         assert_eq!((f.pins.len(), f.window, f.folded), (1, 0, 0));
     }
 

@@ -95,7 +95,7 @@ impl Compactor {
     pub(super) async fn load_span(&self, row: &CompactionRow, model: &str) -> Result<Span> {
         let (sid, b, prev_id) = (row.session_id, row.up_to_turn_index, row.previous_id);
         let window = self.config.pins_window;
-        let (cfg, model) = (self.config.clone(), model.to_string());
+        let share = self.config.pins_share_chars(model);
         self.store
             .call(move |c| {
                 // One snapshot; on PostgreSQL two round trips: the redaction
@@ -109,7 +109,7 @@ impl Compactor {
                         None => None,
                     };
                     let redaction = store::session_redaction(c, sid)?;
-                    let folded = preview::carried_pins(&cfg, c, sid, b, &model)?;
+                    let folded = preview::carried_pins(c, sid, b, window, share)?;
                     let after = prev.as_ref().map_or(-1, |p| p.up_to_turn_index);
                     let turns = store::load_history(c, sid, after, b, i64::MAX)?;
                     Ok(Span {
@@ -119,6 +119,7 @@ impl Compactor {
                         pins: folded.pins,
                         window: folded.window,
                         folded: folded.folded,
+                        over_share: folded.over_share,
                     })
                 })
             })
@@ -393,20 +394,12 @@ impl Compactor {
             }
         }
         // The sentences go too where they would leave the summary no
-        // smaller than what it replaces (G7): a short span's summary keeps
-        // its values and drops their sentences rather than fail.
-        let so_far = message_tokens(
-            &*cfg.token_counter,
-            &[crate::render::summary_message(SummaryView {
-                up_to_turn_index: row.up_to_turn_index,
-                summary: &text,
-            })],
-        );
-        let room = usize::try_from(tokens_before.saturating_sub(so_far + 8)).unwrap_or(usize::MAX);
-        let mut budget = cfg.pins_budget_chars.min(room.saturating_mul(4) * 9 / 10);
-        let mut block = crate::pins::render_block(&missing, budget).0;
-        // Measured as sent (escaping included): halved while too large, down
-        // to the values alone.
+        // smaller than what it replaces (G7): measured as sent (escaping
+        // included), the budget is halved while too large, down to the
+        // values alone, so a short span's summary keeps its values rather
+        // than fail.
+        let mut budget = cfg.pins_budget_chars;
+        let mut block = self.block(&missing, budget, span.folded);
         while budget > 0 {
             let with = message_tokens(
                 &*cfg.token_counter,
@@ -419,7 +412,7 @@ impl Compactor {
                 break;
             }
             budget /= 2;
-            block = crate::pins::render_block(&missing, budget).0;
+            block = self.block(&missing, budget, span.folded);
         }
         // Over the configured budget, even without sentences (the room G7
         // leaves is not the host's budget).
@@ -448,15 +441,13 @@ impl Compactor {
             text.push_str("\n\n");
             text.push_str(&block);
         }
-        if span.folded > 0 {
-            text.push_str(if block.is_empty() { "\n\n" } else { "\n" });
-            if block.is_empty() {
-                text.push_str(crate::pins::BLOCK_HEADING);
-                text.push('\n');
-            }
-            text.push_str(&crate::pins::folded_line(span.folded));
-        }
         Ok((text, added, calls))
+    }
+
+    /// The pinned block for `missing` within `budget` chars, with the line
+    /// saying how many facts were folded.
+    fn block(&self, missing: &[&Pin], budget: usize, folded: usize) -> String {
+        crate::pins::with_folded_line(crate::pins::render_block(missing, budget).0, folded)
     }
 
     /// [`EventKind::PinsOverShare`] when the pins live for good alone fill
@@ -465,8 +456,8 @@ impl Compactor {
         let Some(share) = self.config.pins_share_chars(&subject.model) else {
             return;
         };
-        let chars = crate::pins::bare_block_chars(&span.pins);
-        if span.window == 0 && chars > share {
+        if span.over_share {
+            let chars = crate::pins::bare_block_chars(&span.pins);
             warn!(
                 compaction_id = %row.id,
                 pins = span.pins.len(),
@@ -577,6 +568,8 @@ pub(super) struct Span {
     pub(super) window: usize,
     /// Live pins mentioned in passing left out to stay within the share.
     pub(super) folded: usize,
+    /// Whether the pins live for good alone exceed the share.
+    pub(super) over_share: bool,
 }
 
 /// Tokens of messages as a step sends them (their JSON bytes).

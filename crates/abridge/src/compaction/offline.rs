@@ -1,15 +1,17 @@
 //! The built-in offline summariser: deterministic, extractive, no model needed.
 //!
-//! It writes labelled sections, most critical first (a summary cut at its
-//! cap loses its tail): the focus of a manual compaction; the facts the user
-//! stated, each with its label, turn and sentence, the newest value of each
-//! slot current and older ones listed as superseded; the rules the user
-//! stated, verbatim; any previous summary it did not write, verbatim; what is
-//! still open; the assistant's commitments; tool results and the identifiers
-//! in them (newest kept); the user's recent requests. It folds the previous
-//! summary in section by section (and keeps one written by a model or a
-//! host's summariser whole), so a fact from the first turn survives every
-//! re-compaction. The same request always gives the same summary, which makes
+//! It writes labelled sections in the order the model should read them: the
+//! focus of a manual compaction; what is still open; the facts the user
+//! stated (rules verbatim), each with its label, turn and sentence, the
+//! newest value of each slot current; the user's decisions; the assistant's
+//! commitments; the user's recent requests; tool results and the
+//! identifiers in them; any previous summary it did not write; the values
+//! superseded. Every list is newest first, and the summary is built from
+//! whole lines within each section's share of the cap (see [`extract`]), so
+//! it rolls: when room runs out the oldest content leaves, never a line
+//! half. It folds the previous summary in section by section (taking its
+//! lines back in the order of their turns), so a stated fact survives
+//! re-compactions while it fits. The same request always gives the same summary, which makes
 //! it the default wherever no model endpoint is configured, and a real choice
 //! for desktop apps and tests.
 
@@ -542,7 +544,7 @@ fn fit(sections: &[(&str, Vec<String>, usize)], max_chars: usize) -> String {
     let mut taken: Vec<Vec<bool>> = sections.iter().map(|s| vec![false; s.1.len()]).collect();
     let mut headed = vec![false; sections.len()];
     let mut total = 0usize;
-    let mut take = |i: usize, quota: Option<usize>, total: &mut usize| {
+    let mut take = |i: usize, quota: Option<usize>| {
         let (name, lines, _) = &sections[i];
         let mut used = 0usize;
         for (j, line) in lines.iter().enumerate() {
@@ -552,7 +554,7 @@ fn fit(sections: &[(&str, Vec<String>, usize)], max_chars: usize) -> String {
             }
             let head = if headed[i] { 0 } else { len(name) };
             let cost = head + len(line);
-            if *total + cost > max_chars || quota.is_some_and(|q| used + cost > q) {
+            if total + cost > max_chars || quota.is_some_and(|q| used + cost > q) {
                 if quota.is_some() {
                     break;
                 }
@@ -561,14 +563,14 @@ fn fit(sections: &[(&str, Vec<String>, usize)], max_chars: usize) -> String {
             taken[i][j] = true;
             headed[i] = true;
             used += cost;
-            *total += cost;
+            total += cost;
         }
     };
     for (i, (_, _, share)) in sections.iter().enumerate() {
-        take(i, Some(max_chars * share / 100), &mut total);
+        take(i, Some(max_chars * share / 100));
     }
     for i in 0..sections.len() {
-        take(i, None, &mut total);
+        take(i, None);
     }
     let mut out = String::new();
     for (i, (name, lines, _)) in sections.iter().enumerate() {

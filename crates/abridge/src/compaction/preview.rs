@@ -138,7 +138,13 @@ pub fn preview(
     };
     let after = prev.as_ref().map_or(-1, |p| p.up_to_turn_index);
     let turns = store::load_history(c, session_id, after, plan.boundary, i64::MAX)?;
-    let folded = carried_pins(config, c, session_id, plan.boundary, &session.model)?;
+    let folded = carried_pins(
+        c,
+        session_id,
+        plan.boundary,
+        config.pins_window,
+        config.pins_share_chars(&session.model),
+    )?;
     let pins = folded.pins;
     let tokens_before = replaced_tokens(config, prev.as_ref(), &turns)?;
     let cap = if config.guard_pins {
@@ -160,13 +166,10 @@ pub fn preview(
     let mut text = clean_summary(&extract(&request), cap);
     let (block, _) =
         crate::pins::render_block(&crate::pins::missing(&pins, &text), cfg.pins_budget_chars);
+    let block = crate::pins::with_folded_line(block, folded.folded);
     if !block.is_empty() {
         text.push_str("\n\n");
         text.push_str(&block);
-    }
-    if folded.folded > 0 {
-        text.push('\n');
-        text.push_str(&crate::pins::folded_line(folded.folded));
     }
     let expected = message_tokens(
         &*cfg.token_counter,
@@ -188,26 +191,18 @@ pub fn preview(
     })
 }
 
-/// The live pins a compaction at `boundary` carries: those at
-/// `pins_window`, folded to the pinned facts' share of the threshold
-/// ([`crate::pins::fold_to_share`]).
+/// The live pins a compaction at `boundary` carries: those at `window`
+/// ([`CompactionConfig::pins_window`]), folded to the pinned facts' share
+/// ([`CompactionConfig::pins_share_chars`], [`crate::pins::fold_to_share`]).
 pub(crate) fn carried_pins(
-    config: &CompactionConfig,
     c: &crate::store::Connection,
     session_id: SessionId,
     boundary: i64,
-    model: &str,
+    window: usize,
+    share_chars: Option<usize>,
 ) -> Result<crate::pins::Folded> {
-    let window = config.pins_window;
     let live = store::live_pins(c, session_id, boundary, window)?;
-    Ok(match config.pins_share_chars(model) {
-        Some(share) => crate::pins::fold_to_share(live, window, share),
-        None => crate::pins::Folded {
-            pins: live,
-            window,
-            folded: 0,
-        },
-    })
+    Ok(crate::pins::fold_to_share(live, window, share_chars))
 }
 
 /// G7's "before", on one measure: the tokens of what the summary replaces
