@@ -289,6 +289,9 @@ pub struct Outcome {
     pub tool_ids: usize,
     /// Of those, the ones the model sees at the last step.
     pub tool_ids_visible: usize,
+    /// Of those, the ones live at the last completed compaction (within
+    /// its window, which the tools' other values mentioned again share).
+    pub tool_ids_live: usize,
     /// Whether `verify` passed (G8 included).
     pub verified: bool,
     /// The window of facts mentioned in passing the last compaction
@@ -392,13 +395,23 @@ pub async fn run(path: &Path, which: Which, guard: bool) -> Result<Outcome> {
                 lost: Vec::new(),
                 tool_ids: 0,
                 tool_ids_visible: 0,
+                tool_ids_live: 0,
                 verified: abridge::verify::verify(c)?.ok,
-                last_window: abridge::inspect::compactions(c, sid)?
-                    .iter()
-                    .rev()
-                    .find(|r| r.status == abridge::store::CompactionStatus::Completed)
-                    .and_then(|r| r.pins_window),
+                last_window: None,
             };
+            let last_completed = abridge::inspect::compactions(c, sid)?
+                .into_iter()
+                .rev()
+                .find(|r| r.status == abridge::store::CompactionStatus::Completed);
+            if let Some(row) = last_completed {
+                out.last_window = row.pins_window;
+                let window = row.pins_window.map_or(usize::MAX, |w| w as usize);
+                out.tool_ids_live =
+                    abridge::inspect::live_pins(c, sid, row.up_to_turn_index, window)?
+                        .iter()
+                        .filter(|p| p.value.starts_with("tx_"))
+                        .count();
+            }
             for batch in 0..FILLER_TURNS {
                 // user_turn() spends two filler turns on changes.
                 if batch == 5 || batch == 11 {

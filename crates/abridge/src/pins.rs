@@ -381,6 +381,39 @@ static RULE_INTL: LazyLock<Regex> = LazyLock::new(|| {
     )
     .expect("static regex")
 });
+/// Rules in the form of an instruction rather than a rule word: "stop
+/// doing", a clause opening with "no" and a noun ("no plastic at all", not
+/// "no wait" or "no problem"), a sentence opening with a condition and a
+/// comma ("If nobody answers, ..."); and their forms in German, Portuguese,
+/// Spanish, French, Japanese and Hindi. A question is never one (the caller
+/// checks).
+static RULE_FORMS: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?i)\bstop\s+\p{L}+ing\b|\bhör(?:en sie)? auf\b|\bpar[ae] de\b|\bdej[ae]n? de\b|\barr[êe]te[zr]? de\b|\bne\s+\p{L}+\s+(?:pas|plus)\b|^\s*(?:if|when|wenn|falls|se|si|quand|cuando|quando)\b[^,?]{3,},|やめて|なら、|場合は|बंद कर|अगर|यदि|नहीं चाहिए",
+    )
+    .expect("static regex")
+});
+/// A clause opening with "no" (or its German, Portuguese and French forms)
+/// and a word: a rule unless the word makes it a reply ("no wait").
+static NO_CLAUSE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)(?:^|[,;:]\s*)(?:no|kein|keine|keinen|não|nada de|pas de)\s+(\p{L}{3,})")
+        .expect("static regex")
+});
+/// Words after "no" that make a reply, not a rule.
+const NOT_A_RULE_AFTER_NO: &[&str] = &[
+    "wait", "problem", "problems", "worries", "thanks", "thank", "idea", "way", "doubt", "need",
+    "matter", "one", "longer", "sorry", "espera", "problema", "sei", "sé", "sais",
+];
+
+/// Whether `sentence` (not a question) is a rule in the form of an
+/// instruction ([`RULE_FORMS`], [`NO_CLAUSE`]).
+fn instruction_rule(sentence: &str) -> bool {
+    RULE_FORMS.is_match(sentence)
+        || NO_CLAUSE.captures_iter(sentence).any(|c| {
+            let word = c[1].to_lowercase();
+            !NOT_A_RULE_AFTER_NO.contains(&word.as_str())
+        })
+}
 /// A preference stated without a rule word: English, Portuguese, Spanish,
 /// German and French forms of "I prefer", "I'd rather", "from now on",
 /// "everything in...".
@@ -869,7 +902,10 @@ impl RuleExtractor {
                     out.push(FactKind::Stated, Some("name".into()), v, kept.clone());
                 }
             }
-            if RULE.is_match(sentence) || RULE_INTL.is_match(sentence) {
+            if RULE.is_match(sentence)
+                || RULE_INTL.is_match(sentence)
+                || (!question && instruction_rule(sentence))
+            {
                 long.push(kept.clone());
                 out.push(FactKind::Rule, None, kept.clone(), kept.clone());
             } else if !question && PREFERENCE.is_match(sentence) {
@@ -1046,9 +1082,11 @@ pub struct Pin {
     pub sentence: String,
     /// Who stated it.
     pub source: FactSource,
-    /// The pin of the same slot it superseded, if any.
+    /// The pin it superseded, if any: an older value of its slot, or the
+    /// same value's earlier pin (a value mentioned in passing again, which
+    /// refreshes its turn).
     pub supersedes: Option<i64>,
-    /// That pin's value.
+    /// The value it replaced: the superseded pin's, when it differs.
     pub superseded_value: Option<String>,
     /// The window it counts in, as stored when it was pinned: 0 live for
     /// good, 1 mentioned in passing by a tool or the assistant, 2 by the user
@@ -1702,11 +1740,41 @@ mod tests {
             "Ne livrez jamais le samedi.",
             "土曜日には絶対に配達しないでください。",
             "कृपया रविवार को कभी नहीं भेजें।",
+            // Instructions: stop, no, if, in each language.
+            "Stop sending me text messages.",
+            "Please wrap everything in gift paper, no plastic at all.",
+            "If nobody answers, leave it at the back door.",
+            "Hören Sie auf, mich anzurufen.",
+            "Keine Anrufe nach 20 Uhr.",
+            "Wenn niemand öffnet, bitte beim Nachbarn abgeben.",
+            "Pare de me enviar mensagens.",
+            "Se ninguém atender, deixe com o porteiro.",
+            "Deja de llamarme por la noche.",
+            "Si nadie contesta, déjelo en la portería.",
+            "Arrêtez de m'appeler le soir.",
+            "Ne sonnez pas après 20 heures.",
+            "電話はやめてください。",
+            "不在なら、宅配ボックスに入れてください。",
+            "अगर कोई जवाब न दे तो पड़ोसी को दे दें।",
+            "कृपया फ़ोन कॉल बंद करें।",
         ] {
             let f = facts(rule, FactSource::User);
             assert!(
                 f.iter().any(|(k, _, v)| *k == FactKind::Rule && v == rule),
                 "{rule}: {f:?}"
+            );
+        }
+        // Replies and questions are not rules.
+        for not_rule in [
+            "No wait, make it 43.",
+            "No problem, thank you.",
+            "Could you check if you deliver to postal code 37527?",
+            "If it is in stock, could you add it?",
+        ] {
+            let f = facts(not_rule, FactSource::User);
+            assert!(
+                !f.iter().any(|(k, ..)| *k == FactKind::Rule),
+                "{not_rule}: {f:?}"
             );
         }
         let amount = |text: &str| {

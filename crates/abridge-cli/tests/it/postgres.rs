@@ -214,8 +214,10 @@ async fn round_trips_per_step_are_fixed_and_independent_of_history() {
         }
         let trips = || store.with_conn(|c| Ok(c.round_trips().unwrap())).unwrap();
         let before = trips();
+        // An order both histories asked about (its tool's values are
+        // mentioned again: the same statements at either length).
         let out = runner
-            .run_turn(s.id, "Where is order ORD-42?")
+            .run_turn(s.id, "Where is order ORD-7?")
             .await
             .unwrap();
         let used = trips() - before - 1; // less the read of the counter itself
@@ -234,8 +236,8 @@ async fn round_trips_per_step_are_fixed_and_independent_of_history() {
     // with the lease check and the response; step 1's reads, with step 0's
     // COMMIT; the finished turn's rows read back for its pins; the pins'
     // lookups; COMMIT. A statement prepared for the first time on the
-    // connection costs one more: here the lookup of a pin's slot, which no
-    // turn before this one needed. Unpipelined, the same turn took 51.
+    // connection costs one more: here one no turn before this one needed
+    // (the lookup of a pin's slot). Unpipelined, the same turn took 51.
     assert_eq!(steps, 2);
     assert!(
         trips <= 9,

@@ -529,6 +529,14 @@ fn shipped_migrations_are_never_edited() {
             "f81087b06de4be009d714e7e27126c3193cbc4edca0b1343101ec1ba075ad4bd",
         ),
         (
+            "v10",
+            "d72167924127b6bf66f0d512cad38bd3c3acde4ab29fd3b74536703cabac47d2",
+        ),
+        (
+            "v10 (PostgreSQL)",
+            "7a99ee163e59028208ebc2b0d1a9eea32791d40ca067f644c4b9d00db7902461",
+        ),
+        (
             "schema_pg.sql (PostgreSQL baseline)",
             "519649a80dc5008c7aaf8accd7cbd44adef54017a733e0f51b46d9e4e4fdfcaa",
         ),

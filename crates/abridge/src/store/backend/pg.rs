@@ -1145,23 +1145,51 @@ fn read_version(conn: &PgConn, target: &Target) -> Result<Option<i64>> {
     Ok(Some(v.unwrap_or(0)))
 }
 
+/// The triggers and the unique indexes a PostgreSQL store at the current
+/// version has: those [`SCHEMA_PG_SQL`] creates, then each migration above
+/// the baseline's (creating some, dropping others), by name.
+fn pg_rules() -> (Vec<String>, Vec<String>) {
+    let texts = std::iter::once(SCHEMA_PG_SQL).chain(
+        crate::store::MIGRATIONS
+            .iter()
+            .filter(|m| m.version > crate::store::PG_BASELINE)
+            .filter_map(|m| m.postgres),
+    );
+    let (mut triggers, mut indexes) = (Vec::new(), Vec::new());
+    let name = |rest: &str| {
+        let rest = rest.strip_prefix("IF EXISTS ").unwrap_or(rest);
+        rest.split(|c: char| c.is_whitespace() || c == ';')
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
+    for line in texts.flat_map(str::lines) {
+        if let Some(rest) = line.strip_prefix("CREATE TRIGGER ") {
+            triggers.push(name(rest));
+        } else if let Some(rest) = line.strip_prefix("CREATE UNIQUE INDEX ") {
+            indexes.push(name(rest));
+        } else if let Some(rest) = line.strip_prefix("DROP TRIGGER ") {
+            let gone = name(rest);
+            triggers.retain(|t| *t != gone);
+        } else if let Some(rest) = line.strip_prefix("DROP INDEX ") {
+            let gone = name(rest);
+            indexes.retain(|i| *i != gone);
+        }
+    }
+    (triggers, indexes)
+}
+
 /// PostgreSQL's side of `PRAGMA integrity_check`: the server keeps its pages
 /// whole, so what is checked is that the rules abridge's guarantees stand on
-/// are in place in the store's schema: every trigger of [`SCHEMA_PG_SQL`]
-/// present and enabled, every unique index present and valid. `["ok"]`, or
-/// one line per rule missing.
+/// are in place in the store's schema: every trigger of the current schema
+/// ([`SCHEMA_PG_SQL`] and the migrations above it) present and enabled,
+/// every unique index present and valid. `["ok"]`, or one line per rule
+/// missing.
 pub(crate) fn rules_in_place(conn: &crate::store::Connection) -> Result<Vec<String>> {
     use crate::store::OptionalExtension;
     let mut problems = Vec::new();
-    let names = |kw: &str| -> Vec<String> {
-        SCHEMA_PG_SQL
-            .lines()
-            .filter_map(|l| l.strip_prefix(kw))
-            .filter_map(|l| l.split_whitespace().next())
-            .map(str::to_string)
-            .collect()
-    };
-    for trigger in names("CREATE TRIGGER ") {
+    let (triggers, indexes) = pg_rules();
+    for trigger in triggers {
         let enabled: Option<String> = conn
             .query_row(
                 "SELECT t.tgenabled::text FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid \
@@ -1176,7 +1204,7 @@ pub(crate) fn rules_in_place(conn: &crate::store::Connection) -> Result<Vec<Stri
             Some(_) => {}
         }
     }
-    for index in names("CREATE UNIQUE INDEX ") {
+    for index in indexes {
         let valid: Option<bool> = conn
             .query_row(
                 "SELECT i.indisvalid AND i.indisunique FROM pg_index i \
@@ -1228,6 +1256,19 @@ mod tests {
         assert!(msg.contains("schema=support_team"), "{msg}");
         let ok = parse("postgres://u@h/db?schema=support_team").unwrap();
         assert_eq!(ok.schema, "support_team");
+    }
+
+    /// The rules `verify` looks for on PostgreSQL are those of the current
+    /// version: a migration's triggers are looked for, an index it dropped
+    /// is not.
+    #[test]
+    fn the_rules_checked_are_the_current_versions() {
+        let (triggers, indexes) = pg_rules();
+        assert!(triggers.contains(&"approvals_never_deleted".to_string()));
+        assert!(triggers.contains(&"pins_never_change".to_string()));
+        assert!(indexes.contains(&"pins_unslotted_once_a_turn".to_string()));
+        assert!(!indexes.contains(&"pins_unslotted_once".to_string()));
+        assert!(indexes.contains(&"compactions_one_per_boundary".to_string()));
     }
 
     #[test]

@@ -81,6 +81,12 @@ pub const MIGRATIONS: &[Migration] = &[
         postgres: Some(include_str!("migrations/postgres/0009_approvals.sql")),
         hook: None,
     },
+    Migration {
+        version: 10,
+        sqlite: include_str!("migrations/0010_restated_pins.sql"),
+        postgres: Some(include_str!("migrations/postgres/0010_restated_pins.sql")),
+        hook: None,
+    },
 ];
 
 /// The schema version this build writes (`PRAGMA user_version`; the

@@ -9,8 +9,11 @@ use crate::store::db::{Connection, OptionalExtension};
 use crate::store::history::{load_history, HistoryTurn};
 use rusqlite::params;
 
+/// A pin's columns; the value it replaced is read only when it differs (a
+/// value mentioned again supersedes its own earlier pin).
 const PIN_COLUMNS: &str = "p.id, p.turn_index, p.kind, p.slot, p.value, p.sentence, p.source, \
-     p.supersedes, (SELECT o.value FROM pins o WHERE o.id = p.supersedes), p.windowed";
+     p.supersedes, (SELECT o.value FROM pins o WHERE o.id = p.supersedes AND o.value <> p.value), \
+     p.windowed";
 
 fn pin_from_row(r: &crate::store::Row<'_>) -> rusqlite::Result<Pin> {
     let kind: String = r.get(2)?;
@@ -30,9 +33,14 @@ fn pin_from_row(r: &crate::store::Row<'_>) -> rusqlite::Result<Pin> {
 }
 
 /// Records `facts` stated in turn `turn_index` (inside the caller's write
-/// transaction). A fact without a slot is recorded once per session, and not
-/// when a pin of the session already holds its value; a slotted one only when
-/// its value differs from the slot's newest, which it then supersedes. Returns how many rows were written.
+/// transaction). A slotted fact is recorded only when its value differs from
+/// the slot's newest, which it then supersedes. A fact without a slot is not
+/// recorded when a slotted pin holds its value, nor when a pin of it lives
+/// for good; one mentioned in passing again in a later turn is recorded at
+/// this turn, superseding its earlier pin (it refreshes its turn, so it stays
+/// in its window; a user repeating a tool's or the assistant's value makes it
+/// the user's, while a tool repeating the user's keeps it the user's).
+/// Returns how many rows were written.
 pub(crate) fn record_facts(
     conn: &Connection,
     session_id: SessionId,
@@ -44,8 +52,42 @@ pub(crate) fn record_facts(
     record_all(conn, session_id, turn_index, &facts)
 }
 
-/// A fact without a slot is held when a pin of the session has its value.
-const HELD_SQL: &str = "SELECT 1 FROM pins WHERE session_id = ?1 AND value = ?2 LIMIT 1";
+/// Who holds a value a fact without a slot states: a slotted pin first (any
+/// of its values, superseded or not), else the value's pin not superseded.
+const HELD_SQL: &str = "SELECT slot IS NOT NULL, id, turn_index, windowed, kind, sentence, source \
+     FROM pins WHERE session_id = ?1 AND value = ?2 \
+     AND (slot IS NOT NULL OR superseded_by IS NULL) \
+     ORDER BY slot IS NULL, id DESC LIMIT 1";
+
+/// The pin that holds a value a fact without a slot states.
+#[derive(Clone)]
+enum Holder {
+    /// A slot's value, now or before: never pinned apart.
+    Slot,
+    /// The value's pin not superseded.
+    Pin {
+        id: i64,
+        turn_index: i64,
+        window: u8,
+        kind: String,
+        sentence: String,
+        source: String,
+    },
+}
+
+fn holder_from_row(r: &crate::store::Row<'_>) -> rusqlite::Result<Holder> {
+    if r.get::<_, bool>(0)? {
+        return Ok(Holder::Slot);
+    }
+    Ok(Holder::Pin {
+        id: r.get(1)?,
+        turn_index: r.get(2)?,
+        window: u8::try_from(r.get::<_, i64>(3)?).unwrap_or(0),
+        kind: r.get(4)?,
+        sentence: r.get(5)?,
+        source: r.get(6)?,
+    })
+}
 /// The newest pin of a slot.
 const NEWEST_OF_SLOT_SQL: &str = "SELECT id, value FROM pins WHERE session_id = ?1 AND slot = ?2 \
      ORDER BY id DESC LIMIT 1";
@@ -129,7 +171,7 @@ fn record_all(
     // slot whether its value is held, for one with a slot the slot's newest.
     #[derive(Clone)]
     enum Found<'f> {
-        Held(bool),
+        Held(Option<Holder>),
         Newest(&'f str, Option<(i64, String)>),
     }
     let mut found: Vec<Found> = Vec::with_capacity(facts.len());
@@ -150,7 +192,8 @@ fn record_all(
         found.push(match &f.slot {
             None => Found::Held(
                 conn.prepare_cached(HELD_SQL)?
-                    .exists(params![session_id, f.value])?,
+                    .query_row(params![session_id, f.value], holder_from_row)
+                    .optional()?,
             ),
             Some(slot) => Found::Newest(
                 slot,
@@ -168,12 +211,32 @@ fn record_all(
     let now = conn.now_ms();
     let mut written = 0;
     for (i, ((source, f), found)) in facts.iter().zip(found).enumerate() {
+        // What the row says, when not the fact as stated: a tool repeating
+        // the user's value keeps the user's kind, sentence and source.
+        let mut kept: Option<(String, String, FactSource, u8)> = None;
         let supersedes = match found {
-            Found::Held(held) => {
-                if held || values.contains(f.value.as_str()) {
+            Found::Held(_) if values.contains(f.value.as_str()) => continue,
+            Found::Held(None) => None,
+            Found::Held(Some(Holder::Slot)) => continue,
+            Found::Held(Some(Holder::Pin {
+                id,
+                turn_index: held_at,
+                window,
+                kind,
+                sentence,
+                source: held_by,
+            })) => {
+                // Live for good, or stated in this turn already: nothing to
+                // refresh.
+                if window == 0 || held_at >= turn_index {
                     continue;
                 }
-                None
+                let held_by = FactSource::parse(&held_by).unwrap_or(FactSource::Host);
+                let users = |s: FactSource| matches!(s, FactSource::User | FactSource::Host);
+                if users(held_by) && !users(*source) {
+                    kept = Some((kind, sentence, held_by, window));
+                }
+                Some(id)
             }
             Found::Newest(slot, stored) => {
                 let newest = match slots.get(slot) {
@@ -203,18 +266,45 @@ fn record_all(
         let sql = "INSERT INTO pins (session_id, turn_index, kind, slot, value, sentence, \
              source, supersedes, windowed, created_at) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT DO NOTHING";
+        let (kind, sentence, source, window) = match &kept {
+            Some((kind, sentence, source, window)) => {
+                (kind.as_str(), sentence.as_str(), *source, *window)
+            }
+            None => (
+                f.kind.as_str(),
+                f.sentence.as_str(),
+                *source,
+                crate::pins::window_group(f.kind, f.slot.is_some(), *source),
+            ),
+        };
         let values_of = params![
             session_id,
             turn_index,
-            f.kind.as_str(),
+            kind,
             f.slot,
             f.value,
-            f.sentence,
+            sentence,
             source.as_str(),
             supersedes,
-            crate::pins::window_group(f.kind, f.slot.is_some(), *source),
+            window,
             now
         ];
+        if let (None, Some(old)) = (&f.slot, supersedes) {
+            // Mentioned again: the new row is the value's in this turn, so
+            // the earlier one names it by a read in the same statement, and
+            // both go with the next request on PostgreSQL (no round trip).
+            conn.execute_later(sql, values_of)?;
+            conn.execute_later(
+                "UPDATE pins SET superseded_by = (SELECT n.id FROM pins n \
+                 WHERE n.session_id = ?1 AND n.value = ?2 AND n.turn_index = ?3 \
+                 AND n.slot IS NULL ORDER BY n.id DESC LIMIT 1), superseded_at = ?3 \
+                 WHERE id = ?4 AND superseded_by IS NULL",
+                params![session_id, f.value, turn_index, old],
+            )?;
+            values.insert(&f.value);
+            written += 1;
+            continue;
+        }
         let id = if supersedes.is_some() || named_later {
             match conn.insert_returning_id(sql, values_of)? {
                 Some(id) => Some(id),
@@ -223,8 +313,8 @@ fn record_all(
             }
         } else {
             // Nothing names it: on PostgreSQL it goes with the next request.
-            // The lookups above rule out the one conflict (an unslotted
-            // value held), and the write lock keeps them true.
+            // The lookups above rule out the one conflict (a value without
+            // a slot pinned in this turn), and the write lock keeps them true.
             conn.execute_later(sql, values_of)?;
             None
         };
@@ -340,6 +430,22 @@ pub(crate) fn pin_host_fact(conn: &Connection, session_id: SessionId, fact: &Fac
 /// ([`Fact::in_passing`](crate::pins::Fact::in_passing)). Read through the
 /// `pins_live` index: never every value a slot ever had, nor every id a tool
 /// ever returned.
+/// The `window` newest pins of window group `group` live at the boundary: not
+/// superseded, or superseded (mentioned again) after it. Each part reads
+/// through `pins_live` newest first and stops at the window.
+fn window_sql(group: u8) -> String {
+    format!(
+        "SELECT * FROM (SELECT * FROM (SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 \
+         AND p.windowed = {group} AND p.superseded_at IS NULL AND p.turn_index <= ?2 \
+         ORDER BY p.turn_index DESC, p.id DESC LIMIT ?3) AS n{group} \
+         UNION ALL \
+         SELECT * FROM (SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 \
+         AND p.windowed = {group} AND p.superseded_at > ?2 AND p.turn_index <= ?2 \
+         ORDER BY p.turn_index DESC, p.id DESC LIMIT ?3) AS s{group} \
+         ORDER BY 2 DESC, 1 DESC LIMIT ?3) AS w{group}"
+    )
+}
+
 /// [`live_pins`]'s query, made once.
 fn live_pins_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -350,15 +456,9 @@ fn live_pins_sql() -> &'static str {
              UNION ALL \
              SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 AND p.windowed = 0 \
              AND p.superseded_at > ?2 AND p.turn_index <= ?2 \
-             UNION ALL \
-             SELECT * FROM (SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 \
-             AND p.windowed = 1 AND p.superseded_at IS NULL AND p.turn_index <= ?2 \
-             ORDER BY p.turn_index DESC, p.id DESC LIMIT ?3) AS w1 \
-             UNION ALL \
-             SELECT * FROM (SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 \
-             AND p.windowed = 2 AND p.superseded_at IS NULL AND p.turn_index <= ?2 \
-             ORDER BY p.turn_index DESC, p.id DESC LIMIT ?3) AS w2 \
-             ORDER BY 1"
+             UNION ALL {w1} UNION ALL {w2} ORDER BY 1",
+            w1 = window_sql(1),
+            w2 = window_sql(2),
         )
     })
 }
