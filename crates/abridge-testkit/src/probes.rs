@@ -10,7 +10,8 @@
 //!   four characters only on a line that names it) and no stale value is
 //!   labelled current in the summary (a stale value on a line marked
 //!   `replaces` / `superseded`, or only in the verbatim turns before the
-//!   correction, is not current);
+//!   correction, is not current; nor is one in the summary's section of
+//!   the user's own words, which quotes turns, newest first, as said);
 //! - 1: the gold value is visible beside a stale one labelled current;
 //! - 0: the gold value is not visible.
 //!
@@ -325,12 +326,26 @@ pub struct Outcome {
     pub max: usize,
     /// Whether `verify` passed.
     pub verified: bool,
+    /// With a grading model ([`run_graded`]): its points per checkpoint,
+    /// out of the same maximum; empty without one.
+    pub graded: BTreeMap<i64, usize>,
+    /// With a grading model: at the last checkpoint, each probe's question,
+    /// the model's answer and its points, where below 2.
+    pub graded_missed: Vec<(String, String, usize)>,
     /// The summary the model saw at the last checkpoint.
     #[serde(skip)]
     pub last_summary: String,
 }
 
 impl Outcome {
+    /// The graded share of the maximum at `checkpoint` (None without a
+    /// grading model).
+    pub fn graded_share(&self, checkpoint: i64) -> Option<f64> {
+        self.graded
+            .get(&checkpoint)
+            .map(|&p| p as f64 / self.max.max(1) as f64)
+    }
+
     /// The share of the maximum at `checkpoint`.
     pub fn share(&self, checkpoint: i64) -> f64 {
         self.points.get(&checkpoint).copied().unwrap_or(0) as f64 / self.max.max(1) as f64
@@ -385,6 +400,19 @@ fn texts(messages: &[Message]) -> (Vec<String>, Option<String>) {
     (all, summary)
 }
 
+/// The lines of a summary outside its section of the user's own words
+/// (quoted turns, like the verbatim ones).
+fn outside_user_words(summary: &str) -> impl Iterator<Item = &str> {
+    let mut inside = false;
+    summary.lines().filter(move |line| {
+        if line.starts_with("## ") {
+            inside = line.trim_end() == abridge::compaction::USER_WORDS_HEADING;
+            return !inside;
+        }
+        !inside
+    })
+}
+
 /// The score of `p` on what the model sees.
 pub fn score(p: &Probe, messages: &[Message]) -> usize {
     let (all, summary) = texts(messages);
@@ -405,7 +433,7 @@ pub fn score(p: &Probe, messages: &[Message]) -> usize {
     // line, for a fact with no label words) and does not mark it replaced.
     let stale_current = p.stale.iter().any(|s| {
         summary.as_deref().is_some_and(|sum| {
-            sum.lines().any(|line| {
+            outside_user_words(sum).any(|line| {
                 let lower = line.to_lowercase();
                 on_boundaries(line, s)
                     && (p.label.is_empty() || p.label.iter().any(|l| lower.contains(l)))
@@ -434,6 +462,88 @@ pub async fn run_with(
     summariser: Arc<dyn Summariser>,
     which: Which,
     guard: bool,
+) -> Result<Outcome> {
+    run_inner(path, summariser, which, guard, None).await
+}
+
+/// The optional model-graded mode: a model (a host's, with its key) is
+/// asked each probe's question about what the model saw at each
+/// checkpoint, and its answer is scored like the text
+/// ([`score_answer`]). One call per probe and checkpoint.
+#[derive(Clone)]
+pub struct Grader {
+    /// The client.
+    pub client: Arc<dyn ModelClient>,
+    /// The model it is asked for.
+    pub model: String,
+}
+
+/// What the grading model is told before the conversation and the question.
+pub const GRADER_INSTRUCTIONS: &str = "You are shown, as JSON, the messages an assistant \
+     was given at one step of a conversation (the summary of earlier turns included). Answer \
+     the question that follows from those messages alone, as the assistant would now: give the \
+     current value only, in the words or figures the conversation uses, nothing else. If the \
+     messages do not say, answer: unknown.";
+
+/// [`run`], with each checkpoint also graded by `grader`
+/// ([`Outcome::graded`]).
+pub async fn run_graded(
+    path: &Path,
+    which: Which,
+    guard: bool,
+    grader: &Grader,
+) -> Result<Outcome> {
+    run_inner(path, which.summariser(), which, guard, Some(grader)).await
+}
+
+/// The grading model's answer to `p` about `messages`.
+pub async fn ask(grader: &Grader, p: &Probe, messages: &[Message]) -> Result<String> {
+    use abridge::message::Role;
+    let shown = serde_json::to_string_pretty(messages).unwrap_or_default();
+    let req = ModelRequest {
+        model: grader.model.clone(),
+        messages: Arc::new(vec![
+            Message::text(Role::System, GRADER_INSTRUCTIONS),
+            Message::text(
+                Role::User,
+                format!("Messages:\n{shown}\n\nQuestion: {}", p.question),
+            ),
+        ]),
+        tools: Vec::new(),
+        max_output_tokens: Some(100),
+    };
+    let resp = grader
+        .client
+        .complete(&req)
+        .await
+        .map_err(|e| abridge::Error::Config(format!("the grading model failed: {e}")))?;
+    Ok(resp.text())
+}
+
+/// The points of a model's `answer` to `p`: 2 when it holds the gold value
+/// (on token boundaries, case aside) and no stale one, 1 when it holds both,
+/// 0 when it does not hold the gold value.
+pub fn score_answer(p: &Probe, answer: &str) -> usize {
+    let answer = answer.to_lowercase();
+    if !on_boundaries(&answer, &p.gold.to_lowercase()) {
+        return 0;
+    }
+    if p.stale
+        .iter()
+        .any(|s| on_boundaries(&answer, &s.to_lowercase()))
+    {
+        1
+    } else {
+        2
+    }
+}
+
+async fn run_inner(
+    path: &Path,
+    summariser: Arc<dyn Summariser>,
+    which: Which,
+    guard: bool,
+    grader: Option<&Grader>,
 ) -> Result<Outcome> {
     let store = Store::open(path)?;
     let spec = |name: &str| ToolSpec {
@@ -466,6 +576,7 @@ pub async fn run_with(
     let mut by_kind: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     let mut missed = Vec::new();
     let mut last_summary = String::new();
+    let (mut graded, mut graded_missed) = (BTreeMap::new(), Vec::new());
     let last = *CHECKPOINTS.last().expect("checkpoints");
     for t in 0..MAX_TURNS {
         runner.run_turn(sid, &user_turn(t)).await?;
@@ -499,6 +610,18 @@ pub async fn run_with(
             }
         }
         points.insert(at, total);
+        if let Some(grader) = grader {
+            let mut total = 0;
+            for p in PROBES {
+                let answer = ask(grader, p, &messages).await?;
+                let s = score_answer(p, &answer);
+                total += s;
+                if at == last && s < 2 {
+                    graded_missed.push((p.question.to_string(), answer, s));
+                }
+            }
+            graded.insert(at, total);
+        }
         if at == last {
             last_summary = texts(&messages).1.unwrap_or_default();
             break;
@@ -514,5 +637,7 @@ pub async fn run_with(
         max: 2 * PROBES.len(),
         verified,
         last_summary,
+        graded,
+        graded_missed,
     })
 }

@@ -152,12 +152,12 @@ fn rows(store: &abridge::Store) -> Vec<(abridge::CompactionId, i64, String)> {
         .unwrap()
 }
 
-/// The summariser's text of a stored summary: what comes before the pinned
-/// facts the guard appends (G8).
+/// What the summariser wrote: the stored summary less what the guard
+/// added after it (the user's own words, the pinned block).
 fn written(summary: &str) -> &str {
-    summary
-        .split_once("\n\n## Pinned facts\n")
-        .map_or(summary, |(text, _)| text)
+    let cut = |s: &'static str| summary.find(s).unwrap_or(summary.len());
+    let end = cut("\n\n## The user's own words").min(cut("\n\n## Pinned facts\n"));
+    &summary[..end]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

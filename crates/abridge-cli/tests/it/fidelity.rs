@@ -39,11 +39,15 @@ async fn g8_the_guard_keeps_every_fact_whatever_the_summariser() {
             (1..100).contains(&window),
             "{which:?}: window {window}: at 2,500 tokens the ids must fold"
         );
+        // The window is shared with the tools' other values, which come
+        // up again in every batch (a value mentioned again refreshes its
+        // turn): every id live in it is seen.
         assert!(
-            o.tool_ids_visible >= (window as usize).min(o.tool_ids),
-            "{which:?}: {}/{} ids from tools visible, window {window}",
+            o.tool_ids_live >= 1 && o.tool_ids_visible >= o.tool_ids_live,
+            "{which:?}: {}/{} ids from tools visible, {} live, window {window}",
             o.tool_ids_visible,
-            o.tool_ids
+            o.tool_ids,
+            o.tool_ids_live
         );
         assert!(o.verified, "{which:?}: verify failed");
     }
@@ -431,8 +435,15 @@ async fn a_summariser_is_asked_once_more_for_the_facts_it_left_out() {
     )
     .await;
     let row = newest_summary(&store, s.id).await;
+    // What the summariser wrote, then the user's own words (no block: the
+    // second answer carries every pin).
+    let summary = row.summary.as_deref().unwrap();
+    let (written, words) = summary
+        .split_once("\n\n## The user's own words")
+        .unwrap_or((summary, ""));
+    assert!(!words.contains("## Pinned facts"), "{summary}");
     assert_eq!(
-        row.summary.as_deref(),
+        Some(written),
         Some("The user has an order. Also: order number ORD-77, postal code 90210.")
     );
     assert_eq!(row.pins_added, Some(0), "the second answer carried both");
@@ -780,6 +791,240 @@ async fn facts_mentioned_in_passing_are_live_within_a_window_so_the_summary_stay
     assert!(report.ok, "{report:#?}");
 }
 
+/// Answers every call with the same text.
+struct Says(&'static str);
+
+#[abridge::async_trait]
+impl Tool for Says {
+    async fn call(&self, _: &ToolCall) -> Result<Value, ToolError> {
+        Ok(Value::String(self.0.into()))
+    }
+}
+
+/// The live pins of a session at `boundary`, with a window of `window`.
+fn live_at(
+    store: &Store,
+    sid: abridge::SessionId,
+    boundary: i64,
+    window: usize,
+) -> Vec<abridge::pins::Pin> {
+    store
+        .with_conn(move |c| abridge::inspect::live_pins(c, sid, boundary, window))
+        .unwrap()
+}
+
+/// Issue 32: a value mentioned in passing and mentioned again in a later
+/// turn gets a pin at that turn, superseding its earlier one (the block does
+/// not say it replaces itself), so it stays among the newest of its window;
+/// at a boundary before the repeat the earlier pin is the live one, so
+/// `verify` reads every compaction's pins as they were.
+#[tokio::test]
+async fn a_value_mentioned_again_refreshes_its_turn_and_stays_in_the_window() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(common::db_for(&path)).unwrap();
+    let mut cfg = small_threshold();
+    cfg.pins_window = 3;
+    let r = runner_with_logs(&store, Says("nothing"), Arc::new(Forgets), cfg);
+    let s = padded_session(
+        &r,
+        &[
+            "Please look at ORD-1001.",
+            "And ORD-2001.",
+            "And ORD-2002.",
+            "And ORD-2003.",
+            "Back to ORD-1001, is it shipped?",
+            "And ORD-2005.",
+        ],
+    )
+    .await;
+    let rows: Vec<_> = store
+        .pins(s.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|p| p.value == "ORD-1001")
+        .collect();
+    assert_eq!(rows.len(), 2, "{rows:#?}");
+    assert_eq!((rows[0].turn_index, rows[1].turn_index), (0, 4));
+    assert_eq!(rows[1].supersedes, Some(rows[0].id));
+    assert!(rows[1].in_passing());
+    assert!(
+        !rows[1].line(false).contains("replaces"),
+        "{}",
+        rows[1].line(false)
+    );
+    let values = |pins: &[abridge::pins::Pin]| -> Vec<(String, i64)> {
+        let mut v: Vec<_> = pins
+            .iter()
+            .filter(|p| p.value.starts_with("ORD-"))
+            .map(|p| (p.value.clone(), p.turn_index))
+            .collect();
+        v.sort();
+        v
+    };
+    let pair = |v: &str, t: i64| (v.to_string(), t);
+    // Now: the repeat is among the three newest; ORD-2002 has left.
+    assert_eq!(
+        values(&live_at(&store, s.id, i64::MAX, 3)),
+        vec![
+            pair("ORD-1001", 4),
+            pair("ORD-2003", 3),
+            pair("ORD-2005", 5)
+        ]
+    );
+    // Before the repeat: the pin of turn 0 was live (it was superseded at 4).
+    assert_eq!(
+        values(&live_at(&store, s.id, 2, 3)),
+        vec![
+            pair("ORD-1001", 0),
+            pair("ORD-2001", 1),
+            pair("ORD-2002", 2)
+        ]
+    );
+    assert_eq!(
+        values(&live_at(&store, s.id, 3, 3)),
+        vec![
+            pair("ORD-2001", 1),
+            pair("ORD-2002", 2),
+            pair("ORD-2003", 3)
+        ]
+    );
+    assert!(!store.compactions(s.id).await.unwrap().is_empty());
+    let report = store.verify(Vec::new()).await.unwrap();
+    assert!(report.ok, "{report:#?}");
+}
+
+/// Issue 32: a user repeating a value a tool returned makes it the user's
+/// fact (its source, its sentence, the user's window); a tool returning the
+/// user's value again refreshes its turn and keeps it the user's.
+#[tokio::test]
+async fn a_user_repeating_a_tools_value_makes_it_the_users_fact() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(common::db_for(&path)).unwrap();
+    let r = runner_with_logs(
+        &store,
+        Says("order ORD-7731 ships on Friday"),
+        Arc::new(ExtractiveSummariser),
+        CompactionConfig::default().with_compact_at(Threshold::Off),
+    );
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    r.run_turn(s.id, "logs please").await.unwrap();
+    r.run_turn(s.id, "Thanks, ORD-7731 is the one I meant.")
+        .await
+        .unwrap();
+    r.run_turn(s.id, "logs please").await.unwrap();
+    use abridge::pins::FactSource;
+    let rows: Vec<_> = store
+        .pins(s.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|p| p.value == "ORD-7731")
+        .collect();
+    let got: Vec<_> = rows
+        .iter()
+        .map(|p| (p.turn_index, p.source, p.window, p.sentence.as_str()))
+        .collect();
+    let said = "Thanks, ORD-7731 is the one I meant.";
+    assert_eq!(
+        got,
+        vec![
+            (0, FactSource::Tool, 1, "order ORD-7731 ships on Friday"),
+            (1, FactSource::User, 2, said),
+            (2, FactSource::User, 2, said),
+        ],
+        "{rows:#?}"
+    );
+    assert_eq!(rows[1].supersedes, Some(rows[0].id));
+    assert_eq!(rows[2].supersedes, Some(rows[1].id));
+    let live = live_at(&store, s.id, i64::MAX, 8);
+    let live: Vec<_> = live.iter().filter(|p| p.value == "ORD-7731").collect();
+    assert_eq!(live.len(), 1, "one live pin of a value: {live:#?}");
+    assert_eq!(live[0].id, rows[2].id);
+    let report = store.verify(Vec::new()).await.unwrap();
+    assert!(report.ok, "{report:#?}");
+}
+
+/// Issue 32: the user's own words. With a summariser that keeps nothing,
+/// the newest of the user's messages a compaction folds are in its summary
+/// verbatim, newest first, within their share (400 chars at this
+/// threshold), rolling: carried from summary to summary until newer ones
+/// fill the section. What no pattern pins reaches the model as said.
+#[tokio::test]
+async fn the_users_own_words_carry_what_no_pattern_pins_within_their_share() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(common::db_for(&path)).unwrap();
+    let cfg = CompactionConfig::default().with_compact_at(Threshold::Tokens(300));
+    let r = runner(&store, Arc::new(Forgets), cfg);
+    let s = r.create_session("s", "m", "sys").await.unwrap();
+    let said = "Wrap it like a present, it is for my grandmother.";
+    r.run_turn(s.id, said).await.unwrap();
+    for t in 1..40 {
+        r.run_turn(
+            s.id,
+            &format!("Filler question number {t} about the weather."),
+        )
+        .await
+        .unwrap();
+    }
+    let rows: Vec<_> = store
+        .compactions(s.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.status == abridge::store::CompactionStatus::Completed)
+        .collect();
+    assert!(rows.len() >= 4, "{} compactions", rows.len());
+    let quoted = serde_json::to_string(said).unwrap();
+    let section = |summary: &str| -> String {
+        let at = summary
+            .find(abridge::compaction::USER_WORDS_HEADING)
+            .unwrap_or_else(|| panic!("no section: {summary}"));
+        let rest = &summary[at..];
+        let end = rest[1..].find("\n## ").map_or(rest.len(), |e| e + 1);
+        rest[..end].trim_end().to_string()
+    };
+    // The first summary carries the message the summariser dropped.
+    let first = rows[0].summary.as_deref().unwrap();
+    assert!(section(first).contains(&quoted), "{first}");
+    let mut carried = 0;
+    for row in &rows {
+        let summary = row.summary.as_deref().unwrap();
+        let sec = section(summary);
+        assert!(sec.chars().count() <= 400, "{sec}");
+        // Newest first: the turns listed go down.
+        let turns: Vec<i64> = sec
+            .lines()
+            .filter_map(|l| l.strip_prefix("- [turn "))
+            .filter_map(|l| l.split(']').next()?.parse().ok())
+            .collect();
+        assert!(turns.windows(2).all(|w| w[0] > w[1]), "{sec}");
+        assert_eq!(turns.first().copied(), Some(row.up_to_turn_index), "{sec}");
+        if sec.contains(&quoted) {
+            carried += 1;
+        }
+        // G7 still holds with the section in.
+        assert!(row.tokens_after < row.tokens_before, "{row:?}");
+    }
+    // Rolling: a section carries lines of the previous one (turns its
+    // own span does not hold), and the oldest leave.
+    assert!(carried >= 1, "carried by {carried} summaries");
+    let rolled = rows.windows(2).any(|w| {
+        section(w[1].summary.as_deref().unwrap())
+            .lines()
+            .filter_map(|l| l.strip_prefix("- [turn "))
+            .filter_map(|l| l.split(']').next()?.parse::<i64>().ok())
+            .any(|t| t <= w[0].up_to_turn_index)
+    });
+    assert!(rolled, "no section carried a line of the one before");
+    assert!(
+        !section(rows.last().unwrap().summary.as_deref().unwrap()).contains(&quoted),
+        "the section never rolls"
+    );
+    let report = store.verify(Vec::new()).await.unwrap();
+    assert!(report.ok, "{report:#?}");
+}
+
 /// 2 MB of tool result listing 150,000 ids.
 struct Flood;
 
@@ -974,6 +1219,77 @@ async fn the_probe_evaluation_meets_its_targets_after_20_compactions() {
                 (_, true) | (Which::Offline, false) => assert!(share >= 0.90, "{o:?}"),
                 (_, false) => assert!(share < 0.5, "the workload no longer tells: {o:?}"),
             }
+        }
+    }
+}
+
+/// A grading model that reads: it answers a probe's gold value when the
+/// messages it was shown hold it, and "unknown" otherwise (asserting the
+/// request carries the instructions and the question).
+struct ReadingGrader;
+
+#[abridge::async_trait]
+impl ModelClient for ReadingGrader {
+    async fn complete(&self, req: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        use abridge_testkit::probes;
+        assert_eq!(req.model, "grader-model");
+        let text = |m: &abridge::message::Message| match &m.content[..] {
+            [abridge::message::ContentBlock::Text { text }] => text.clone(),
+            other => panic!("not one text block: {other:?}"),
+        };
+        assert_eq!(text(&req.messages[0]), probes::GRADER_INSTRUCTIONS);
+        let asked = text(&req.messages[1]);
+        let (shown, question) = asked.rsplit_once("\n\nQuestion: ").unwrap();
+        let p = probes::PROBES
+            .iter()
+            .find(|p| p.question == question)
+            .expect("a probe's question");
+        let escaped = serde_json::to_string(p.gold).unwrap();
+        let answer = if shown.contains(&escaped[1..escaped.len() - 1]) {
+            format!("It is {}.", p.gold)
+        } else {
+            "unknown".to_string()
+        };
+        Ok(ModelResponse {
+            blocks: vec![ResponseBlock::Text { text: answer }],
+            usage: Usage::default(),
+            ..Default::default()
+        })
+    }
+}
+
+/// Issue 32's optional model-graded mode: each checkpoint's messages and
+/// each question go to the grading model, and its answers are scored (gold
+/// and no stale value 2, both 1, none 0): with a grader that reads, the
+/// offline summariser with the guard grades at least 90%, the lossy one
+/// without it under half.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_graded_mode_asks_each_question_about_what_the_model_saw() {
+    use abridge_testkit::probes::{self, Grader};
+    let p = &probes::PROBES[0];
+    assert_eq!(probes::score_answer(p, &format!("In {}", p.gold)), 2);
+    assert_eq!(probes::score_answer(p, "unknown"), 0);
+    if let Some(stale) = p.stale.first() {
+        assert_eq!(
+            probes::score_answer(p, &format!("{} or {stale}", p.gold)),
+            1
+        );
+    }
+    let grader = Grader {
+        client: Arc::new(ReadingGrader),
+        model: "grader-model".into(),
+    };
+    for (which, guard) in [(Which::Offline, true), (Which::Lossy, false)] {
+        let (_d, path) = common::temp_db();
+        let o = probes::run_graded(&path, which, guard, &grader)
+            .await
+            .unwrap();
+        assert_eq!(o.graded.len(), probes::CHECKPOINTS.len(), "{o:?}");
+        let share = o.graded_share(20).unwrap();
+        if guard {
+            assert!(share >= 0.9, "{share}: {:?}", o.graded_missed);
+        } else {
+            assert!(share < 0.5, "{share}");
         }
     }
 }

@@ -56,7 +56,9 @@ impl Compactor {
             summary_chars: if self.config.guard_pins {
                 let block =
                     crate::pins::block_bound_chars(&span.pins, self.config.pins_budget_chars);
-                self.config.summary_chars_beside(&subject.model, block)
+                let words = span.user_words_section().chars().count();
+                self.config
+                    .summary_chars_beside(&subject.model, block + words)
             } else {
                 self.config.summary_chars(&subject.model)
             },
@@ -96,7 +98,12 @@ impl Compactor {
         let (sid, b, prev_id) = (row.session_id, row.up_to_turn_index, row.previous_id);
         let window = self.config.pins_window;
         let share = self.config.pins_share_chars(model);
-        self.store
+        let words = self
+            .config
+            .user_words_chars(model)
+            .filter(|_| self.config.guard_pins);
+        let mut span = self
+            .store
             .call(move |c| {
                 // One snapshot; on PostgreSQL two round trips: the redaction
                 // mark and the live pins go with the previous summary's read,
@@ -120,10 +127,21 @@ impl Compactor {
                         window: folded.window,
                         folded: folded.folded,
                         over_share: folded.over_share,
+                        user_words: None,
                     })
                 })
             })
-            .await
+            .await?;
+        if let Some(budget) = words {
+            let previous = span
+                .prev
+                .as_ref()
+                .and_then(|p| p.summary.as_deref())
+                .map(|s| super::user_words::split(s).1)
+                .unwrap_or_default();
+            span.user_words = Some(super::user_words::lines(&span.turns, &previous, budget));
+        }
+        Ok(span)
     }
 
     /// The summariser's rules: the style's (its first or its update variant),
@@ -249,7 +267,16 @@ impl Compactor {
     ) -> Result<(String, CompactionStats)> {
         let cfg = &self.config;
         let counter = &*cfg.token_counter;
-        let previous = span.prev.as_ref().and_then(|p| p.summary.clone());
+        // The user's own words are carried by the guard, not given to the
+        // summariser to fold again.
+        let previous =
+            span.prev
+                .as_ref()
+                .and_then(|p| p.summary.clone())
+                .map(|p| match span.user_words {
+                    Some(_) => super::user_words::split(&p).0,
+                    None => p,
+                });
         let pins = &span.pins;
         let entries = transcript_entries(&span.turns, cfg.text_cap, cfg.tool_result_cap);
         // The budget left for the transcript once the rules, the running summary
@@ -362,6 +389,22 @@ impl Compactor {
         let pins = &span.pins;
         let mut text = text;
         let mut calls = 0i64;
+        // The user's own words go between the summariser's text and the
+        // block. They do not count as carrying a pin: a message may hold a
+        // value since replaced, and the block says which is current.
+        let words = span.user_words.as_deref().unwrap_or_default();
+        let body = |text: &str, keep: usize| {
+            let section = super::user_words::render(&words[..keep]);
+            if section.is_empty() {
+                text.to_string()
+            } else {
+                format!(
+                    "{text}
+
+{section}"
+                )
+            }
+        };
         let mut missing = crate::pins::missing(pins, &text);
         if cfg.reask_missing_pins && !missing.is_empty() {
             let list: Vec<String> = missing.iter().map(|p| p.line(false)).collect();
@@ -393,25 +436,34 @@ impl Compactor {
                 }
             }
         }
-        // The sentences go too where they would leave the summary no
-        // smaller than what it replaces (G7): measured as sent (escaping
-        // included), the budget is halved while too large, down to the
-        // values alone, so a short span's summary keeps its values rather
-        // than fail.
+        // Where they would leave the summary no smaller than what it
+        // replaces (G7), measured as sent (escaping included), the user's
+        // words are halved first (the oldest leave), then the pins'
+        // sentences, down to the values alone, so a short span's summary
+        // keeps its values rather than fail.
         let mut budget = cfg.pins_budget_chars;
+        let mut keep = words.len();
+        let mut with_words = body(&text, keep);
         let mut block = self.block(&missing, budget, span.folded);
-        while budget > 0 {
+        loop {
             let with = message_tokens(
                 &*cfg.token_counter,
                 &[crate::render::summary_message(SummaryView {
                     up_to_turn_index: row.up_to_turn_index,
-                    summary: &format!("{text}\n\n{block}"),
+                    summary: &format!("{with_words}\n\n{block}"),
                 })],
             );
             if with < tokens_before {
                 break;
             }
-            budget /= 2;
+            if keep > 0 {
+                keep /= 2;
+                with_words = body(&text, keep);
+            } else if budget > 0 {
+                budget /= 2;
+            } else {
+                break;
+            }
             block = self.block(&missing, budget, span.folded);
         }
         // Over the configured budget, even without sentences (the room G7
@@ -437,6 +489,7 @@ impl Compactor {
             );
         }
         let added = missing.len();
+        let mut text = with_words;
         if !block.is_empty() {
             text.push_str("\n\n");
             text.push_str(&block);
@@ -570,6 +623,19 @@ pub(super) struct Span {
     pub(super) folded: usize,
     /// Whether the pins live for good alone exceed the share.
     pub(super) over_share: bool,
+    /// The user's own words the summary carries (the guard writes them;
+    /// [`CompactionConfig::user_words_max_share`]); None: no section.
+    pub(super) user_words: Option<Vec<String>>,
+}
+
+impl Span {
+    /// The user's-words section as the summary holds it, or empty.
+    pub(super) fn user_words_section(&self) -> String {
+        self.user_words
+            .as_deref()
+            .map(super::user_words::render)
+            .unwrap_or_default()
+    }
 }
 
 /// Tokens of messages as a step sends them (their JSON bytes).

@@ -381,6 +381,16 @@ pub struct CompactionConfig {
     /// `max_summary_share` of the threshold less the block's size. In
     /// (0, 1]; None folds nothing. Default 0.10.
     pub pins_max_share: Option<f64>,
+    /// The user's own words' share of the threshold: with the guard on,
+    /// each summary ends its text with the newest of the user's messages it
+    /// folds, verbatim (one line each, quoted), whole messages newest first
+    /// within this share of the threshold's tokens (4 chars a token, at
+    /// least 400 chars), the previous summary's lines after them, so what
+    /// no pattern pins still reaches the model as the user said it. Counts
+    /// inside the summary's share like the pinned block; where it would
+    /// leave the summary no smaller than what it replaces (G7) it is halved
+    /// first. In (0, 1]; None writes no section. Default 0.05.
+    pub user_words_max_share: Option<f64>,
     /// The pins guard (G8): a summary as stored carries every live pin its
     /// text lacks. Default true. Off, nothing checks what a summary keeps and
     /// `verify` does not check G8 for the compactions made so (their
@@ -430,6 +440,7 @@ impl Default for CompactionConfig {
             guard_pins: true,
             pins_window: crate::pins::DEFAULT_PINS_WINDOW,
             pins_max_share: Some(0.10),
+            user_words_max_share: Some(0.05),
             reask_missing_pins: false,
         }
     }
@@ -539,6 +550,14 @@ impl CompactionConfig {
             .map(|share| ((t as f64 * share * 4.0) as usize).max(400))
     }
 
+    /// The user's own words' share for a session of `model`, chars
+    /// ([`CompactionConfig::user_words_max_share`]); None writes no section.
+    pub fn user_words_chars(&self, model: &str) -> Option<usize> {
+        let t = self.compact_at.tokens(self.context_window(model))?;
+        self.user_words_max_share
+            .map(|share| ((t as f64 * share * 4.0) as usize).max(400))
+    }
+
     /// The context window of `model`: registered, else the built-in table
     /// ([`CONTEXT_WINDOWS`], exact ids and their snapshots).
     pub fn context_window(&self, model: &str) -> Option<u64> {
@@ -592,6 +611,13 @@ impl CompactionConfig {
             if !(share > 0.0 && share <= 1.0) {
                 return Err(Error::Config(format!(
                     "pins_max_share must be in (0, 1], got {share}"
+                )));
+            }
+        }
+        if let Some(share) = self.user_words_max_share {
+            if !(share > 0.0 && share <= 1.0) {
+                return Err(Error::Config(format!(
+                    "user_words_max_share must be in (0, 1], got {share}"
                 )));
             }
         }

@@ -17,6 +17,7 @@ mod preview;
 mod summarise;
 #[cfg(feature = "tiktoken")]
 mod tiktoken;
+mod user_words;
 
 pub use config::{
     builtin_context_window, Background, BackgroundWorker, CharsPerFour, CompactionConfig,
@@ -31,6 +32,7 @@ pub use summarise::{
 };
 #[cfg(feature = "tiktoken")]
 pub use tiktoken::TiktokenCounter;
+pub use user_words::USER_WORDS_HEADING;
 
 use attempt::*;
 use claim::*;

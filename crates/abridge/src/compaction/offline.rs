@@ -45,6 +45,7 @@ const TOOL_RESULTS: &str = "## Tool results";
 const TOOL_IDS_OLDEST_FIRST: &str = "## Identifiers from tools";
 const TOOL_IDS: &str = "## Identifiers from tools, newest first";
 const REQUESTS: &str = "## Recent requests";
+use super::user_words::USER_WORDS_HEADING;
 
 /// Most entries kept per list section (the newest).
 const MAX_FACTS: usize = 80;
@@ -170,6 +171,7 @@ impl Sections {
             TOOL_IDS,
             TOOL_IDS_OLDEST_FIRST,
             REQUESTS,
+            USER_WORDS_HEADING,
         ];
         let mut newest_first_ids: Vec<String> = Vec::new();
         let mut facts: Vec<FactLine> = Vec::new();
@@ -202,6 +204,8 @@ impl Sections {
                         None => {}
                     },
                 },
+                // Carried by the guard, not summarised again.
+                Some(USER_WORDS_HEADING) => {}
                 Some(SUPERSEDED) => push_item(&mut s.superseded, line),
                 Some(EARLIER) => s.earlier.push(line.to_string()),
                 // The previous focus and open list belong to the previous

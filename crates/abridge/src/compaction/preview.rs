@@ -99,7 +99,7 @@ pub(super) fn manual_plan(
 /// any connection (a read-only one too).
 ///
 /// The expected size is the built-in offline summariser's summary with
-/// the guard's block, a deterministic estimate: a model summariser's
+/// the user's own words and the guard's block, a deterministic estimate: a model summariser's
 /// answer is at most [`CompactionConfig::summary_chars`] plus the block.
 pub fn preview(
     config: &CompactionConfig,
@@ -147,10 +147,26 @@ pub fn preview(
     )?;
     let pins = folded.pins;
     let tokens_before = replaced_tokens(config, prev.as_ref(), &turns)?;
+    // The user's own words, as the guard would write them.
+    let prev_summary = prev.as_ref().and_then(|p| p.summary.as_deref());
+    let (previous, words) = match config
+        .user_words_chars(&session.model)
+        .filter(|_| config.guard_pins)
+    {
+        Some(budget) => {
+            let (rest, lines) = super::user_words::split(prev_summary.unwrap_or_default());
+            let words = super::user_words::lines(&turns, &lines, budget);
+            (
+                prev_summary.map(|_| rest),
+                super::user_words::render(&words),
+            )
+        }
+        None => (prev_summary.map(str::to_string), String::new()),
+    };
     let cap = if config.guard_pins {
         config.summary_chars_beside(
             &session.model,
-            crate::pins::block_bound_chars(&pins, config.pins_budget_chars),
+            crate::pins::block_bound_chars(&pins, config.pins_budget_chars) + words.chars().count(),
         )
     } else {
         config.summary_chars(&session.model)
@@ -158,7 +174,7 @@ pub fn preview(
     let cfg = config;
     let request = SummaryRequest {
         rules: String::new(),
-        previous: prev.as_ref().and_then(|p| p.summary.clone()),
+        previous,
         transcript: transcript_entries(&turns, cfg.text_cap, cfg.tool_result_cap).join("\n"),
         max_chars: cap,
         focus: focus.map(str::to_string),
@@ -166,6 +182,10 @@ pub fn preview(
     let mut text = clean_summary(&extract(&request), cap);
     let (block, _) =
         crate::pins::render_block(&crate::pins::missing(&pins, &text), cfg.pins_budget_chars);
+    if !words.is_empty() {
+        text.push_str("\n\n");
+        text.push_str(&words);
+    }
     let block = crate::pins::with_folded_line(block, folded.folded);
     if !block.is_empty() {
         text.push_str("\n\n");
