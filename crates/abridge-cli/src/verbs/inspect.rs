@@ -174,6 +174,15 @@ fn print_session(d: &inspect::SessionDetail) {
         if close {
             println!("    ^ one turn after the previous compaction: the summary left no room");
         }
+        if c.status == abridge::store::CompactionStatus::Completed
+            && c.pins_live.is_some()
+            && c.pins_window == Some(0)
+        {
+            println!(
+                "    ^ the pins live for good filled their share: no fact mentioned in passing \
+                 was carried (a higher threshold or pins_max_share gives them room)"
+            );
+        }
     }
     println!("\npinned facts (live):");
     for p in &d.live_pins {

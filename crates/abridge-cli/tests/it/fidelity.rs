@@ -1164,6 +1164,19 @@ async fn rules_that_fill_the_share_are_all_kept_and_reported() {
         "{:?}",
         report.notes
     );
+    // `abridge inspect` says it under the compaction.
+    let out = common::abridge_cmd()
+        .arg("inspect")
+        .arg("--db")
+        .arg(common::db_for(&path))
+        .arg("s")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.contains("the pins live for good filled their share"),
+        "{out}"
+    );
 }
 
 /// Facts mentioned in passing fold, oldest first, to keep the block within
