@@ -896,7 +896,8 @@ async fn a_value_mentioned_again_refreshes_its_turn_and_stays_in_the_window() {
 
 /// Issue 32: a user repeating a value a tool returned makes it the user's
 /// fact (its source, its sentence, the user's window); a tool returning the
-/// user's value again refreshes its turn and keeps it the user's.
+/// user's value again refreshes its turn once newer values came after it
+/// (not while it is still the newest of its window) and keeps it the user's.
 #[tokio::test]
 async fn a_user_repeating_a_tools_value_makes_it_the_users_fact() {
     let (_d, path) = common::temp_db();
@@ -912,6 +913,11 @@ async fn a_user_repeating_a_tools_value_makes_it_the_users_fact() {
     r.run_turn(s.id, "Thanks, ORD-7731 is the one I meant.")
         .await
         .unwrap();
+    // Still the newest of the user's window: the tool repeating it changes
+    // nothing.
+    r.run_turn(s.id, "logs please").await.unwrap();
+    r.run_turn(s.id, "And ORD-8800 arrived.").await.unwrap();
+    // Overtaken by ORD-8800: the tool repeating it refreshes it.
     r.run_turn(s.id, "logs please").await.unwrap();
     use abridge::pins::FactSource;
     let rows: Vec<_> = store
@@ -931,7 +937,7 @@ async fn a_user_repeating_a_tools_value_makes_it_the_users_fact() {
         vec![
             (0, FactSource::Tool, 1, "order ORD-7731 ships on Friday"),
             (1, FactSource::User, 2, said),
-            (2, FactSource::User, 2, said),
+            (4, FactSource::User, 2, said),
         ],
         "{rows:#?}"
     );

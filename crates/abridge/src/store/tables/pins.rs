@@ -53,11 +53,15 @@ pub(crate) fn record_facts(
 }
 
 /// Who holds a value a fact without a slot states: a slotted pin first (any
-/// of its values, superseded or not), else the value's pin not superseded.
-const HELD_SQL: &str = "SELECT slot IS NOT NULL, id, turn_index, windowed, kind, sentence, source \
-     FROM pins WHERE session_id = ?1 AND value = ?2 \
-     AND (slot IS NOT NULL OR superseded_by IS NULL) \
-     ORDER BY slot IS NULL, id DESC LIMIT 1";
+/// of its values, superseded or not), else the value's pin not superseded,
+/// and whether a pin of its window was stated after it (through `pins_live`,
+/// stopping at the first).
+const HELD_SQL: &str = "SELECT p.slot IS NOT NULL, p.id, p.turn_index, p.windowed, p.kind, \
+     p.sentence, p.source, EXISTS (SELECT 1 FROM pins n WHERE n.session_id = p.session_id \
+     AND n.windowed = p.windowed AND n.superseded_at IS NULL AND n.turn_index > p.turn_index) \
+     FROM pins p WHERE p.session_id = ?1 AND p.value = ?2 \
+     AND (p.slot IS NOT NULL OR p.superseded_by IS NULL) \
+     ORDER BY p.slot IS NULL, p.id DESC LIMIT 1";
 
 /// The pin that holds a value a fact without a slot states.
 #[derive(Clone)]
@@ -72,6 +76,9 @@ enum Holder {
         kind: String,
         sentence: String,
         source: String,
+        /// Whether a pin of its window was stated after it: if not, it is
+        /// still the newest, and a refresh would change nothing.
+        overtaken: bool,
     },
 }
 
@@ -86,6 +93,7 @@ fn holder_from_row(r: &crate::store::Row<'_>) -> rusqlite::Result<Holder> {
         kind: r.get(4)?,
         sentence: r.get(5)?,
         source: r.get(6)?,
+        overtaken: r.get(7)?,
     })
 }
 /// The newest pin of a slot.
@@ -225,14 +233,17 @@ fn record_all(
                 kind,
                 sentence,
                 source: held_by,
+                overtaken,
             })) => {
-                // Live for good, or stated in this turn already: nothing to
-                // refresh.
-                if window == 0 || held_at >= turn_index {
-                    continue;
-                }
                 let held_by = FactSource::parse(&held_by).unwrap_or(FactSource::Host);
                 let users = |s: FactSource| matches!(s, FactSource::User | FactSource::Host);
+                let taken_over = users(*source) && !users(held_by);
+                // Live for good, stated in this turn already, or still the
+                // newest of its window (unless the user takes a tool's value
+                // over): nothing to refresh.
+                if window == 0 || held_at >= turn_index || !(overtaken || taken_over) {
+                    continue;
+                }
                 if users(held_by) && !users(*source) {
                     kept = Some((kind, sentence, held_by, window));
                 }
