@@ -500,7 +500,9 @@ async fn a_stale_completer_cannot_overwrite_the_winners_summary() {
     let stale_summariser = Gated::new("STALE summary ORD-1");
     let stale = runner_with(&store, "stale", stale_summariser.clone(), |c| {
         c.testing.heartbeat = false; // frozen: its lease runs out mid-summary
-        c.compaction.lease_ttl = Duration::from_millis(100);
+                                     // Long enough that the winner finds the claim live even on a loaded
+                                     // machine (it must wait before it takes the row over).
+        c.compaction.lease_ttl = Duration::from_millis(1_000);
     });
     let winner = runner_with(
         &store,
