@@ -127,20 +127,19 @@ impl Compactor {
                         window: folded.window,
                         folded: folded.folded,
                         over_share: folded.over_share,
+                        previous: None,
                         user_words: None,
                     })
                 })
             })
             .await?;
-        if let Some(budget) = words {
-            let previous = span
-                .prev
-                .as_ref()
-                .and_then(|p| p.summary.as_deref())
-                .map(|s| super::user_words::split(s).1)
-                .unwrap_or_default();
-            span.user_words = Some(super::user_words::lines(&span.turns, &previous, budget));
-        }
+        let carried = super::user_words::carry(
+            span.prev.as_ref().and_then(|p| p.summary.as_deref()),
+            &span.turns,
+            words,
+        );
+        span.previous = carried.previous;
+        span.user_words = carried.lines;
         Ok(span)
     }
 
@@ -267,16 +266,7 @@ impl Compactor {
     ) -> Result<(String, CompactionStats)> {
         let cfg = &self.config;
         let counter = &*cfg.token_counter;
-        // The user's own words are carried by the guard, not given to the
-        // summariser to fold again.
-        let previous =
-            span.prev
-                .as_ref()
-                .and_then(|p| p.summary.clone())
-                .map(|p| match span.user_words {
-                    Some(_) => super::user_words::split(&p).0,
-                    None => p,
-                });
+        let previous = span.previous.clone();
         let pins = &span.pins;
         let entries = transcript_entries(&span.turns, cfg.text_cap, cfg.tool_result_cap);
         // The budget left for the transcript once the rules, the running summary
@@ -623,6 +613,9 @@ pub(super) struct Span {
     pub(super) folded: usize,
     /// Whether the pins live for good alone exceed the share.
     pub(super) over_share: bool,
+    /// The previous summary as the summariser is given it: without its
+    /// user's-words section, which the guard carries instead.
+    pub(super) previous: Option<String>,
     /// The user's own words the summary carries (the guard writes them;
     /// [`CompactionConfig::user_words_max_share`]); None: no section.
     pub(super) user_words: Option<Vec<String>>,

@@ -148,21 +148,15 @@ pub fn preview(
     let pins = folded.pins;
     let tokens_before = replaced_tokens(config, prev.as_ref(), &turns)?;
     // The user's own words, as the guard would write them.
-    let prev_summary = prev.as_ref().and_then(|p| p.summary.as_deref());
-    let (previous, words) = match config
-        .user_words_chars(&session.model)
-        .filter(|_| config.guard_pins)
-    {
-        Some(budget) => {
-            let (rest, lines) = super::user_words::split(prev_summary.unwrap_or_default());
-            let words = super::user_words::lines(&turns, &lines, budget);
-            (
-                prev_summary.map(|_| rest),
-                super::user_words::render(&words),
-            )
-        }
-        None => (prev_summary.map(str::to_string), String::new()),
-    };
+    let carried = super::user_words::carry(
+        prev.as_ref().and_then(|p| p.summary.as_deref()),
+        &turns,
+        config
+            .user_words_chars(&session.model)
+            .filter(|_| config.guard_pins),
+    );
+    let previous = carried.previous;
+    let words = super::user_words::render(carried.lines.as_deref().unwrap_or_default());
     let cap = if config.guard_pins {
         config.summary_chars_beside(
             &session.model,

@@ -75,18 +75,64 @@ fn line(turn: i64, input: &str, max_chars: usize) -> String {
     format!("- [turn {turn}] user: {quoted}")
 }
 
-/// `summary` without its user's-words section, and that section's lines.
+/// What a compaction does with the user's words: the previous summary as
+/// the summariser is given it, and the new section's lines.
+pub(crate) struct Carried {
+    /// The previous summary, its section taken out (carried here instead).
+    pub(crate) previous: Option<String>,
+    /// The section's lines; None: no section (no budget).
+    pub(crate) lines: Option<Vec<String>>,
+}
+
+/// [`Carried`] for a span of `turns` after `previous`, within `budget`
+/// chars; without a budget the previous summary goes to the summariser
+/// whole, and no section is written.
+pub(crate) fn carry(
+    previous: Option<&str>,
+    turns: &[HistoryTurn],
+    budget: Option<usize>,
+) -> Carried {
+    let Some(budget) = budget else {
+        return Carried {
+            previous: previous.map(str::to_string),
+            lines: None,
+        };
+    };
+    let (rest, old) = match previous {
+        Some(p) => {
+            let (rest, old) = split(p);
+            (Some(rest), old)
+        }
+        None => (None, Vec::new()),
+    };
+    Carried {
+        previous: rest,
+        lines: Some(lines(turns, &old, budget)),
+    }
+}
+
+/// `summary` without its user's-words section (and the blank line before
+/// it), and that section's lines; a summary without one comes back as it is.
 pub(crate) fn split(summary: &str) -> (String, Vec<String>) {
-    let mut rest = Vec::new();
+    if !summary.lines().any(|l| l.trim_end() == USER_WORDS_HEADING) {
+        return (summary.to_string(), Vec::new());
+    }
+    let mut rest: Vec<&str> = Vec::new();
     let mut lines = Vec::new();
     let mut inside = false;
     for l in summary.lines() {
         if l.trim_end() == USER_WORDS_HEADING {
             inside = true;
+            while rest.last().is_some_and(|r| r.trim().is_empty()) {
+                rest.pop();
+            }
             continue;
         }
         if inside && l.starts_with("## ") {
             inside = false;
+            if !rest.is_empty() {
+                rest.push("");
+            }
         }
         if inside {
             if l.starts_with("- [turn ") {
@@ -96,12 +142,7 @@ pub(crate) fn split(summary: &str) -> (String, Vec<String>) {
         }
         rest.push(l);
     }
-    // The blank line the section stood between goes with it.
-    let mut text = rest.join("\n");
-    while text.contains("\n\n\n") {
-        text = text.replace("\n\n\n", "\n\n");
-    }
-    (text.trim_end().to_string(), lines)
+    (rest.join("\n").trim_end().to_string(), lines)
 }
 
 #[cfg(test)]
@@ -165,6 +206,12 @@ mod tests {
             lines,
             vec!["- [turn 3] user: \"a\"", "- [turn 1] user: \"b\""]
         );
-        assert_eq!(split("no section").0, "no section");
+        // Outside the section nothing changes, blank lines included.
+        let untouched = "a\n\n\n\nb\n";
+        assert_eq!(split(untouched).0, untouched);
+        let (rest, _) = split(&format!(
+            "a\n\n\nb\n\n{USER_WORDS_HEADING}\n- [turn 1] user: \"x\""
+        ));
+        assert_eq!(rest, "a\n\n\nb");
     }
 }
