@@ -6,8 +6,8 @@ mod verbs;
 #[cfg(unix)]
 use verbs::chaos;
 use verbs::{
-    approve, args, chat, common, compact, demo, erase, export, inspect, migrate, rekey, replay,
-    report, serve, upgrade, verify,
+    approve, args, chat, common, compact, demo, erase, export, fork, inspect, migrate, rekey,
+    replay, report, serve, upgrade, verify,
 };
 
 use clap::{Parser, Subcommand};
@@ -51,6 +51,14 @@ enum Cmd {
         after_help = "Examples:\n  abridge inspect --db abridge-demo.db\n  abridge inspect --db abridge-demo.db demo-42-0 --json"
     )]
     Inspect(inspect::Args),
+    /// Branch a session at one of its turns, keeping the original.
+    #[command(
+        after_help = "Examples:\n  abridge fork --db agent.db --session user-42 --at-turn 11 --as user-42-retry\n  \
+        abridge chat --db agent.db --session user-42-retry --provider openai --model gpt-4o-mini \"Try it another way\"\n\n\
+        The fork reads the session's turns up to the fork point where they are (nothing is copied) \
+        and continues with its own; the session is unchanged. Rewinding turn N is a fork at N - 1."
+    )]
+    Fork(fork::Args),
     /// Rebuild an executed step's messages and compare with the recorded hash.
     #[command(
         after_help = "Examples:\n  abridge replay --db abridge-demo.db --step 12\n  abridge replay --db abridge-demo.db --step 12 --raw | sha256sum"
@@ -163,6 +171,7 @@ async fn run(cmd: Cmd) -> Result<ExitCode, Failure> {
         Cmd::Chat(a) => chat::run(a).await,
         Cmd::Demo(a) => demo::run(a).await,
         Cmd::Inspect(a) => inspect::run(a).await,
+        Cmd::Fork(a) => fork::run(a).await,
         Cmd::Replay(a) => replay::run(a).await,
         Cmd::Compact(a) => compact::run(a).await,
         Cmd::Export(a) => export::run(a).await,

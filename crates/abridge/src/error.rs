@@ -296,6 +296,30 @@ pub enum Error {
         reason: String,
     },
 
+    /// A fork was asked for at a turn that cannot be a fork point: one that
+    /// does not exist in the session, or that has not completed. Final for
+    /// that turn; a completed turn can be forked at.
+    #[error("session {session_id} cannot be forked at turn {turn}: {reason}")]
+    NotAForkPoint {
+        /// The session asked to be forked.
+        session_id: SessionId,
+        /// The turn asked for.
+        turn: i64,
+        /// Why not.
+        reason: String,
+    },
+
+    /// Deleting or redacting a session that forks still read: the rows it
+    /// would remove or change are theirs too. Final until the forks named
+    /// are deleted (or deleted with it: `delete_session` with its forks).
+    #[error("session {session_id} has forks that read its history ({}); delete them first, or with it", .forks.join(", "))]
+    HasForks {
+        /// The session.
+        session_id: SessionId,
+        /// The forks' external ids.
+        forks: Vec<String>,
+    },
+
     /// The turn has already finished; there is nothing to resume.
     #[error("turn {turn_id} is already {status}")]
     TurnFinished {

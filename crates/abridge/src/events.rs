@@ -50,6 +50,9 @@ pub struct Subject {
     /// The turn's index, when the event belongs to one (a manual compaction
     /// does not).
     pub turn: Option<i64>,
+    /// The session's parent, for a fork or a delegated child: the tree the
+    /// event belongs to.
+    pub parent: Option<SessionId>,
 }
 
 impl Subject {
@@ -59,6 +62,7 @@ impl Subject {
             session: session.external_id.clone(),
             model: session.model.clone(),
             turn,
+            parent: session.parent.as_ref().map(|p| p.session_id),
         }
     }
 }
@@ -179,6 +183,21 @@ pub enum EventKind {
         tool: String,
         /// What it waits for.
         kind: crate::store::ApprovalKind,
+    },
+    /// A delegating call runs its child session (created now, or found
+    /// again after a crash); the child's own events name it, and their
+    /// subject names this session as their parent.
+    Delegated {
+        /// The parent's step.
+        step_id: StepId,
+        /// The call it runs for.
+        tool_call_id: String,
+        /// The child session's row id.
+        child_id: SessionId,
+        /// The child session's external id.
+        child: String,
+        /// Whether this call created it (false: found again).
+        created: bool,
     },
     /// The turn stopped to wait: its lease is released, no process holds it.
     TurnParked {

@@ -39,6 +39,12 @@ pub enum FaultPoint {
     MidSummary,
     /// The compaction is completed; the step has not read it yet.
     AfterCompactionComplete,
+    /// A delegating call's child session is created (committed); its turn
+    /// has not begun. Reached only by a delegate tool ([`FaultPoint::DELEGATION`]).
+    ChildCreated,
+    /// A delegating call's child has answered (its turn completed); the
+    /// parent's tool result is not yet recorded.
+    ChildAnswered,
 }
 
 impl FaultPoint {
@@ -55,6 +61,11 @@ impl FaultPoint {
         FaultPoint::BeforeStepComplete,
     ];
 
+    /// The points of a delegating call (a tool registered with
+    /// [`crate::Tools::delegate`]), beside those of [`FaultPoint::ALL`],
+    /// which the child's own turn reaches as any turn does.
+    pub const DELEGATION: [FaultPoint; 2] = [FaultPoint::ChildCreated, FaultPoint::ChildAnswered];
+
     /// The snake_case name used in environment variables and reports.
     pub fn name(self) -> &'static str {
         match self {
@@ -67,12 +78,17 @@ impl FaultPoint {
             FaultPoint::AfterClaim => "after_claim",
             FaultPoint::MidSummary => "mid_summary",
             FaultPoint::AfterCompactionComplete => "after_compaction_complete",
+            FaultPoint::ChildCreated => "child_created",
+            FaultPoint::ChildAnswered => "child_answered",
         }
     }
 
     /// Parses [`FaultPoint::name`].
     pub fn from_name(name: &str) -> Option<FaultPoint> {
-        FaultPoint::ALL.into_iter().find(|p| p.name() == name)
+        FaultPoint::ALL
+            .into_iter()
+            .chain(FaultPoint::DELEGATION)
+            .find(|p| p.name() == name)
     }
 }
 

@@ -123,7 +123,7 @@ pub use retry::RetryPolicy;
 pub use runner::{Runner, RunnerBuilder, RunnerConfig, TurnOutcome};
 pub use store::Decision;
 pub use store::{Blocking, Checkpoints, Store, StoreOptions, Synchronous};
-pub use tools::{Approval, Tool, ToolCall, ToolError, Tools, TransactionalTool};
+pub use tools::{Approval, SubAgent, Tool, ToolCall, ToolError, Tools, TransactionalTool};
 
 /// The SQLite binding of [`TransactionalTool::call`]'s transaction, re-exported
 /// so a host uses the very version abridge was built with.

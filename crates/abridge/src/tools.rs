@@ -11,6 +11,9 @@
 //! In every mode a completed invocation is never called again: its stored
 //! result is reused (G5).
 //!
+//! A tool can also be another agent: [`Tools::delegate`] runs a child
+//! session as the effect of a call, once.
+//!
 //! A call can also wait: for a human's decision ([`Approval`], set on the
 //! runner), or for a result another process delivers (a tool registered
 //! with [`Tools::deferred`]). The step then records the call as parked and
@@ -113,6 +116,28 @@ pub(crate) enum ToolImpl {
     Async(Arc<dyn Tool>),
     /// No code runs here: the result is delivered (`Decision::Deliver`).
     Deferred,
+    /// Runs a child session; its final answer is the result.
+    Delegate(Arc<SubAgent>),
+}
+
+/// A sub-agent a parent delegates to ([`Tools::delegate`]): the model and
+/// system prompt of the child sessions its calls run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubAgent {
+    /// The child's model (called through the runner's model client).
+    pub model: String,
+    /// The child's system prompt.
+    pub system_prompt: String,
+}
+
+impl SubAgent {
+    /// A sub-agent on `model` with `system_prompt`.
+    pub fn new(model: impl Into<String>, system_prompt: impl Into<String>) -> SubAgent {
+        SubAgent {
+            model: model.into(),
+            system_prompt: system_prompt.into(),
+        }
+    }
 }
 
 /// Which tool calls wait for a human's decision before they run. Default:
@@ -259,6 +284,30 @@ impl Tools {
     /// its events or [`Store::pending_calls`](crate::Store::pending_calls).
     pub fn deferred(mut self, spec: ToolSpec) -> Tools {
         self.insert(spec, Effect::None, ToolImpl::Deferred);
+        self
+    }
+
+    /// Adds a delegating tool: each call runs a child session (a
+    /// sub-agent on `agent`'s model and system prompt, with this runner's
+    /// model client and tools) whose first turn's input is the call's
+    /// `task` argument (a string; otherwise the arguments as JSON text),
+    /// and whose final answer is the call's result, once.
+    ///
+    /// The child is created once per call (session, turn, call id), named
+    /// `{parent}/{turn}/{call id}`, and knows its parent
+    /// ([`crate::store::SessionRow::parent`]). It runs its turn with its
+    /// own compaction and pins. After a crash anywhere in the call, the
+    /// resumed parent finds the same child and resumes (or reads) its turn:
+    /// never a second child, never a second result. A child that fails is
+    /// the call's error result. Dropping the parent's turn drops the child's
+    /// with it (both stay resumable); abandoning the parent's turn abandons
+    /// the child's running turn. Recorded as an idempotent call.
+    pub fn delegate(mut self, spec: ToolSpec, agent: SubAgent) -> Tools {
+        self.insert(
+            spec,
+            Effect::Idempotent,
+            ToolImpl::Delegate(Arc::new(agent)),
+        );
         self
     }
 

@@ -90,6 +90,44 @@ fn cached(c: &abridge::store::SessionCounts) -> String {
 fn print_session(d: &inspect::SessionDetail) {
     let s = &d.summary.session;
     println!("session {} (id {}), model {}", s.external_id, s.id, s.model);
+    if let (Some(p), Some(name)) = (&s.parent, &d.parent_external_id) {
+        match p.kind {
+            abridge::store::ParentKind::Fork => println!(
+                "fork of {name} (id {}) at turn {}: turns 0-{} are its, read where they are{}",
+                p.session_id,
+                p.turn,
+                p.turn,
+                s.base_compaction
+                    .map(|c| format!("; reads its compaction {c} until one of its own"))
+                    .unwrap_or_default()
+            ),
+            _ => println!(
+                "delegated by {name} (id {}): runs tool call {} of its turn {}",
+                p.session_id,
+                p.call.as_deref().unwrap_or("-"),
+                p.turn
+            ),
+        }
+    }
+    if !d.children.is_empty() {
+        println!("children:");
+        for c in &d.children {
+            if let Some(p) = &c.parent {
+                match p.kind {
+                    abridge::store::ParentKind::Fork => {
+                        println!("  fork {} (id {}) at turn {}", c.external_id, c.id, p.turn)
+                    }
+                    _ => println!(
+                        "  delegated {} (id {}) for call {} of turn {}",
+                        c.external_id,
+                        c.id,
+                        p.call.as_deref().unwrap_or("-"),
+                        p.turn
+                    ),
+                }
+            }
+        }
+    }
     let counts = &d.summary.counts;
     if let (Some(input), Some(read), Some(write)) = (
         counts.cache_input_tokens,

@@ -10,6 +10,7 @@ pub(crate) mod compact;
 pub(crate) mod demo;
 pub(crate) mod erase;
 pub(crate) mod export;
+pub(crate) mod fork;
 pub(crate) mod inspect;
 pub(crate) mod migrate;
 pub(crate) mod rekey;

@@ -537,6 +537,14 @@ fn shipped_migrations_are_never_edited() {
             "7a99ee163e59028208ebc2b0d1a9eea32791d40ca067f644c4b9d00db7902461",
         ),
         (
+            "v11",
+            "1c66189144f4f43ad9b0ed63978da6d520f08aaba1b4efc48e0f4861a36f9a2c",
+        ),
+        (
+            "v11 (PostgreSQL)",
+            "c7f4cb4476f43b798a688755ab8f352bc2cd5051b0e51ae45b521b0783f4de55",
+        ),
+        (
             "schema_pg.sql (PostgreSQL baseline)",
             "519649a80dc5008c7aaf8accd7cbd44adef54017a733e0f51b46d9e4e4fdfcaa",
         ),

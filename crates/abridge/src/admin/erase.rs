@@ -23,6 +23,10 @@ pub struct Deleted {
     pub compactions: i64,
     /// Pinned facts removed.
     pub pins: i64,
+    /// The delegated children deleted with it (external ids): the sessions
+    /// its tool calls ran, each recorded as an erasure of its own. A session
+    /// that forks read is never deleted ([`crate::Error::HasForks`]).
+    pub children: Vec<String>,
     /// The write-ahead log was checkpointed into the file and truncated after
     /// the delete, so the session's text is in neither. False while another
     /// connection still reads an older snapshot: the next checkpoint (any
@@ -66,7 +70,81 @@ pub(crate) fn delete_session(
         [],
         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
     )?;
+    // Forks read its turns where they are: it goes only after them. Its
+    // delegated children (the sessions its tool calls ran, whose answers
+    // its tool results already hold) go with it, first.
+    let mut doomed = vec![session.clone()];
+    let mut i = 0;
+    while i < doomed.len() {
+        let forks = crate::store::forks_reading(&tx, doomed[i].id)?;
+        if !forks.is_empty() {
+            return Err(crate::Error::HasForks {
+                session_id: doomed[i].id,
+                forks,
+            });
+        }
+        for child in crate::store::children(&tx, doomed[i].id)? {
+            if child.parent.as_ref().map(|p| p.kind) == Some(crate::store::ParentKind::Delegate) {
+                doomed.push(child);
+            }
+        }
+        i += 1;
+    }
+    let mut children = Vec::new();
+    let mut counts = Counts::default();
+    for s in doomed.iter().rev() {
+        let c = erase_rows(&tx, s, floors)?;
+        if s.id == sid {
+            counts = c;
+        } else {
+            children.push(s.external_id.clone());
+        }
+    }
+    let Counts {
+        turns,
+        steps,
+        tool_invocations,
+        compactions,
+        pins,
+    } = counts;
+    tx.execute("DELETE FROM erasing", [])?;
+    tx.commit()?;
+    let checkpointed = checkpoint(conn)?;
+    Ok(Some(Deleted {
+        session_id: sid,
+        external_id: session.external_id.clone(),
+        turns,
+        steps,
+        tool_invocations,
+        compactions,
+        pins,
+        children,
+        checkpointed,
+    }))
+}
+/// Rows removed from one session, by table.
+#[derive(Default)]
+struct Counts {
+    turns: i64,
+    steps: i64,
+    tool_invocations: i64,
+    compactions: i64,
+    pins: i64,
+}
+
+/// Deletes every row of one session inside the caller's transaction (its
+/// `erasing` gate open) and records the erasure.
+fn erase_rows(
+    tx: &crate::store::Transaction<'_>,
+    session: &SessionRow,
+    floors: (i64, i64, i64),
+) -> Result<Counts> {
+    let sid = session.id;
     tx.execute("INSERT INTO erasing (session_id) VALUES (?1)", [sid])?;
+    // A fork's lineage goes with it.
+    if tx.has_table("session_lineage")? {
+        tx.execute("DELETE FROM session_lineage WHERE session_id = ?1", [sid])?;
+    }
     // Its parked calls and grants (a store older than version 9 has none).
     if tx.has_table("approvals")? {
         tx.execute("DELETE FROM approval_grants WHERE session_id = ?1", [sid])?;
@@ -111,20 +189,15 @@ pub(crate) fn delete_session(
             floors.2
         ],
     )?;
-    tx.execute("DELETE FROM erasing", [])?;
-    tx.commit()?;
-    let checkpointed = checkpoint(conn)?;
-    Ok(Some(Deleted {
-        session_id: sid,
-        external_id: session.external_id.clone(),
+    Ok(Counts {
         turns,
         steps,
         tool_invocations,
         compactions,
         pins,
-        checkpointed,
-    }))
+    })
 }
+
 /// When `session`'s newest turn began, or it was created, with no turn.
 fn last_activity(conn: &Connection, session: &SessionRow) -> Result<i64> {
     conn.query_row(
@@ -142,7 +215,9 @@ pub(crate) fn idle_sessions(conn: &Connection, before_ms: i64) -> Result<Vec<(Se
          WHERE last < ?1 ORDER BY last, id",
         SessionRow::COLUMNS
     ))?;
-    let rows = q.query_map([before_ms], |r| Ok((SessionRow::from_row(r)?, r.get(7)?)))?;
+    let rows = q.query_map([before_ms], |r| {
+        Ok((SessionRow::from_row(r)?, r.get(SessionRow::WIDTH)?))
+    })?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
@@ -169,6 +244,11 @@ impl crate::Store {
     /// [`crate::Error::SessionDeleted`] at its next write; the session is
     /// never seen half-deleted. `VACUUM` ([`crate::Store::vacuum`]) returns
     /// the space to the file system.
+    ///
+    /// A session that forks read is not deleted ([`crate::Error::HasForks`],
+    /// naming them): their history is its turns. Delete the forks first.
+    /// Its delegated children (the sessions its tool calls ran) are deleted
+    /// with it, in the same transaction ([`Deleted::children`]).
     pub async fn delete_session(
         &self,
         key: impl Into<crate::inspect::SessionKey>,
@@ -202,10 +282,22 @@ impl crate::Store {
             .saturating_sub(idle_for.as_millis().min(i64::MAX as u128) as i64);
         self.call(move |c| {
             let mut out = Vec::new();
-            for (session, _) in idle_sessions(c, before)? {
+            // Newest first: a fork goes before the session it reads (one
+            // still read by a fork that is not idle stays), and a delegated
+            // child already deleted with its parent is passed over.
+            for (session, _) in idle_sessions(c, before)?.into_iter().rev() {
                 // Only if still idle inside its delete (a turn may have begun).
-                out.extend(delete_session(c, &session, Some(before))?);
+                match delete_session(c, &session, Some(before)) {
+                    Ok(deleted) => out.extend(deleted),
+                    Err(
+                        crate::Error::HasForks { .. }
+                        | crate::Error::SessionDeleted { .. }
+                        | crate::Error::UnknownSession(_),
+                    ) => {}
+                    Err(e) => return Err(e),
+                }
             }
+            out.reverse();
             Ok(out)
         })
         .await

@@ -528,6 +528,15 @@ pub(crate) fn redact(
     })?;
     let tx = conn.write_tx()?;
     crate::store::get_session(&tx, sid)?;
+    // The rows it would change are also the history of the forks that read
+    // them: refused while there are any (checked inside the write lock).
+    let forks = crate::store::forks_reading(&tx, sid)?;
+    if !forks.is_empty() {
+        return Err(crate::Error::HasForks {
+            session_id: sid,
+            forks,
+        });
+    }
     if session_redaction(&tx, sid)? != seen_redaction {
         before.clear();
     }

@@ -74,6 +74,12 @@ pub struct SessionDetail {
     /// Its tool calls that waited (or wait) for a decision or a result,
     /// oldest first: a turn with one `pending` is parked.
     pub approvals: Vec<crate::store::ApprovalRow>,
+    /// The parent's external id, for a fork or a delegated child (its link
+    /// is [`SessionRow::parent`] in `summary.session`).
+    pub parent_external_id: Option<String>,
+    /// The sessions that hang off it: its forks and delegated children,
+    /// oldest first.
+    pub children: Vec<SessionRow>,
 }
 
 /// A session as a host names it: its row id or its external id.
@@ -350,7 +356,13 @@ pub fn session_detail(conn: &Connection, key: &str) -> Result<SessionDetail> {
             })
         })
         .collect::<Result<_>>()?;
+    let parent_external_id = match &s.parent {
+        Some(p) => Some(store::get_session(conn, p.session_id)?.external_id),
+        None => None,
+    };
     Ok(SessionDetail {
+        parent_external_id,
+        children: store::children(conn, s.id)?,
         compactions: store::list_compactions(conn, s.id)?,
         live_pins: store::live_pins(conn, s.id, i64::MAX, crate::pins::DEFAULT_PINS_WINDOW)?,
         redactions: store::list_redactions(conn, s.id)?,

@@ -575,9 +575,12 @@ fn history_gaps(conn: &Connection) -> Result<(i64, Vec<String>)> {
     )?;
     let queries = [
         (
-            "SELECT 'session ' || s.external_id || ' has ' || count(t.id) || ' turns numbered up to ' \
-             || max(t.idx) FROM turns t JOIN sessions s ON s.id = t.session_id \
-             GROUP BY t.session_id, s.external_id HAVING count(t.id) <> max(t.idx) + 1",
+            // A fork's own turns are numbered from after its fork point.
+            "SELECT 'session ' || s.external_id || ' has ' || count(t.id) || ' turns numbered ' \
+             || min(t.idx) || ' to ' || max(t.idx) FROM turns t JOIN sessions s ON s.id = t.session_id \
+             GROUP BY t.session_id, s.external_id, s.parent_kind, s.parent_turn \
+             HAVING min(t.idx) <> (CASE WHEN s.parent_kind = 'fork' THEN s.parent_turn + 1 ELSE 0 END) \
+             OR count(t.id) <> max(t.idx) + 1 - min(t.idx)",
         ),
         (
             "SELECT 'turn ' || turn_id || ' has ' || count(*) || ' steps numbered up to ' || max(idx) \
@@ -602,6 +605,44 @@ fn history_gaps(conn: &Connection) -> Result<(i64, Vec<String>)> {
         (
             "SELECT 'compaction ' || id || ' covers missing turn ' || up_to_turn_id FROM compactions \
              WHERE up_to_turn_id NOT IN (SELECT id FROM turns)",
+        ),
+        // What a fork reads is there: its ancestors, every turn up to its
+        // fork point (one range each, together 0..=fork point), the fork
+        // point completed, and its base a completed compaction at or before
+        // it.
+        (
+            "SELECT 'session ' || external_id || ' names missing parent ' || parent_id FROM sessions \
+             WHERE parent_id IS NOT NULL AND parent_id NOT IN (SELECT id FROM sessions)",
+        ),
+        (
+            "SELECT 'fork ' || s.external_id || ' reads missing session ' || l.owner_id \
+             FROM session_lineage l JOIN sessions s ON s.id = l.session_id \
+             WHERE l.owner_id NOT IN (SELECT id FROM sessions)",
+        ),
+        (
+            "SELECT 'fork ' || s.external_id || ' reads ' \
+             || coalesce((SELECT sum(l.upto_idx - l.after_idx) FROM session_lineage l \
+                          WHERE l.session_id = s.id), 0) \
+             || ' turns of its ancestors, not the ' || (s.parent_turn + 1) || ' up to its fork point' \
+             FROM sessions s WHERE s.parent_kind = 'fork' \
+             AND coalesce((SELECT sum(l.upto_idx - l.after_idx) FROM session_lineage l \
+                           WHERE l.session_id = s.id), 0) <> s.parent_turn + 1",
+        ),
+        (
+            "SELECT 'fork ' || s.external_id || ' has no completed turn ' || s.parent_turn \
+             || ' to fork from' FROM sessions s WHERE s.parent_kind = 'fork' AND NOT EXISTS \
+             (SELECT 1 FROM session_lineage l JOIN turns t ON t.session_id = l.owner_id \
+              AND t.idx = s.parent_turn AND t.idx > l.after_idx AND t.idx <= l.upto_idx \
+              WHERE l.session_id = s.id AND t.status = 'completed')",
+        ),
+        (
+            "SELECT 'fork ' || s.external_id || ' reads compaction ' || s.base_compaction_id \
+             || ', not a completed one of its ancestors at or before its fork point' \
+             FROM sessions s WHERE s.base_compaction_id IS NOT NULL AND NOT EXISTS \
+             (SELECT 1 FROM compactions c WHERE c.id = s.base_compaction_id \
+              AND c.status = 'completed' AND c.up_to_turn_index <= s.parent_turn \
+              AND (c.session_id = s.parent_id OR c.session_id IN \
+                   (SELECT owner_id FROM session_lineage WHERE session_id = s.id)))",
         ),
     ];
     let mut found = Vec::new();

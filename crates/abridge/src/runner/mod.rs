@@ -8,8 +8,10 @@
 //! is fenced by the turn's lease, so a runner whose lease was taken over cannot
 //! write anything more.
 
+mod branch;
 mod config;
 pub(crate) mod context;
+mod delegate;
 mod model_call;
 mod step;
 mod tool_calls;
@@ -504,7 +506,9 @@ impl Runner {
     /// the turn failed with `abandoned: {reason}`, in one transaction (an
     /// explicit, recorded action), so the session can take a new turn.
     /// Refuses a turn a live runner holds ([`Error::LeaseHeld`]) and one
-    /// that finished ([`Error::TurnFinished`]).
+    /// that finished ([`Error::TurnFinished`]). The running turns of the
+    /// sub-agents its delegating calls started ([`crate::Tools::delegate`])
+    /// are abandoned with it.
     pub async fn abandon_turn(&self, turn_id: TurnId, reason: &str) -> Result<TurnRow> {
         let claim = ClaimGuard::new(&self.inner.cfg.owner);
         let holder = claim.holder().to_string();
@@ -512,14 +516,22 @@ impl Runner {
         let gone = self.gone_check();
         let msg = format!("abandoned: {reason}");
         let pins = self.inner.cfg.pin_extractor.clone();
-        self.inner
+        let (turn, children) = self
+            .inner
             .store
             .call(move |c| {
                 let (_, lease) = store::acquire_lease(c, turn_id, &holder, ttl, &gone)?;
                 store::abandon_turn(c, &lease, &msg, pins.as_deref())?;
-                store::get_turn(c, turn_id)
+                let turn = store::get_turn(c, turn_id)?;
+                let children = store::running_child_turns(c, turn.session_id, turn.idx)?;
+                Ok((turn, children))
             })
-            .await
+            .await?;
+        // The sub-agents its calls were running stop with it.
+        for child in children {
+            Box::pin(self.abandon_turn(child, "its parent's turn was abandoned")).await?;
+        }
+        Ok(turn)
     }
 
     /// Fails the turn (policy), then returns `err` to the caller (or the error

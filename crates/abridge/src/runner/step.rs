@@ -205,6 +205,11 @@ impl Runner {
                         let result = self
                             .run_async_tool(&plan, pos, tool, &row, inserted, input)
                             .await;
+                        // A crash injected inside a delegating call's child
+                        // stops this turn as a crash would.
+                        if let Some(p) = super::delegate::crash_of(&result.1) {
+                            return Err(crate::Error::Injected(p).into());
+                        }
                         crate::error::check_fault(
                             &self.inner.cfg.testing.fault_hook,
                             FaultPoint::AfterToolEffect,

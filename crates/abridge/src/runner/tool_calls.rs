@@ -292,6 +292,26 @@ impl Runner {
                     Effect::None,
                 )
             }
+            Ok((ToolImpl::Delegate(agent), effect)) => {
+                let inv = new_invocation(plan.step_id, pos, &call, effect);
+                let (row, inserted) = store::start_invocation(tx, &inv)?;
+                if row.status == InvocationStatus::Started || rerun {
+                    let tool: Arc<dyn crate::tools::Tool> = Arc::new(super::delegate::ChildRun {
+                        runner: self.clone(),
+                        agent,
+                        parent: plan.session.clone(),
+                        turn_idx: plan.turn.idx,
+                        step_id: plan.step_id,
+                    });
+                    return Ok(ToolStep::Outside {
+                        tool,
+                        row,
+                        inserted,
+                        input: approved_input,
+                    });
+                }
+                return Ok(ToolStep::Ran);
+            }
             Ok((ToolImpl::Async(tool), effect)) => {
                 let inv = new_invocation(plan.step_id, pos, &call, effect);
                 let (row, inserted) = store::start_invocation(tx, &inv)?;

@@ -105,9 +105,13 @@ pub(crate) use tables::redactions::{
 pub use tables::redactions::{RedactedRows, RedactionMark, RedactionRecord, REDACTION_MARKER};
 pub use tables::rows::{
     ApprovalKind, ApprovalRow, ApprovalStatus, CompactionRow, CompactionStatus, Effect,
-    InvocationRow, InvocationStatus, SessionRow, StepRow, StepStatus, TurnRow, TurnStatus,
+    InvocationRow, InvocationStatus, ParentKind, ParentLink, SessionRow, StepRow, StepStatus,
+    TurnRow, TurnStatus,
 };
-pub(crate) use tables::sessions::{create_session, find_session, get_session, list_sessions};
+pub(crate) use tables::sessions::{
+    children, create_session, delegate_child, find_session, fork_session, forks_reading,
+    get_session, list_sessions, running_child_turns,
+};
 pub(crate) use tables::steps::{
     claim_step, complete_step, get_step, last_step, list_steps, step_read, write_response,
     Responded,

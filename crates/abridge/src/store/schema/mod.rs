@@ -87,6 +87,12 @@ pub const MIGRATIONS: &[Migration] = &[
         postgres: Some(include_str!("migrations/postgres/0010_restated_pins.sql")),
         hook: None,
     },
+    Migration {
+        version: 11,
+        sqlite: include_str!("migrations/0011_forks.sql"),
+        postgres: Some(include_str!("migrations/postgres/0011_forks.sql")),
+        hook: None,
+    },
 ];
 
 /// The schema version this build writes (`PRAGMA user_version`; the

@@ -117,10 +117,17 @@ pub(crate) fn latest_completed(
 fn latest_completed_sql() -> &'static str {
     static SQL: OnceLock<String> = OnceLock::new();
     SQL.get_or_init(|| {
+        // A fork reads its base (its parent's, at or before the fork
+        // point) until it completes one of its own, whose boundaries are
+        // all above the base's.
         format!(
-            "SELECT {} FROM compactions WHERE session_id = ?1 AND status = 'completed' \
-             AND up_to_turn_index < ?2 ORDER BY up_to_turn_index DESC LIMIT 1",
-            CompactionRow::COLUMNS
+            "SELECT * FROM (SELECT {c} FROM compactions WHERE session_id = ?1 \
+             AND status = 'completed' AND up_to_turn_index < ?2 \
+             ORDER BY up_to_turn_index DESC LIMIT 1) own \
+             UNION ALL SELECT * FROM (SELECT {c} FROM compactions WHERE id = \
+             (SELECT base_compaction_id FROM sessions WHERE id = ?1) \
+             AND up_to_turn_index < ?2) base ORDER BY 3 DESC LIMIT 1",
+            c = CompactionRow::COLUMNS
         )
     })
 }
@@ -194,6 +201,20 @@ pub(crate) fn held_by_live_other(
     )
 }
 
+/// The completed compaction a new row at boundary `?2` of session `?1`
+/// folds in: the session's newest below it, or a fork's base.
+const PREVIOUS: &str = "coalesce((SELECT id FROM compactions WHERE session_id = ?1 \
+     AND status = 'completed' AND up_to_turn_index < ?2 ORDER BY up_to_turn_index DESC LIMIT 1), \
+     (SELECT c.id FROM sessions s JOIN compactions c ON c.id = s.base_compaction_id \
+     WHERE s.id = ?1 AND c.up_to_turn_index < ?2))";
+
+/// The id of turn `?2` of session `?1` as one row (NULL: no such turn): the
+/// session's own, or a fork's ancestor's at or before its fork point.
+const BOUNDARY_TURN: &str =
+    "(SELECT coalesce((SELECT id FROM turns WHERE session_id = ?1 AND idx = ?2), \
+     (SELECT t.id FROM session_lineage l JOIN turns t ON t.session_id = l.owner_id AND t.idx = ?2 \
+     WHERE l.session_id = ?1 AND l.after_idx < ?2 AND l.upto_idx >= ?2)) AS turn_id)";
+
 pub(crate) fn claim_compaction(
     conn: &mut Connection,
     c: &Claim<'_>,
@@ -209,11 +230,9 @@ pub(crate) fn claim_compaction(
             "INSERT INTO compactions (id, session_id, up_to_turn_index, up_to_turn_id, \
              previous_id, status, trigger, focus, attempts, lease_owner, lease_expires_at, \
              trigger_tokens, created_at, background, threshold_tokens, soft_threshold_tokens) \
-             SELECT {}, ?1, ?2, t.id, \
-               (SELECT id FROM compactions WHERE session_id = ?1 AND status = 'completed' \
-                AND up_to_turn_index < ?2 ORDER BY up_to_turn_index DESC LIMIT 1), \
+             SELECT {}, ?1, ?2, b.turn_id, {PREVIOUS}, \
                'pending', ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9, ?10, ?11 \
-             FROM turns t WHERE t.session_id = ?1 AND t.idx = ?2 \
+             FROM {BOUNDARY_TURN} b WHERE b.turn_id IS NOT NULL \
              ON CONFLICT (session_id, up_to_turn_index) DO NOTHING RETURNING {}",
             crate::store::next_id!("compactions"),
             CompactionRow::COLUMNS
@@ -286,26 +305,27 @@ pub(crate) fn enqueue_compaction(
     thresholds: Thresholds,
 ) -> Result<bool> {
     let tx = write_tx(conn)?;
-    let n = tx
-        .prepare_cached(
-            concat!("INSERT INTO compactions (id, session_id, up_to_turn_index, up_to_turn_id, previous_id, \
+    static SQL: OnceLock<String> = OnceLock::new();
+    let sql = SQL.get_or_init(|| {
+        format!(
+            "INSERT INTO compactions (id, session_id, up_to_turn_index, up_to_turn_id, previous_id, \
              status, trigger, attempts, trigger_tokens, created_at, background, threshold_tokens, \
              soft_threshold_tokens) \
-             SELECT ", crate::store::next_id!("compactions"), ", ?1, ?2, t.id, \
-               (SELECT id FROM compactions WHERE session_id = ?1 AND status = 'completed' \
-                AND up_to_turn_index < ?2 ORDER BY up_to_turn_index DESC LIMIT 1), \
+             SELECT {}, ?1, ?2, b.turn_id, {PREVIOUS}, \
                'pending', 'auto', 0, ?3, ?4, 1, ?5, ?6 \
-             FROM turns t WHERE t.session_id = ?1 AND t.idx = ?2 \
-             ON CONFLICT (session_id, up_to_turn_index) DO NOTHING"),
-        )?
-        .execute(params![
-            session_id,
-            boundary,
-            trigger_tokens,
-            tx.now_ms(),
-            thresholds.hard,
-            thresholds.soft
-        ])?;
+             FROM {BOUNDARY_TURN} b WHERE b.turn_id IS NOT NULL \
+             ON CONFLICT (session_id, up_to_turn_index) DO NOTHING",
+            crate::store::next_id!("compactions")
+        )
+    });
+    let n = tx.prepare_cached(sql)?.execute(params![
+        session_id,
+        boundary,
+        trigger_tokens,
+        tx.now_ms(),
+        thresholds.hard,
+        thresholds.soft
+    ])?;
     tx.commit()?;
     Ok(n == 1)
 }

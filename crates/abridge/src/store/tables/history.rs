@@ -50,28 +50,88 @@ pub(crate) fn load_history(
     )
 }
 
-/// Loads the rows between two positions `(turn idx, step idx)` of a session:
-/// turns `from.0 ..= to.0` with their completed steps, in turn `from.0` only
-/// the steps from `from.1` on, in turn `to.0` only those before `to.1`. The
-/// first turn's input is loaded too; a caller continuing a message array
-/// inside that turn skips it.
+/// A query over a session's turns, made to read a fork's too: `branch`
+/// reads `FROM turns t ... WHERE t.session_id = ?1 ...`; the result is that
+/// query (the session's own turns) and, joined by `UNION ALL`, the same query
+/// over the turns its lineage names (a fork's ancestors', each up to the
+/// turn the fork reads; nothing for a session that is not a fork). An
+/// ORDER BY after it names result columns by position.
+/// `branch` alone (the session's own turns: a migration's hook runs before
+/// lineage exists, and a turn's own pins read its own rows), or
+/// [`over_lineage`].
+fn own_or_lineage(lineage: bool, branch: &str) -> String {
+    if lineage {
+        over_lineage(branch)
+    } else {
+        branch.to_string()
+    }
+}
+
+pub(crate) fn over_lineage(branch: &str) -> String {
+    debug_assert!(branch.contains("FROM turns t") && branch.contains("t.session_id = ?1"));
+    let ancestors = branch
+        .replacen(
+            "FROM turns t",
+            "FROM session_lineage l JOIN turns t ON t.session_id = l.owner_id \
+             AND t.idx > l.after_idx AND t.idx <= l.upto_idx",
+            1,
+        )
+        .replacen("t.session_id = ?1", "l.session_id = ?1", 1);
+    format!("{branch} UNION ALL {ancestors}")
+}
+
 /// The completed steps of a range (see [`load_range`]).
-const RANGE_STEPS_SQL: &str = "SELECT s.id, s.turn_id, s.idx, s.response FROM turns t \
-     JOIN steps s ON s.turn_id = t.id \
-     WHERE t.session_id = ?1 AND t.idx >= ?2 AND t.idx <= ?3 AND s.status = 'completed' \
-     AND (t.idx < ?3 OR s.idx < ?4) AND (t.idx > ?2 OR s.idx >= ?5) ORDER BY t.idx, s.idx";
+fn range_steps_sql(lineage: bool) -> &'static str {
+    static SQL: [std::sync::OnceLock<String>; 2] =
+        [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+    SQL[usize::from(lineage)].get_or_init(|| {
+        format!(
+            "{} ORDER BY 5, 3",
+            own_or_lineage(
+                lineage,
+                "SELECT s.id, s.turn_id, s.idx, s.response, t.idx FROM turns t \
+                 JOIN steps s ON s.turn_id = t.id \
+                 WHERE t.session_id = ?1 AND t.idx >= ?2 AND t.idx <= ?3 AND s.status = 'completed' \
+                 AND (t.idx < ?3 OR s.idx < ?4) AND (t.idx > ?2 OR s.idx >= ?5)"
+            )
+        )
+    })
+}
 
 /// The tool results of those steps.
-const RANGE_RESULTS_SQL: &str =
-    "SELECT i.step_id, i.tool_call_id, i.status, i.result FROM turns t \
-     JOIN steps s ON s.turn_id = t.id JOIN tool_invocations i ON i.step_id = s.id \
-     WHERE t.session_id = ?1 AND t.idx >= ?2 AND t.idx <= ?3 AND s.status = 'completed' \
-     AND (t.idx < ?3 OR s.idx < ?4) AND (t.idx > ?2 OR s.idx >= ?5) \
-     AND i.status <> 'started' ORDER BY t.idx, s.idx, i.position";
+fn range_results_sql(lineage: bool) -> &'static str {
+    static SQL: [std::sync::OnceLock<String>; 2] =
+        [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+    SQL[usize::from(lineage)].get_or_init(|| {
+        format!(
+            "{} ORDER BY 5, 6, 7",
+            own_or_lineage(
+                lineage,
+                "SELECT i.step_id, i.tool_call_id, i.status, i.result, t.idx, s.idx, i.position \
+                 FROM turns t JOIN steps s ON s.turn_id = t.id JOIN tool_invocations i ON i.step_id = s.id \
+                 WHERE t.session_id = ?1 AND t.idx >= ?2 AND t.idx <= ?3 AND s.status = 'completed' \
+                 AND (t.idx < ?3 OR s.idx < ?4) AND (t.idx > ?2 OR s.idx >= ?5) \
+                 AND i.status <> 'started'"
+            )
+        )
+    })
+}
 
 /// The turns of a range.
-const RANGE_TURNS_SQL: &str = "SELECT id, idx, input FROM turns \
-     WHERE session_id = ?1 AND idx >= ?2 AND idx <= ?3 ORDER BY idx";
+fn range_turns_sql(lineage: bool) -> &'static str {
+    static SQL: [std::sync::OnceLock<String>; 2] =
+        [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+    SQL[usize::from(lineage)].get_or_init(|| {
+        format!(
+            "{} ORDER BY 2",
+            own_or_lineage(
+                lineage,
+                "SELECT t.id, t.idx, t.input FROM turns t \
+                 WHERE t.session_id = ?1 AND t.idx >= ?2 AND t.idx <= ?3"
+            )
+        )
+    })
+}
 
 /// Queues [`load_range`]'s three reads (see [`Connection::prefetch`]): a
 /// caller that knows the range before its read transaction's first request
@@ -83,16 +143,51 @@ pub(crate) fn prefetch_range(
     to: (i64, i64),
 ) -> Result<()> {
     let bounds = params![session_id, from.0, to.0, to.1, from.1];
-    conn.prefetch(RANGE_STEPS_SQL, bounds)?;
-    conn.prefetch(RANGE_RESULTS_SQL, bounds)?;
-    conn.prefetch(RANGE_TURNS_SQL, params![session_id, from.0, to.0])
+    conn.prefetch(range_steps_sql(true), bounds)?;
+    conn.prefetch(range_results_sql(true), bounds)?;
+    conn.prefetch(range_turns_sql(true), params![session_id, from.0, to.0])
 }
 
+/// Loads the rows between two positions `(turn idx, step idx)` of a session:
+/// turns `from.0 ..= to.0` with their completed steps, in turn `from.0` only
+/// the steps from `from.1` on, in turn `to.0` only those before `to.1`. The
+/// first turn's input is loaded too; a caller continuing a message array
+/// inside that turn skips it.
+///
+/// A fork's range reads its ancestors' turns up to its fork point where
+/// they are (see [`over_lineage`]).
 pub(crate) fn load_range(
     conn: &Connection,
     session_id: SessionId,
     from: (i64, i64),
     to: (i64, i64),
+) -> Result<Vec<HistoryTurn>> {
+    load_range_of(conn, session_id, from, to, true)
+}
+
+/// One turn of the session's own (never an ancestor's), with its completed
+/// steps: what a finished turn's facts are pinned from, also inside a
+/// migration that runs before forks exist.
+pub(crate) fn load_own_turn(
+    conn: &Connection,
+    session_id: SessionId,
+    turn_index: i64,
+) -> Result<Vec<HistoryTurn>> {
+    load_range_of(
+        conn,
+        session_id,
+        (turn_index, 0),
+        (turn_index, i64::MAX),
+        false,
+    )
+}
+
+fn load_range_of(
+    conn: &Connection,
+    session_id: SessionId,
+    from: (i64, i64),
+    to: (i64, i64),
+    lineage: bool,
 ) -> Result<Vec<HistoryTurn>> {
     let (from_idx, from_step) = from;
     let (upto_idx, before_step_idx) = to;
@@ -101,10 +196,10 @@ pub(crate) fn load_range(
     let bounds = params![session_id, from_idx, upto_idx, before_step_idx, from_step];
     // The three reads depend on nothing read before them: on PostgreSQL
     // they share one round trip.
-    conn.prefetch(RANGE_STEPS_SQL, bounds)?;
-    conn.prefetch(RANGE_RESULTS_SQL, bounds)?;
+    conn.prefetch(range_steps_sql(lineage), bounds)?;
+    conn.prefetch(range_results_sql(lineage), bounds)?;
     {
-        let mut st = conn.prepare_cached(RANGE_TURNS_SQL)?;
+        let mut st = conn.prepare_cached(range_turns_sql(lineage))?;
         let mut rows = st.query(params![session_id, from_idx, upto_idx])?;
         while let Some(r) = rows.next()? {
             turns.push((
@@ -134,7 +229,7 @@ pub(crate) fn load_range(
     // (step id, turn position, step position in its turn), in query order.
     let mut step_ids: Vec<(StepId, usize, usize)> = Vec::new();
     {
-        let mut st = conn.prepare_cached(RANGE_STEPS_SQL)?;
+        let mut st = conn.prepare_cached(range_steps_sql(lineage))?;
         let mut rows = st.query(bounds)?;
         while let Some(r) = rows.next()? {
             let turn_id: TurnId = r.get(1)?;
@@ -149,7 +244,7 @@ pub(crate) fn load_range(
         }
     }
     if !step_ids.is_empty() {
-        let mut st = conn.prepare_cached(RANGE_RESULTS_SQL)?;
+        let mut st = conn.prepare_cached(range_results_sql(lineage))?;
         let mut rows = st.query(bounds)?;
         // Steps come in the same order as `step_ids`; walk both together.
         let mut cursor = 0usize;

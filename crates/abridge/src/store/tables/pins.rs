@@ -6,7 +6,7 @@ use crate::ids::SessionId;
 use crate::message::{ModelResponse, ResponseBlock};
 use crate::pins::{Fact, FactKind, FactSource, Pin, PinExtractor, MAX_PINS_PER_TURN};
 use crate::store::db::{Connection, OptionalExtension};
-use crate::store::history::{load_history, HistoryTurn};
+use crate::store::history::{load_own_turn, HistoryTurn};
 use rusqlite::params;
 
 /// A pin's columns; the value it replaced is read only when it differs (a
@@ -375,7 +375,7 @@ pub(crate) fn pin_turn(
     let turns: &[HistoryTurn] = match written {
         Some(t) => std::slice::from_ref(t),
         None => {
-            loaded = load_history(conn, session_id, turn_index - 1, turn_index, i64::MAX)?;
+            loaded = load_own_turn(conn, session_id, turn_index)?;
             &loaded
         }
     };
@@ -441,16 +441,23 @@ pub(crate) fn pin_host_fact(conn: &Connection, session_id: SessionId, fact: &Fac
 /// ([`Fact::in_passing`](crate::pins::Fact::in_passing)). Read through the
 /// `pins_live` index: never every value a slot ever had, nor every id a tool
 /// ever returned.
+/// Whose pins are live at boundary `?2` of session `?1`: a fork's parent's
+/// (or further ancestor's) at or before its fork point, where the fork's
+/// history is theirs; the session's own after it (a fork holds, from its
+/// fork point on, its own copies of the pins live there).
+const OWNER: &str = "coalesce((SELECT l.owner_id FROM session_lineage l \
+     WHERE l.session_id = ?1 AND l.after_idx < ?2 AND l.upto_idx >= ?2), ?1)";
+
 /// The `window` newest pins of window group `group` live at the boundary: not
 /// superseded, or superseded (mentioned again) after it. Each part reads
 /// through `pins_live` newest first and stops at the window.
 fn window_sql(group: u8) -> String {
     format!(
-        "SELECT * FROM (SELECT * FROM (SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 \
+        "SELECT * FROM (SELECT * FROM (SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = {OWNER} \
          AND p.windowed = {group} AND p.superseded_at IS NULL AND p.turn_index <= ?2 \
          ORDER BY p.turn_index DESC, p.id DESC LIMIT ?3) AS n{group} \
          UNION ALL \
-         SELECT * FROM (SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 \
+         SELECT * FROM (SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = {OWNER} \
          AND p.windowed = {group} AND p.superseded_at > ?2 AND p.turn_index <= ?2 \
          ORDER BY p.turn_index DESC, p.id DESC LIMIT ?3) AS s{group} \
          ORDER BY 2 DESC, 1 DESC LIMIT ?3) AS w{group}"
@@ -462,10 +469,10 @@ fn live_pins_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SQL.get_or_init(|| {
         format!(
-            "SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 AND p.windowed = 0 \
+            "SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = {OWNER} AND p.windowed = 0 \
              AND p.superseded_at IS NULL AND p.turn_index <= ?2 \
              UNION ALL \
-             SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 AND p.windowed = 0 \
+             SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = {OWNER} AND p.windowed = 0 \
              AND p.superseded_at > ?2 AND p.turn_index <= ?2 \
              UNION ALL {w1} UNION ALL {w2} ORDER BY 1",
             w1 = window_sql(1),

@@ -118,15 +118,90 @@ pub struct SessionRow {
     /// The newest redaction of the session (its id in `redactions`), 0 when
     /// none: a message context kept from before a newer one is built again.
     pub redaction: i64,
+    /// Where the session comes from: a fork's parent and fork point, or the
+    /// tool call a delegated child runs for. None for a session of its own.
+    pub parent: Option<ParentLink>,
+    /// A fork: the compaction its parent had completed at or before the fork
+    /// point, which it reads until it completes one of its own.
+    pub base_compaction: Option<CompactionId>,
+}
+
+/// How a session hangs off another (see [`SessionRow::parent`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ParentLink {
+    /// The parent session.
+    pub session_id: SessionId,
+    /// `fork` or `delegate`.
+    pub kind: ParentKind,
+    /// A fork: its fork point (the last of the parent's turns it reads). A
+    /// delegated child: the index of the parent's turn whose call it runs.
+    pub turn: i64,
+    /// A delegated child: the id of the tool call it runs for.
+    pub call: Option<String>,
+}
+
+/// What a [`ParentLink`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ParentKind {
+    /// A branch: the parent's history up to a turn, then its own.
+    Fork,
+    /// A sub-agent: runs one tool call of its parent; its final answer is
+    /// that call's result.
+    Delegate,
+}
+
+impl ParentKind {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ParentKind::Fork => "fork",
+            ParentKind::Delegate => "delegate",
+        }
+    }
 }
 
 impl SessionRow {
+    /// The fork point, for a fork.
+    pub fn fork_point(&self) -> Option<i64> {
+        self.parent
+            .as_ref()
+            .filter(|p| p.kind == ParentKind::Fork)
+            .map(|p| p.turn)
+    }
+
+    /// The index of the session's first own turn: after its fork point for a
+    /// fork, 0 otherwise.
+    pub fn first_own_turn(&self) -> i64 {
+        self.fork_point().map_or(0, |t| t + 1)
+    }
+}
+
+impl SessionRow {
+    /// How many columns [`SessionRow::COLUMNS`] reads.
+    pub(crate) const WIDTH: usize = 12;
     /// Read `FROM sessions` (so named, for the redaction's subquery).
     pub(crate) const COLUMNS: &'static str =
         "id, external_id, model, system_prompt, config, created_at, \
-         (SELECT coalesce(max(r.id), 0) FROM redactions r WHERE r.session_id = sessions.id)";
+         (SELECT coalesce(max(r.id), 0) FROM redactions r WHERE r.session_id = sessions.id), \
+         parent_id, parent_kind, parent_turn, parent_call, base_compaction_id";
     pub(crate) fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
+        let parent = match r.get::<_, Option<SessionId>>(7)? {
+            Some(session_id) => Some(ParentLink {
+                session_id,
+                kind: match r.get::<_, Option<String>>(8)?.as_deref() {
+                    Some("delegate") => ParentKind::Delegate,
+                    _ => ParentKind::Fork,
+                },
+                turn: r.get::<_, Option<i64>>(9)?.unwrap_or(-1),
+                call: r.get(10)?,
+            }),
+            None => None,
+        };
         Ok(SessionRow {
+            parent,
+            base_compaction: r.get(11)?,
             id: r.get(0)?,
             external_id: r.get(1)?,
             model: r.get(2)?,

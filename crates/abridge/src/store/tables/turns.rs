@@ -29,9 +29,17 @@ pub(crate) fn list_turns_after(
     session_id: SessionId,
     after_idx: i64,
 ) -> Result<Vec<TurnRow>> {
+    // A fork's turns are its ancestors' up to its fork point, then its own.
+    let columns = TurnRow::COLUMNS
+        .split(", ")
+        .map(|c| format!("t.{}", c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ");
     let mut st = conn.prepare(&format!(
-        "SELECT {} FROM turns WHERE session_id = ?1 AND idx > ?2 ORDER BY idx",
-        TurnRow::COLUMNS
+        "{} ORDER BY 3",
+        crate::store::history::over_lineage(&format!(
+            "SELECT {columns} FROM turns t WHERE t.session_id = ?1 AND t.idx > ?2"
+        ))
     ))?;
     let rows = st.query_map(params![session_id, after_idx], TurnRow::from_row)?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
@@ -50,7 +58,10 @@ pub(crate) fn running_turns(conn: &mut Connection) -> Result<Vec<TurnRow>> {
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
-const NEXT_TURN_SQL: &str = "SELECT coalesce(max(idx) + 1, 0) FROM turns WHERE session_id = ?1";
+/// The next turn's index: after the session's last, or, for a fork without
+/// a turn of its own yet, after its fork point.
+const NEXT_TURN_SQL: &str = "SELECT coalesce(max(idx) + 1, (SELECT parent_turn + 1 FROM sessions \
+     WHERE id = ?1 AND parent_kind = 'fork'), 0) FROM turns WHERE session_id = ?1";
 const RUNNING_TURN_SQL: &str = "SELECT idx FROM turns WHERE session_id = ?1 AND status = 'running'";
 
 /// Starts turn `idx` of a session (the next index when `idx` is None) and takes
@@ -83,6 +94,17 @@ pub(crate) fn begin_turn<R>(
         .prepare_cached(NEXT_TURN_SQL)?
         .query_row([session_id], |r| r.get(0))?;
     let idx = idx.unwrap_or(next);
+    if idx < session.first_own_turn() {
+        return Err(Error::TurnConflict {
+            session_id,
+            idx,
+            reason: format!(
+                "the session is a fork: turns up to {} are its parent's, and its own start at {}",
+                session.first_own_turn() - 1,
+                session.first_own_turn()
+            ),
+        });
+    }
     if idx < next {
         let existing: TurnRow = tx.query_row(
             &format!(
@@ -279,10 +301,22 @@ pub(crate) fn abandon_turn(
 /// is, with the turn range in the index condition: a planner whose
 /// statistics are older than the session (PostgreSQL's, before autovacuum
 /// has analysed a table that grew fast) otherwise sorts every step of it.
-const LATEST_MEASURE_SQL: &str =
-    "SELECT s.context_tokens, s.compaction_id FROM turns t JOIN steps s ON s.turn_id = t.id \
-     WHERE t.session_id = ?1 AND t.idx >= ?4 AND t.idx <= ?2 AND s.context_tokens IS NOT NULL \
-     AND (t.idx < ?2 OR s.idx < ?3) ORDER BY t.idx DESC, s.idx DESC LIMIT 1";
+/// A fork's measure may be its parent's (its first step's newest executed
+/// step is the parent's at the fork point).
+fn latest_measure_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        format!(
+            "{} ORDER BY 3 DESC, 4 DESC LIMIT 1",
+            crate::store::history::over_lineage(
+                "SELECT s.context_tokens, s.compaction_id, t.idx, s.idx FROM turns t \
+                 JOIN steps s ON s.turn_id = t.id \
+                 WHERE t.session_id = ?1 AND t.idx >= ?4 AND t.idx <= ?2 \
+                 AND s.context_tokens IS NOT NULL AND (t.idx < ?2 OR s.idx < ?3)"
+            )
+        )
+    })
+}
 
 /// Queues [`latest_context_tokens`]'s first read (see
 /// [`Connection::prefetch`]).
@@ -293,7 +327,7 @@ pub(crate) fn prefetch_latest_context_tokens(
     step_idx: i64,
 ) -> Result<()> {
     conn.prefetch(
-        LATEST_MEASURE_SQL,
+        latest_measure_sql(),
         params![session_id, turn_idx, step_idx, turn_idx - 1],
     )
 }
@@ -305,7 +339,7 @@ pub(crate) fn latest_context_tokens(
     step_idx: i64,
 ) -> Result<Option<(i64, Option<CompactionId>)>> {
     let newest = |from: i64| -> Result<Option<(i64, Option<CompactionId>)>> {
-        conn.prepare_cached(LATEST_MEASURE_SQL)?
+        conn.prepare_cached(latest_measure_sql())?
             .query_row(params![session_id, turn_idx, step_idx, from], |r| {
                 Ok((r.get(0)?, r.get(1)?))
             })
@@ -367,13 +401,19 @@ pub(crate) fn recent_window_boundary(
     boundary: i64,
     keep_tokens: u64,
 ) -> Result<i64> {
-    let mut st = conn.prepare_cached(
-        "SELECT t.idx, length(t.input) \
-           + coalesce((SELECT sum(length(s.response)) FROM steps s WHERE s.turn_id = t.id), 0) \
-           + coalesce((SELECT sum(length(i.result)) FROM steps s2 \
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let mut st = conn.prepare_cached(SQL.get_or_init(|| {
+        format!(
+            "{} ORDER BY 1 DESC",
+            crate::store::history::over_lineage(
+                "SELECT t.idx, length(t.input) \
+                   + coalesce((SELECT sum(length(s.response)) FROM steps s WHERE s.turn_id = t.id), 0) \
+                   + coalesce((SELECT sum(length(i.result)) FROM steps s2 \
                        JOIN tool_invocations i ON i.step_id = s2.id WHERE s2.turn_id = t.id), 0) \
-         FROM turns t WHERE t.session_id = ?1 AND t.idx < ?2 AND t.idx > ?3 ORDER BY t.idx DESC",
-    )?;
+                 FROM turns t WHERE t.session_id = ?1 AND t.idx < ?2 AND t.idx > ?3"
+            )
+        )
+    }))?;
     let mut rows = st.query(params![session_id, before_idx, after_idx])?;
     let mut kept = 0u64;
     let mut b = boundary;

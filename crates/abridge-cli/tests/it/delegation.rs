@@ -1,0 +1,362 @@
+//! Agents that delegate. A parent's tool call runs a child session (a
+//! sub-agent) whose final answer is the call's result. A crash at every
+//! named point of a delegating call (the child's creation, every point of
+//! the child's own turn, the child's answer before the parent records it,
+//! after the parent's tool effect, before the parent's step completes) ends,
+//! once resumed, with one child and one parent result, identical to a run
+//! without a crash. On PostgreSQL too, with `ABRIDGE_TEST_POSTGRES` set.
+
+use crate::common;
+use abridge::message::{ContentBlock, ModelRequest, ModelResponse, ResponseBlock, Role, Usage};
+use abridge::{
+    Error, FaultPoint, ModelClient, ModelError, Runner, RunnerConfig, Store, SubAgent, Tools,
+};
+use serde_json::json;
+use std::sync::Arc;
+
+const CHILD_PROMPT: &str = "You research one question and answer it in a sentence.";
+
+/// The parent asks its sub-agent once, then answers with what it said; the
+/// child answers its task. A child whose task says "fail" fails.
+struct Agents;
+
+#[abridge::async_trait]
+impl ModelClient for Agents {
+    async fn complete(&self, req: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        let system = match &req.messages[0].content[0] {
+            ContentBlock::Text { text } => text.clone(),
+            _ => String::new(),
+        };
+        let last = req.messages.last().unwrap();
+        let text = |t: String| ModelResponse {
+            blocks: vec![ResponseBlock::Text { text: t }],
+            usage: Usage::new(Some(100), Some(10)),
+            stop_reason: None,
+        };
+        if system == CHILD_PROMPT {
+            let task = last
+                .content
+                .iter()
+                .find_map(|b| match b {
+                    ContentBlock::Text { text } => Some(text.clone()),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            if task.contains("fail") {
+                return Err(ModelError::Permanent(
+                    "the sub-agent's model refused".into(),
+                ));
+            }
+            return Ok(text(format!("Found it: {task} is in aisle 7.")));
+        }
+        let result = last.content.iter().find_map(|b| match b {
+            ContentBlock::ToolResult {
+                content, is_error, ..
+            } => Some((content.clone(), *is_error)),
+            _ => None,
+        });
+        match (last.role, result) {
+            (Role::User, Some((content, false))) => {
+                Ok(text(format!("The researcher says: {content}")))
+            }
+            (Role::User, Some((content, true))) => {
+                Ok(text(format!("The researcher failed: {content}")))
+            }
+            _ => {
+                let question = last
+                    .content
+                    .iter()
+                    .find_map(|b| match b {
+                        ContentBlock::Text { text } => Some(text.clone()),
+                        _ => None,
+                    })
+                    .unwrap_or_default();
+                Ok(ModelResponse {
+                    blocks: vec![ResponseBlock::ToolUse {
+                        id: "call_research".into(),
+                        name: "research".into(),
+                        input: json!({"task": question}),
+                        raw_input: None,
+                    }],
+                    usage: Usage::new(Some(100), Some(10)),
+                    stop_reason: None,
+                })
+            }
+        }
+    }
+}
+
+fn runner(store: &Store, hook: Option<abridge::FaultHook>) -> Runner {
+    let spec = abridge::ToolSpec {
+        name: "research".into(),
+        description: "Hand a question to the researcher.".into(),
+        input_schema: json!({"type": "object", "properties": {"task": {"type": "string"}}}),
+    };
+    let mut cfg = RunnerConfig::default().with_owner("delegation-test");
+    cfg.testing.fault_hook = hook;
+    Runner::builder(store.clone(), Arc::new(Agents))
+        .tools(Tools::new().delegate(spec, SubAgent::new("gpt-4o-mini", CHILD_PROMPT)))
+        .config(cfg)
+        .build()
+        .unwrap()
+}
+
+/// Sessions: (external id, parent turn, call).
+type SessionLines = Vec<(String, Option<i64>, Option<String>)>;
+/// Turns: (session, idx, status, output).
+type TurnLines = Vec<(String, i64, String, String)>;
+
+/// Every session and every turn.
+fn tree(store: &Store) -> (SessionLines, TurnLines) {
+    store
+        .with_conn(|c| {
+            let mut sessions = Vec::new();
+            let mut st = c.prepare(
+                "SELECT external_id, parent_turn, parent_call FROM sessions ORDER BY id",
+            )?;
+            let mut rows = st.query([])?;
+            while let Some(r) = rows.next()? {
+                sessions.push((r.get(0)?, r.get(1)?, r.get(2)?));
+            }
+            let mut turns = Vec::new();
+            let mut st = c.prepare(
+                "SELECT s.external_id, t.idx, t.status, coalesce(t.output, '') FROM turns t \
+                 JOIN sessions s ON s.id = t.session_id ORDER BY s.id, t.idx",
+            )?;
+            let mut rows = st.query([])?;
+            while let Some(r) = rows.next()? {
+                turns.push((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?));
+            }
+            Ok((sessions, turns))
+        })
+        .unwrap()
+}
+
+/// The parent's invocation rows of the research call.
+fn research_results(store: &Store) -> Vec<(String, String)> {
+    store
+        .with_conn(|c| {
+            let mut st = c.prepare(
+                "SELECT i.status, coalesce(i.result, '') FROM tool_invocations i \
+                 WHERE i.tool_name = 'research' ORDER BY i.id",
+            )?;
+            let mut rows = st.query([])?;
+            let mut out = Vec::new();
+            while let Some(r) = rows.next()? {
+                out.push((r.get(0)?, r.get(1)?));
+            }
+            Ok(out)
+        })
+        .unwrap()
+}
+
+/// Runs the parent's turn 0 (resuming after each injected crash with a
+/// fresh runner, as a restarted process would); returns the crashes.
+async fn run(store: &Store, hook: Option<abridge::FaultHook>) -> usize {
+    let first = runner(store, hook);
+    let s = first
+        .create_session("boss", "gpt-4o-mini", "You run the shop.")
+        .await
+        .unwrap();
+    let mut r = first;
+    let mut crashes = 0;
+    loop {
+        match r.run_turn_at(s.id, 0, "Where are the lanterns?").await {
+            Ok(out) => {
+                assert_eq!(
+                    out.output,
+                    "The researcher says: Found it: Where are the lanterns? is in aisle 7."
+                );
+                return crashes;
+            }
+            Err(Error::Injected(_)) => {
+                crashes += 1;
+                r = runner(store, None);
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delegating_call_runs_one_child_whose_answer_is_the_parents_result() {
+    let (_d, path) = common::temp_db();
+    let store = common::store_at(&path);
+    assert_eq!(run(&store, None).await, 0);
+    let (sessions, turns) = tree(&store);
+    assert_eq!(
+        sessions,
+        vec![
+            ("boss".to_string(), None, None),
+            (
+                "boss/0/call_research".to_string(),
+                Some(0),
+                Some("call_research".to_string())
+            ),
+        ]
+    );
+    assert_eq!(turns.len(), 2);
+    assert_eq!(
+        turns[1].3,
+        "Found it: Where are the lanterns? is in aisle 7."
+    );
+    assert_eq!(research_results(&store).len(), 1);
+    // The child knows its parent; the parent names its child.
+    let child = store.session("boss/0/call_research").await.unwrap();
+    let parent = store.session("boss").await.unwrap();
+    let link = child.parent.clone().unwrap();
+    assert_eq!(
+        (link.session_id, link.turn, link.call.as_deref()),
+        (parent.id, 0, Some("call_research"))
+    );
+    assert_eq!(link.kind, abridge::store::ParentKind::Delegate);
+    let children = store.children("boss").await.unwrap();
+    assert_eq!(
+        children.iter().map(|c| c.id).collect::<Vec<_>>(),
+        vec![child.id]
+    );
+    common::assert_verified(&store);
+    assert!(common::assert_all_steps_rebuild(&store) > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_carry_the_tree() {
+    let (_d, path) = common::temp_db();
+    let store = common::store_at(&path);
+    let r = runner(&store, None);
+    let mut events = r.subscribe();
+    let s = r
+        .create_session("boss", "gpt-4o-mini", "You run the shop.")
+        .await
+        .unwrap();
+    r.run_turn(s.id, "Where are the lanterns?").await.unwrap();
+    let mut delegated = None;
+    let mut child_events = 0;
+    while let Ok(e) = events.try_recv() {
+        if let abridge::events::EventKind::Delegated { child, created, .. } = &e.kind {
+            assert!(*created);
+            assert_eq!(e.subject.session, "boss");
+            delegated = Some(child.clone());
+        }
+        if e.subject.session == "boss/0/call_research" {
+            assert_eq!(e.subject.parent, Some(s.id));
+            child_events += 1;
+        }
+    }
+    assert_eq!(delegated.as_deref(), Some("boss/0/call_research"));
+    assert!(child_events > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_child_is_the_tools_error_result() {
+    let (_d, path) = common::temp_db();
+    let store = common::store_at(&path);
+    let r = runner(&store, None);
+    let s = r
+        .create_session("boss", "gpt-4o-mini", "You run the shop.")
+        .await
+        .unwrap();
+    let out = r.run_turn(s.id, "please fail").await.unwrap();
+    assert!(
+        out.output
+            .starts_with("The researcher failed: the sub-agent failed"),
+        "{}",
+        out.output
+    );
+    let results = research_results(&store);
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0].0, "failed");
+    common::assert_verified(&store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_at_every_named_point_of_a_delegating_call_ends_with_one_child_and_one_result() {
+    let (_c, control_path) = common::temp_db();
+    let control = common::store_at(&control_path);
+    assert_eq!(run(&control, None).await, 0);
+    let want = tree(&control);
+    let want_results = research_results(&control);
+    // How often a run reaches each point: every one of those is a crash.
+    let hits = Arc::new(std::sync::Mutex::new(std::collections::HashMap::<
+        FaultPoint,
+        usize,
+    >::new()));
+    let counted = hits.clone();
+    let counting: abridge::FaultHook = Arc::new(move |p| {
+        *counted.lock().unwrap().entry(p).or_default() += 1;
+        Ok(())
+    });
+    let (_e, counted_path) = common::temp_db();
+    assert_eq!(
+        run(&common::store_at(&counted_path), Some(counting)).await,
+        0
+    );
+    let hits = hits.lock().unwrap().clone();
+    // The child's turn reaches the points of any turn; the parent's call the
+    // delegation's own and those around its tool's effect.
+    let points = [
+        FaultPoint::ChildCreated,
+        FaultPoint::BeforeModelCall,
+        FaultPoint::AfterResponseWritten,
+        FaultPoint::BeforeStepComplete,
+        FaultPoint::ChildAnswered,
+        FaultPoint::AfterToolEffect,
+    ];
+    for point in points {
+        let reached = hits.get(&point).copied().unwrap_or(0);
+        assert!(reached > 0, "{point} is never reached by a delegating call");
+        for nth in 1..=reached {
+            let (_d, path) = common::temp_db();
+            let store = common::store_at(&path);
+            let crashes = run(&store, Some(common::fail_at(point, nth))).await;
+            assert_eq!(crashes, 1, "{point} #{nth} was never reached");
+            assert_eq!(
+                tree(&store),
+                want,
+                "{point} #{nth}: sessions or turns differ"
+            );
+            assert_eq!(
+                research_results(&store),
+                want_results,
+                "{point} #{nth}: results differ"
+            );
+            common::assert_verified(&store);
+            assert!(common::assert_all_steps_rebuild(&store) > 0);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoning_the_parents_turn_abandons_the_childs_and_delete_takes_the_child_along() {
+    let (_d, path) = common::temp_db();
+    let store = common::store_at(&path);
+    // Crash inside the child's turn: both turns stay running.
+    // (The parent's first step writes its response first; the child's is the second.)
+    let r = runner(
+        &store,
+        Some(common::fail_at(FaultPoint::AfterResponseWritten, 2)),
+    );
+    let s = r
+        .create_session("boss", "gpt-4o-mini", "You run the shop.")
+        .await
+        .unwrap();
+    assert!(matches!(
+        r.run_turn(s.id, "Where are the lanterns?").await,
+        Err(Error::Injected(_))
+    ));
+    let fresh = runner(&store, None);
+    let parent_turn = store
+        .with_conn(move |c| abridge::inspect::turns(c, s.id))
+        .unwrap()
+        .remove(0);
+    fresh
+        .abandon_turn(parent_turn.id, "the user gave up")
+        .await
+        .unwrap();
+    let (_, turns) = tree(&store);
+    assert!(turns.iter().all(|t| t.2 == "failed"), "{turns:?}");
+    let deleted = store.delete_session("boss").await.unwrap();
+    assert_eq!(deleted.children, vec!["boss/0/call_research".to_string()]);
+    assert!(tree(&store).0.is_empty());
+    common::assert_verified(&store);
+}
