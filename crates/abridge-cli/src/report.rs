@@ -274,6 +274,49 @@ pub fn session_page(conn: &Connection, key: &str, opts: &ReportOptions) -> Resul
         }
         b.push_str("</tbody></table></section>\n");
     }
+    // Where it comes from, and the sessions that hang off it.
+    if session.parent.is_some() || !detail.children.is_empty() {
+        b.push_str("<section aria-labelledby=\"tree\"><h2 id=\"tree\">Parent and children</h2>\n");
+        if let (Some(p), Some(name)) = (&session.parent, &detail.parent_external_id) {
+            let _ = writeln!(
+                b,
+                "<p data-parent=\"{}\">{}</p>",
+                esc(name),
+                esc(&match p.kind {
+                    abridge::store::ParentKind::Fork => format!(
+                        "A fork of {name} at turn {}: turns 0-{} are that session's, read where they are.",
+                        p.turn, p.turn
+                    ),
+                    _ => format!(
+                        "Delegated by {name}: runs tool call {} of its turn {}.",
+                        p.call.as_deref().unwrap_or("-"),
+                        p.turn
+                    ),
+                })
+            );
+        }
+        if !detail.children.is_empty() {
+            b.push_str("<table><thead><tr><th>session</th><th>relation</th><th class=\"n\">turn</th><th>call</th></tr></thead><tbody>\n");
+            for c in &detail.children {
+                if let Some(p) = &c.parent {
+                    let _ = writeln!(
+                        b,
+                        "<tr data-child=\"{}\"><td>{}</td><td>{}</td><td class=\"n\">{}</td><td>{}</td></tr>",
+                        esc(&c.external_id),
+                        esc(&c.external_id),
+                        match p.kind {
+                            abridge::store::ParentKind::Fork => "fork",
+                            _ => "delegated child",
+                        },
+                        p.turn,
+                        esc(p.call.as_deref().unwrap_or("-"))
+                    );
+                }
+            }
+            b.push_str("</tbody></table>\n");
+        }
+        b.push_str("</section>\n");
+    }
     // The steps, as a table (the chart's data, for screen readers too).
     b.push_str("<section aria-labelledby=\"steps\"><h2 id=\"steps\">Steps</h2><details><summary>Every step's measure</summary>\n");
     b.push_str("<table><thead><tr><th class=\"n\">turn</th><th class=\"n\">step</th><th class=\"n\">context tokens</th><th>measure</th><th class=\"n\">waited for a summary (ms)</th></tr></thead><tbody>\n");

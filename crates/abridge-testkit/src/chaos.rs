@@ -37,6 +37,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// The system prompt of the sub-agent the workload delegates to: every
+/// turn whose seed says so asks it (`ask_specialist`, a delegating tool),
+/// so workers are killed inside child turns and around the parent's
+/// completion of the call.
+pub const SPECIALIST_PROMPT: &str =
+    "You are the shop's specialist: answer one question in a sentence.";
+
 /// The environment variable a worker reads for self-kills: `p=0.02` (probability
 /// per fault point reached) or `at=N` (the N-th fault point reached).
 pub const KILL_ENV: &str = "ABRIDGE_CHAOS_KILL";
@@ -154,7 +161,33 @@ impl ModelClient for FaultyModel {
                 usage: Default::default(),
                 ..Default::default()
             }),
-            None => self.inner.complete(request).await,
+            None => match request.messages.first().and_then(|m| m.content.first()) {
+                // The specialist (a delegated child) answers its task.
+                Some(abridge::message::ContentBlock::Text { text })
+                    if text == SPECIALIST_PROMPT =>
+                {
+                    let task = request
+                        .messages
+                        .get(1)
+                        .and_then(|m| m.content.first())
+                        .map(|b| match b {
+                            abridge::message::ContentBlock::Text { text } => text.clone(),
+                            _ => String::new(),
+                        })
+                        .unwrap_or_default();
+                    Ok(ModelResponse {
+                        blocks: vec![abridge::message::ResponseBlock::Text {
+                            text: format!(
+                                "The specialist checked {} and confirms it.",
+                                &sha256_hex(task.as_bytes())[..12]
+                            ),
+                        }],
+                        usage: abridge::message::Usage::new(Some(50), Some(12)),
+                        ..Default::default()
+                    })
+                }
+                _ => self.inner.complete(request).await,
+            },
         }
     }
 }
@@ -257,7 +290,16 @@ fn chaos_runner(
     report: bool,
 ) -> Result<Runner> {
     let mut model = ScriptedModel::new(w.seed);
-    model.extra_tools = vec!["notify_customer".into(), "charge_card".into()];
+    model.extra_tools = vec![
+        "notify_customer".into(),
+        "charge_card".into(),
+        "ask_specialist".into(),
+    ];
+    let specialist = abridge::ToolSpec {
+        name: "ask_specialist".into(),
+        description: "Ask the shop's specialist one question.".into(),
+        input_schema: serde_json::json!({"type": "object"}),
+    };
     Runner::builder(
         store.clone(),
         Arc::new(FaultyModel {
@@ -267,13 +309,19 @@ fn chaos_runner(
             report,
         }),
     )
-    .tools(demo_tools(
-        Some(OutsideService {
-            db: store.path().to_path_buf(),
-            key: None,
-        }),
-        Duration::from_millis(1),
-    ))
+    .tools(
+        demo_tools(
+            Some(OutsideService {
+                db: store.path().to_path_buf(),
+                key: None,
+            }),
+            Duration::from_millis(1),
+        )
+        .delegate(
+            specialist,
+            abridge::SubAgent::new(DEMO_MODEL, SPECIALIST_PROMPT),
+        ),
+    )
     .summariser(FaultySummariser {
         seed: w.seed,
         attempts: Mutex::default(),
@@ -521,6 +569,8 @@ pub fn kill_hook_from_env() -> Option<FaultHook> {
             // Where: a point of a background summariser is named so.
             let bg = if abridge::compaction::in_background() {
                 "@background"
+            } else if abridge::runner::in_child() {
+                "@child"
             } else {
                 ""
             };
@@ -656,6 +706,10 @@ pub struct ChaosReport {
     /// up to the cut only. With `--enumerate`, summed over the kill runs (each
     /// run counts the sessions it cut).
     pub at_most_once_unknown_sessions: u64,
+    /// Delegated children (sub-agent sessions, one per `ask_specialist`
+    /// call) compared with the control's: each created once, with the
+    /// control's turns. With `--enumerate`, summed over the kill runs.
+    pub delegated_children: u64,
     /// Tool calls that parked their turn for a decision (every `charge_card`
     /// call), and of those how many the deciders rejected: every one decided
     /// once, by whichever worker came first.
@@ -1247,6 +1301,39 @@ fn compare(
                 .cloned()
                 .collect::<Vec<_>>()
         };
+        // Its delegated children: one per call, each with the control's
+        // turns (before a cut, as above).
+        let children = |c: &abridge::store::Connection| -> Result<Vec<(String, String)>> {
+            let d = abridge::inspect::session_detail(c, ext)?;
+            d.children
+                .iter()
+                .filter(|k| {
+                    k.parent
+                        .as_ref()
+                        .is_some_and(|p| cut_turn.is_none_or(|cut| p.turn < cut))
+                })
+                .map(|k| {
+                    let t = abridge::inspect::export(
+                        c,
+                        &k.external_id,
+                        abridge::inspect::ExportFormat::Jsonl,
+                    )?;
+                    Ok((
+                        k.external_id.clone(),
+                        if w.background { turns_only(&t) } else { t },
+                    ))
+                })
+                .collect()
+        };
+        let (kids, want_kids) = (children(&conn)?, children(&cconn)?);
+        report.delegated_children += kids.len() as u64;
+        if kids != want_kids {
+            report.violations.push(format!(
+                "session {ext}: its delegated children differ from the control run ({} here, {} there)",
+                kids.len(),
+                want_kids.len()
+            ));
+        }
         if before_cut(got_fx.get(ext)) != before_cut(want_fx.get(ext)) {
             report.violations.push(format!(
                 "session {ext}: transactional effects differ from the control run{}",

@@ -207,6 +207,10 @@ fn print_chaos(r: &abridge_testkit::chaos::ChaosReport) {
         "  decisions              {} parked calls decided once ({} rejected)",
         r.calls_parked, r.calls_rejected
     );
+    println!(
+        "  delegated children     {} (one per call, each as in the control run)",
+        r.delegated_children
+    );
     println!("  violations             {}", r.violations.len());
     for v in r.violations.iter().take(30) {
         println!("    - {v}");

@@ -80,6 +80,26 @@ fn enumeration_kills_at_every_point_of_the_workload() {
             "point {p} never hit: {points:?}"
         );
     }
+    // Kills inside delegated children's turns and around the parent's
+    // completion of a delegating call; each child compared with the
+    // control's.
+    for p in abridge::FaultPoint::DELEGATION {
+        assert!(
+            points.contains_key(p.name()),
+            "point {p} never hit: {points:?}"
+        );
+    }
+    for p in [
+        abridge::FaultPoint::BeforeModelCall,
+        abridge::FaultPoint::AfterResponseWritten,
+        abridge::FaultPoint::BeforeStepComplete,
+    ] {
+        assert!(
+            points.contains_key(&format!("{p}@child")),
+            "no kill inside a child's turn at {p}: {points:?}"
+        );
+    }
+    assert!(r["delegated_children"].as_u64().unwrap() > 0, "{r}");
 }
 
 /// With background compaction, the summariser runs in a task while the

@@ -376,3 +376,60 @@ async fn compact_and_serve_summarise_with_the_configured_model() {
         .unwrap();
     assert!(served.iter().any(|m| m == "summ-2"), "{served:?}");
 }
+
+/// A fork made with `abridge fork` is continued by `abridge chat`: its
+/// request carries the parent's turns up to the fork point, not the later
+/// ones, and the parent is unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_continues_a_fork_made_from_the_command_line() {
+    let fake = serve(echo).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("fork.db");
+    for said in ["first thing", "second thing"] {
+        let out = output(chat(&fake, &db, &[said])).await;
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    let fork = abridge_cmd()
+        .args(["fork", "--db"])
+        .arg(db_for(&db))
+        .args(["--session", "s", "--at-turn", "0", "--as", "s-branch"])
+        .output()
+        .unwrap();
+    assert!(fork.status.success(), "{}", text(&fork.stderr));
+    let mut c = abridge_cmd();
+    c.args(["chat", "--db"])
+        .arg(db_for(&db))
+        .args([
+            "--session",
+            "s-branch",
+            "--provider",
+            "openai",
+            "--model",
+            "gpt-test",
+        ])
+        .arg("another thing")
+        .env("OPENAI_API_KEY", "sk-test")
+        .env("OPENAI_BASE_URL", &fake.base)
+        .env_remove("RUST_LOG");
+    let out = output(c).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "echo: another thing\n");
+    let last = fake.seen().last().unwrap().body.to_string();
+    assert!(last.contains("first thing"), "{last}");
+    assert!(!last.contains("second thing"), "{last}");
+    let export = abridge_cmd()
+        .args(["export", "--db"])
+        .arg(db_for(&db))
+        .args(["--session", "s", "--format", "jsonl"])
+        .output()
+        .unwrap();
+    let parent = text(&export.stdout);
+    assert!(!parent.contains("another thing"));
+    assert!(parent.contains("\"kind\":\"child\""));
+    let verify = abridge_cmd()
+        .args(["verify", "--db"])
+        .arg(db_for(&db))
+        .output()
+        .unwrap();
+    assert!(verify.status.success(), "{}", text(&verify.stdout));
+}

@@ -360,3 +360,78 @@ async fn abandoning_the_parents_turn_abandons_the_childs_and_delete_takes_the_ch
     assert!(tree(&store).0.is_empty());
     common::assert_verified(&store);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_export_and_the_report_show_a_sessions_children() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tree.db");
+    let store = Store::open(&path).unwrap();
+    assert_eq!(run(&store, None).await, 0);
+    let r = runner(&store, None);
+    let parent = store.session("boss").await.unwrap();
+    let fork = r.fork(parent.id, 0, "boss-branch").await.unwrap();
+    r.run_turn(fork.id, "And the candles?").await.unwrap();
+    let export = |key: &str| {
+        store
+            .with_conn(|c| abridge::inspect::export(c, key, abridge::inspect::ExportFormat::Jsonl))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let kinds = |recs: &[serde_json::Value], kind: &str| {
+        recs.iter()
+            .filter(|r| r["kind"] == kind)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let boss = export("boss");
+    let children = kinds(&boss, "child");
+    assert_eq!(children.len(), 2, "{children:?}");
+    assert_eq!(children[0]["session"], "boss/0/call_research");
+    assert_eq!(children[0]["relation"], "delegate");
+    assert_eq!(children[0]["call"], "call_research");
+    assert_eq!(children[1]["session"], "boss-branch");
+    assert_eq!(children[1]["relation"], "fork");
+    let child = export("boss/0/call_research");
+    assert_eq!(child[0]["kind"], "delegated_by");
+    assert_eq!(child[0]["parent"], "boss");
+    // The fork: its parent first, then the shared turn 0, then its own turn 1.
+    let branch = export("boss-branch");
+    assert_eq!(branch[0]["kind"], "forked_from");
+    assert_eq!(branch[0]["at_turn"], 0);
+    let users: Vec<_> = kinds(&branch, "user")
+        .iter()
+        .map(|r| r["turn"].clone())
+        .collect();
+    assert_eq!(users, vec![json!(0), json!(1)]);
+    drop(r);
+    drop(store);
+    let inspect = common::abridge_cmd()
+        .args(["inspect", "--db"])
+        .arg(&path)
+        .arg("boss")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&inspect.stdout);
+    assert!(
+        text.contains("delegated boss/0/call_research (id 2) for call call_research of turn 0"),
+        "{text}"
+    );
+    assert!(text.contains("fork boss-branch"), "{text}");
+    let page = abridge::store::read_only(&path, |c| {
+        abridge_cli::report::session_page(c, "boss", &abridge_cli::report::ReportOptions::default())
+    })
+    .unwrap();
+    assert!(page.contains("data-child=\"boss/0/call_research\""));
+    assert!(page.contains("data-child=\"boss-branch\""));
+    let page = abridge::store::read_only(&path, |c| {
+        abridge_cli::report::session_page(
+            c,
+            "boss-branch",
+            &abridge_cli::report::ReportOptions::default(),
+        )
+    })
+    .unwrap();
+    assert!(page.contains("A fork of boss at turn 0"));
+}

@@ -398,6 +398,17 @@ pub enum ExportFormat {
 fn records(conn: &Connection, session: &SessionRow) -> Result<Vec<serde_json::Value>> {
     let compactions = store::list_compactions(conn, session.id)?;
     let mut out = Vec::new();
+    // A fork: its parent and fork point first; the shared turns follow as
+    // the fork reads them, then its own.
+    if let Some(p) = &session.parent {
+        let parent = store::get_session(conn, p.session_id)?.external_id;
+        out.push(match p.kind {
+            store::ParentKind::Fork => {
+                json!({"kind": "forked_from", "parent": parent, "at_turn": p.turn})
+            }
+            _ => json!({"kind": "delegated_by", "parent": parent, "parent_turn": p.turn, "call": p.call}),
+        });
+    }
     for turn in store::list_turns(conn, session.id)? {
         out.push(json!({"kind": "user", "turn": turn.idx, "text": turn.input}));
         for step in store::list_steps(conn, turn.id)? {
@@ -453,6 +464,15 @@ fn records(conn: &Connection, session: &SessionRow) -> Result<Vec<serde_json::Va
                 "kind": "compaction", "up_to_turn": c.up_to_turn_index, "status": c.status,
                 "trigger": c.trigger, "tokens_before": c.tokens_before, "tokens_after": c.tokens_after,
                 "summary": c.summary,
+            }));
+        }
+    }
+    // The sessions that hang off it, last: forks and delegated children.
+    for child in store::children(conn, session.id)? {
+        if let Some(p) = &child.parent {
+            out.push(json!({
+                "kind": "child", "relation": p.kind, "session": child.external_id,
+                "parent_turn": p.turn, "call": p.call,
             }));
         }
     }
@@ -515,6 +535,32 @@ fn render_export(conn: &Connection, session: &SessionRow, format: ExportFormat) 
                     "turn_failed" | "step_failed" => {
                         out.push_str(&format!("\n**Failed:** {}\n", s(&r, "error")))
                     }
+                    "forked_from" => out.push_str(&format!(
+                        "\nForked from `{}` at turn {}: turns 0-{} are that session's.\n",
+                        s(&r, "parent"),
+                        r["at_turn"],
+                        r["at_turn"]
+                    )),
+                    "delegated_by" => out.push_str(&format!(
+                        "\nDelegated by `{}`: runs tool call `{}` of its turn {}.\n",
+                        s(&r, "parent"),
+                        s(&r, "call"),
+                        r["parent_turn"]
+                    )),
+                    "child" => out.push_str(&format!(
+                        "\n- {} `{}` (turn {}{})\n",
+                        if s(&r, "relation") == "fork" {
+                            "fork"
+                        } else {
+                            "delegated child"
+                        },
+                        s(&r, "session"),
+                        r["parent_turn"],
+                        r["call"]
+                            .as_str()
+                            .map(|c| format!(", call `{c}`"))
+                            .unwrap_or_default()
+                    )),
                     _ => out.push_str(&format!("\n{r}\n")),
                 }
             }

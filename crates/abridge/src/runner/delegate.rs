@@ -17,6 +17,17 @@ use crate::tools::{SubAgent, Tool, ToolCall, ToolError};
 use serde_json::Value;
 use std::sync::Arc;
 
+tokio::task_local! {
+    static CHILD: ();
+}
+
+/// Whether the caller runs inside a delegated child's turn, started by a
+/// parent's delegating call in this task (fault hooks use it to say where a
+/// point was reached).
+pub fn in_child() -> bool {
+    CHILD.try_with(|_| ()).is_ok()
+}
+
 /// One delegating call of a parent's step, as the tool the runner calls.
 pub(super) struct ChildRun {
     pub(super) runner: Runner,
@@ -64,7 +75,10 @@ impl ChildRun {
         );
         crate::error::check_fault(hook, FaultPoint::ChildCreated).map_err(crashed)?;
         // Boxed: the child's turn may delegate again.
-        let outcome = Box::pin(self.runner.run_turn_at(child.id, 0, &Self::task(call))).await;
+        let task = Self::task(call);
+        let outcome = CHILD
+            .scope((), Box::pin(self.runner.run_turn_at(child.id, 0, &task)))
+            .await;
         let outcome = match outcome {
             Ok(o) => o,
             // A crash inside the child's turn is the parent's crash too.

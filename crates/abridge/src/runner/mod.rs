@@ -17,6 +17,7 @@ mod step;
 mod tool_calls;
 
 pub use config::{RunnerBuilder, RunnerConfig};
+pub use delegate::in_child;
 use model_call::*;
 use step::*;
 use tool_calls::*;
