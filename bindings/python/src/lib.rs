@@ -195,6 +195,28 @@ impl Store {
         awaitable(py, async move { store.delete_session(key.0).await })
     }
 
+    /// Makes `new_id` a fork of the session at turn `at_turn`: a new
+    /// session (a dict) whose history is the session's turns up to and
+    /// including `at_turn`, read where they are (nothing is copied), then its
+    /// own. The session is unchanged; only a completed turn is a fork point.
+    fn fork<'py>(
+        &self,
+        py: Python<'py>,
+        key: SessionKeyArg,
+        at_turn: i64,
+        new_id: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let store = self.inner.clone();
+        awaitable(py, async move { store.fork(key.0, at_turn, &new_id).await })
+    }
+
+    /// The sessions (dicts) that hang off the session: its forks and its
+    /// delegated children, oldest first.
+    fn children<'py>(&self, py: Python<'py>, key: SessionKeyArg) -> PyResult<Bound<'py, PyAny>> {
+        let store = self.inner.clone();
+        awaitable(py, async move { store.children(key.0).await })
+    }
+
     /// The session (a dict) by its id or external id.
     fn session<'py>(&self, py: Python<'py>, key: SessionKeyArg) -> PyResult<Bound<'py, PyAny>> {
         let store = self.inner.clone();
@@ -1130,6 +1152,42 @@ impl Runner {
             runner
                 .create_session(&external_id, &model, &system_prompt)
                 .await
+        })
+    }
+
+    /// Makes `new_id` a fork of the session at turn `at_turn` (see
+    /// `Store.fork`), with this runner's pins window.
+    fn fork<'py>(
+        &self,
+        py: Python<'py>,
+        session_id: i64,
+        at_turn: i64,
+        new_id: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let runner = self.inner.clone();
+        awaitable(py, async move {
+            runner.fork(SessionId(session_id), at_turn, &new_id).await
+        })
+    }
+
+    /// Goes back to turn `turn` and says `input` instead, keeping the
+    /// original: forks the session at `turn - 1` as `new_id` and runs the
+    /// fork's turn `turn`. Returns `(fork, outcome)`.
+    fn rewind<'py>(
+        &self,
+        py: Python<'py>,
+        session_id: i64,
+        turn: i64,
+        new_id: String,
+        input: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let runner = self.inner.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let (fork, out) = runner
+                .rewind(SessionId(session_id), turn, &new_id, &input)
+                .await
+                .map_err(py_err)?;
+            Python::with_gil(|py| Ok((to_py(py, &fork)?, outcome(py, &out)?)))
         })
     }
 

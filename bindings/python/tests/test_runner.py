@@ -359,3 +359,29 @@ def test_compaction_settings_as_one_mapping(tmp_path):
         abridge.Runner(store, scripted_model(), compact_at=100, compaction={"compact_at": 200})
     with pytest.raises(ValueError, match="no setting"):
         abridge.Runner(store, scripted_model(), compaction={"compact_after": 200})
+
+
+def test_a_fork_reads_the_parents_turns_and_a_rewind_keeps_the_original(tmp_path):
+    async def main():
+        store = abridge.Store.open(str(tmp_path / "f.db"))
+        runner = abridge.Runner(store, scripted_model())
+        s = await runner.create_session("user-42", "gpt-4o", "You are terse.")
+        for i, said in enumerate(["one", "two", "three"]):
+            await runner.run_turn_at(s["id"], i, said)
+        fork = await store.fork("user-42", 0, "user-42-branch")
+        assert fork["parent"] == {"session_id": s["id"], "kind": "fork", "turn": 0, "call": None}
+        out = await runner.run_turn(fork["id"], "another")
+        assert out["turn"]["idx"] == 1
+        turns = await store.turns(fork["id"])
+        assert [t["input"] for t in turns] == ["one", "another"]
+        again, redo = await runner.rewind(s["id"], 2, "user-42-redo", "THREE")
+        assert again["parent"]["turn"] == 1 and redo["turn"]["input"] == "THREE"
+        assert [t["input"] for t in await store.turns(s["id"])] == ["one", "two", "three"]
+        kids = await store.children("user-42")
+        assert [k["external_id"] for k in kids] == ["user-42-branch", "user-42-redo"]
+        with pytest.raises(abridge.AbridgeError):
+            await store.delete_session("user-42")
+        report = await store.verify()
+        assert report["ok"], report
+
+    run(main())

@@ -84,6 +84,12 @@ fn say(d: &Deleted) {
             " (a reader held the write-ahead log: its copy goes at the next checkpoint)"
         }
     );
+    if !d.children.is_empty() {
+        println!(
+            "  with its delegated children (the sessions its tool calls ran): {}",
+            d.children.join(", ")
+        );
+    }
 }
 
 /// The store at `db` (which must exist) and the session named `typed`, as

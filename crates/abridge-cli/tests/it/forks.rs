@@ -134,6 +134,8 @@ async fn a_fork_continued_through_the_runner_compacts_on_its_own_without_touchin
             .unwrap();
     }
     let parent_before = own_rows(&store, sid);
+    let effects_before = common::effects(&store);
+    assert!(!effects_before.is_empty());
     let fork = runner.fork(sid, 9, "branch-at-9").await.unwrap();
     assert_eq!(own_rows(&store, sid), parent_before);
     for t in 10..30 {
