@@ -253,6 +253,14 @@ async fn only_a_completed_turn_is_a_fork_point_and_a_fork_of_a_fork_reads_both()
         .chain((4..7).map(|i| (b.id, i)))
         .collect();
     assert_eq!(turns(b.id), want_b);
+    // `b` forks inside the first session's turns, yet names `a` as its
+    // parent: `a` is not deleted under it.
+    match store.delete_session(a.id).await {
+        Err(Error::HasForks { forks, .. }) => {
+            assert_eq!(forks, vec!["b".to_string(), "c".to_string()])
+        }
+        other => panic!("{other:?}"),
+    }
     assert!(common::assert_all_steps_rebuild(&store) > 0);
     common::assert_verified(&store);
 }

@@ -226,11 +226,14 @@ pub(crate) fn children(conn: &Connection, session_id: SessionId) -> Result<Vec<S
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
-/// The forks that read `session_id`'s turns (its forks, theirs, and so on).
+/// The forks that read `session_id`'s rows: those whose lineage reads its
+/// turns (its forks, theirs, and so on), and its own forks, whose base
+/// compaction may be its own even when they fork inside an ancestor's turns.
 pub(crate) fn forks_reading(conn: &Connection, session_id: SessionId) -> Result<Vec<String>> {
     let mut st = conn.prepare_cached(
-        "SELECT s.external_id FROM session_lineage l JOIN sessions s ON s.id = l.session_id \
-         WHERE l.owner_id = ?1 ORDER BY s.id",
+        "SELECT s.external_id FROM sessions s WHERE s.id IN \
+         (SELECT l.session_id FROM session_lineage l WHERE l.owner_id = ?1) \
+         OR (s.parent_id = ?1 AND s.parent_kind = 'fork') ORDER BY s.id",
     )?;
     let rows = st.query_map([session_id], |r| r.get(0))?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
