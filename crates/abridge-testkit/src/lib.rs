@@ -11,6 +11,8 @@
 //! - [`long_session`]: one new fact a turn for hundreds of compactions.
 //! - [`probes`]: the probe evaluation (what the model can answer after 1, 3,
 //!   10 and 20 compactions).
+//! - [`mcp_fixture`]: an MCP server of the project's own (the binary
+//!   `abridge-mcp-fixture`), for the MCP tests.
 //! - [`fake_http`]: a scripted HTTP server for provider clients.
 //! - [`local_provider`]: a local stand-in for each provider's API (the
 //!   provider examples' server when no key is set).
@@ -28,6 +30,7 @@ pub mod fake_http;
 pub mod fidelity;
 pub mod local_provider;
 pub mod long_session;
+pub mod mcp_fixture;
 pub mod probes;
 pub mod sabotage;
 pub mod scripted;

@@ -81,6 +81,8 @@ pub mod fault;
 pub mod ids;
 mod lease;
 mod legacy;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 pub mod message;
 pub mod model;
 pub mod owner;

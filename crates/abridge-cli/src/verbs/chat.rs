@@ -59,6 +59,26 @@ pub struct Args {
     /// when stdout is a terminal.
     #[arg(long, value_enum)]
     pub stream: Option<Stream>,
+    /// An MCP server run as this command line (split as a shell splits
+    /// words), whose tools the chat offers the model; repeatable.
+    #[arg(long = "mcp", value_name = "COMMAND")]
+    pub mcp: Vec<String>,
+    /// An MCP server at this URL, over streamable HTTP; repeatable.
+    #[arg(long = "mcp-url", value_name = "URL")]
+    pub mcp_url: Vec<String>,
+    /// A header sent to every `--mcp-url` server (`Name: value`, e.g.
+    /// `Authorization: Bearer …`); repeatable.
+    #[arg(long = "mcp-header", value_name = "HEADER")]
+    pub mcp_header: Vec<String>,
+    /// The effect mode of one MCP tool: `TOOL=idempotent` or
+    /// `TOOL=at-most-once` (the default for every MCP tool); repeatable.
+    #[arg(long = "mcp-effect", value_name = "TOOL=MODE")]
+    pub mcp_effect: Vec<String>,
+    /// Follow the MCP servers' tool annotations: a tool marked read-only or
+    /// idempotent is idempotent (sent again after a crash, with the same
+    /// idempotency key).
+    #[arg(long = "mcp-trust-annotations")]
+    pub mcp_trust_annotations: bool,
     /// One message: run one turn and print the answer. Without it, an
     /// interactive session.
     pub message: Option<String>,
@@ -92,8 +112,10 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         Some(s) => s == Stream::On,
         None => std::io::stdout().is_terminal(),
     };
+    let tools = mcp_tools(&args).await?;
     let store = open_store(&args.db)?;
     let runner = Runner::builder(store, client.clone())
+        .tools(tools)
         .stream(stream)
         .summariser(ModelSummariser::new(client, summary_model))
         .compaction(CompactionConfig::default().with_compact_at(compact_at))
@@ -134,6 +156,93 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
     // (a kill leaves them pending: the next chat finishes them).
     chat.runner.finish_background().await;
     Ok(code)
+}
+
+/// The tools of the `--mcp` and `--mcp-url` servers.
+#[cfg(feature = "mcp")]
+async fn mcp_tools(args: &Args) -> Result<abridge::Tools, Failure> {
+    use abridge::mcp::{McpEffects, McpServer, McpTransport};
+    use abridge::store::Effect;
+    let mut effects = McpEffects::new();
+    if args.mcp_trust_annotations {
+        effects = effects.trust_annotations();
+    }
+    let mut per_tool = Vec::new();
+    for e in &args.mcp_effect {
+        let (tool, mode) = e.split_once('=').ok_or_else(|| {
+            Failure::usage(format!(
+                "--mcp-effect {e:?}: give TOOL=idempotent or TOOL=at-most-once"
+            ))
+        })?;
+        let mode = match mode {
+            "idempotent" => Effect::Idempotent,
+            "at-most-once" | "at_most_once" => Effect::AtMostOnce,
+            other => {
+                return Err(Failure::usage(format!(
+                    "--mcp-effect {tool}={other}: the mode is idempotent or at-most-once"
+                )))
+            }
+        };
+        per_tool.push((tool.to_string(), mode));
+    }
+    let mut headers = Vec::new();
+    for h in &args.mcp_header {
+        let (name, value) = h
+            .split_once(':')
+            .ok_or_else(|| Failure::usage(format!("--mcp-header {h:?}: give Name: value")))?;
+        headers.push((name.trim().to_string(), value.trim().to_string()));
+    }
+    let mut transports = Vec::new();
+    for line in &args.mcp {
+        transports
+            .push(McpTransport::command_line(line).map_err(|e| Failure::usage(e.to_string()))?);
+    }
+    for url in &args.mcp_url {
+        transports.push(McpTransport::Http {
+            url: url.clone(),
+            headers: headers.clone(),
+        });
+    }
+    let mut tools = abridge::Tools::new();
+    for transport in transports {
+        let server = McpServer::connect(transport)
+            .await
+            .map_err(|e| Failure::runtime(e.to_string()))?;
+        // Each server gets the modes named for its own tools.
+        let mut mine = effects.clone();
+        for (tool, mode) in &per_tool {
+            if server.tools().iter().any(|t| &t.name == tool) {
+                mine = mine.tool(tool.clone(), *mode);
+            }
+        }
+        tools = server
+            .register(tools, &mine)
+            .map_err(|e| Failure::runtime(e.to_string()))?;
+        eprintln!(
+            "note: {} tools from the MCP server {}",
+            server.tools().len(),
+            server.label()
+        );
+    }
+    for (tool, _) in &per_tool {
+        if !tools.specs().iter().any(|s| &s.name == tool) {
+            return Err(Failure::usage(format!(
+                "--mcp-effect names {tool:?}, which no MCP server has"
+            )));
+        }
+    }
+    Ok(tools)
+}
+
+/// Without the `mcp` feature: no MCP server can be given.
+#[cfg(not(feature = "mcp"))]
+async fn mcp_tools(args: &Args) -> Result<abridge::Tools, Failure> {
+    if args.mcp.is_empty() && args.mcp_url.is_empty() {
+        return Ok(abridge::Tools::new());
+    }
+    Err(Failure::usage(
+        "this abridge was built without the `mcp` feature: --mcp and --mcp-url need it",
+    ))
 }
 
 /// What a streaming turn printed.

@@ -19,6 +19,9 @@ enum Kind {
     Engine(Error),
     Usage(String),
     Interrupted(String),
+    /// Anything else that stops the verb (an MCP server that cannot be
+    /// reached): said as is, exit status 1.
+    Other(String),
 }
 
 impl Failure {
@@ -45,13 +48,21 @@ impl Failure {
         }
     }
 
+    /// A failure outside the engine (exit status 1), said as is.
+    pub fn runtime(message: impl Into<String>) -> Failure {
+        Failure {
+            session: None,
+            kind: Kind::Other(message.into()),
+        }
+    }
+
     /// The exit status: 2 for a usage error, 130 when interrupted, 1 for
     /// any other.
     pub fn exit_code(&self) -> std::process::ExitCode {
         match self.kind {
             Kind::Usage(_) => std::process::ExitCode::from(2),
             Kind::Interrupted(_) => std::process::ExitCode::from(130),
-            Kind::Engine(_) => std::process::ExitCode::FAILURE,
+            Kind::Engine(_) | Kind::Other(_) => std::process::ExitCode::FAILURE,
         }
     }
 }
@@ -81,7 +92,7 @@ impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let error = match &self.kind {
             Kind::Usage(message) => return write!(f, "{message} (see --help)"),
-            Kind::Interrupted(message) => return write!(f, "{message}"),
+            Kind::Interrupted(message) | Kind::Other(message) => return write!(f, "{message}"),
             Kind::Engine(e) => e,
         };
         match (&self.session, error) {

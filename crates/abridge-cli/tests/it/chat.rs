@@ -433,3 +433,119 @@ async fn chat_continues_a_fork_made_from_the_command_line() {
         .unwrap();
     assert!(verify.status.success(), "{}", text(&verify.stdout));
 }
+
+/// Calls `add_note` once, then answers with the tool's result.
+#[cfg(feature = "mcp")]
+fn note_taker(seen: &Seen) -> Answer {
+    let messages = seen.body["messages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let last = messages.last().cloned().unwrap_or_default();
+    if last["role"] == "tool" {
+        return completion(&format!(
+            "done: {}",
+            last["content"].as_str().unwrap_or_default()
+        ));
+    }
+    (
+        200,
+        vec![],
+        json!({
+            "id": "c1",
+            "object": "chat.completion",
+            "choices": [{"index": 0, "finish_reason": "tool_calls",
+                "message": {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_n", "type": "function",
+                     "function": {"name": "add_note", "arguments": "{\"note\":\"from chat\"}"}}]}}],
+            "usage": {"prompt_tokens": 40, "completion_tokens": 5, "total_tokens": 45}
+        }),
+    )
+}
+
+#[cfg(feature = "mcp")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_offers_the_tools_of_mcp_servers_given_by_command_and_url() {
+    use crate::mcp::{fixture_bin, Files, HttpFixture};
+    let fake = serve(note_taker).await;
+    let dir = tempfile::tempdir().unwrap();
+
+    // --mcp: a server run as a command line.
+    let files = Files::new();
+    let mut line = vec![fixture_bin().display().to_string()];
+    line.extend(files.args());
+    line.push("--stdio".into());
+    let command = line.join(" ");
+    let db = dir.path().join("stdio.db");
+    let out = output(chat(
+        &fake,
+        &db,
+        &[
+            "--mcp",
+            &command,
+            "--mcp-effect",
+            "add_note=idempotent",
+            "note this",
+        ],
+    ))
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "done: noted: from chat\n");
+    let offered: Vec<String> = fake.seen()[0].body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(offered.contains(&"add_note".to_string()), "{offered:?}");
+    let calls = files.calls();
+    assert_eq!(calls.len(), 1);
+    let key: String = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row(
+            "SELECT idempotency_key || ' ' || effect FROM tool_invocations",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        key,
+        format!("{} idempotent", calls[0]["key"].as_str().unwrap())
+    );
+
+    // --mcp-url: a server over streamable HTTP, with a header.
+    let files = Files::new();
+    let http = HttpFixture::start(&files, "127.0.0.1:0");
+    let db = dir.path().join("http.db");
+    let out = output(chat(
+        &fake,
+        &db,
+        &[
+            "--mcp-url",
+            &http.url,
+            "--mcp-header",
+            "Authorization: Bearer t",
+            "note that",
+        ],
+    ))
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "done: noted: from chat\n");
+    assert_eq!(files.calls().len(), 1);
+
+    // A mode for a tool no server has, and a server that is not there.
+    let out = output(chat(
+        &fake,
+        &db,
+        &["--mcp", &command, "--mcp-effect", "nope=idempotent", "x"],
+    ))
+    .await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let out = output(chat(&fake, &db, &["--mcp", "/nonexistent/server", "x"])).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("could not connect to the MCP server"),
+        "{}",
+        text(&out.stderr)
+    );
+}

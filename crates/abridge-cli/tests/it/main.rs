@@ -29,6 +29,8 @@ mod host_patterns;
 mod hostile;
 mod layering;
 mod lease;
+#[cfg(feature = "mcp")]
+mod mcp;
 mod portable;
 mod postgres;
 mod process_kill;
