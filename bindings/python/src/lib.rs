@@ -422,6 +422,7 @@ impl ModelClient for RecorderClient {
             }],
             usage: Default::default(),
             stop_reason: None,
+            model: None,
         })
     }
 }

@@ -142,7 +142,7 @@ impl ModelClient for FaultyModel {
             _ => None,
         };
         // One request in 400 gets an empty reply on every attempt: the turn fails by policy.
-        let empty = stable_hash(self.seed, &[&key, "empty"]) % 400 == 0;
+        let empty = stable_hash(self.seed, &[&key, "empty"]).is_multiple_of(400);
         if self.report {
             if let Some(f) = fault {
                 say(&format!("FAULT {f}"));

@@ -378,7 +378,7 @@ pub fn tool_result(name: &str, args: &Value) -> Result<Value, ToolError> {
             let status = ["processing", "shipped", "in transit", "delivered"][(h % 4) as usize];
             let n_items = 1 + (h >> 8) % 3;
             // One lookup in eight returns a long history (several KB).
-            let events = if (h >> 16) % 8 == 0 { 60 } else { 3 };
+            let events = if (h >> 16).is_multiple_of(8) { 60 } else { 3 };
             let history: Vec<Value> = (0..events)
                 .map(|i| json!({"at": format!("2026-11-{:02}T{:02}:00Z", 1 + i % 28, i % 24), "event": format!("scan at hub {} ({})", (h >> (i % 48)) % 97, order)}))
                 .collect();
@@ -389,7 +389,7 @@ pub fn tool_result(name: &str, args: &Value) -> Result<Value, ToolError> {
             if pc.len() != 5 {
                 return Err(ToolError::new(format!("invalid postal code {pc:?}")));
             }
-            Ok(json!({"postcode": pc, "deliverable": h % 5 != 0, "zone": 1 + h % 4}))
+            Ok(json!({"postcode": pc, "deliverable": !h.is_multiple_of(5), "zone": 1 + h % 4}))
         }
         "quote_shipping" => Ok(json!({
             "order_id": s("order_id"), "postcode": s("postcode"),
@@ -593,6 +593,8 @@ pub struct DemoOptions {
     /// The verbatim tail as a share of the threshold
     /// (`CompactionConfig::keep_recent_share`); None: the default.
     pub keep_recent_share: Option<f64>,
+    /// OpenTelemetry spans and metrics of the demo's runner.
+    pub telemetry: Option<abridge::telemetry::Telemetry>,
 }
 
 impl Default for DemoOptions {
@@ -610,6 +612,7 @@ impl Default for DemoOptions {
             key: None,
             require_approval: Vec::new(),
             keep_recent_share: None,
+            telemetry: None,
         }
     }
 }
@@ -750,13 +753,16 @@ pub fn demo_runner(
     if !opts.require_approval.is_empty() {
         cfg.approval = abridge::Approval::tools(opts.require_approval.iter().cloned());
     }
-    abridge::runner::Runner::builder(store.clone(), std::sync::Arc::new(model))
+    let mut builder = abridge::runner::Runner::builder(store.clone(), std::sync::Arc::new(model))
         .tools(demo_tools(None, Duration::ZERO))
         .summariser(SlowSummariser {
             latency: opts.summary_latency,
         })
-        .config(cfg)
-        .build()
+        .config(cfg);
+    if let Some(t) = &opts.telemetry {
+        builder = builder.telemetry(t.clone().provider_name("abridge-demo"));
+    }
+    builder.build()
 }
 
 /// Runs (or resumes) the demo: `sessions` sessions of `turns` scripted turns,

@@ -76,6 +76,7 @@ impl ModelClient for Scripted {
                 ..Usage::default()
             },
             stop_reason: None,
+            model: None,
         })
     }
 }

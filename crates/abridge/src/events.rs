@@ -154,6 +154,8 @@ pub enum EventKind {
     ToolStarted {
         /// The step.
         step_id: StepId,
+        /// The model's id of the call.
+        tool_call_id: String,
         /// The tool.
         tool: String,
         /// Its effect mode.
@@ -165,6 +167,8 @@ pub enum EventKind {
         step_id: StepId,
         /// The invocation row.
         invocation_id: InvocationId,
+        /// The model's id of the call.
+        tool_call_id: String,
         /// The tool.
         tool: String,
         /// Its effect mode.
@@ -374,6 +378,15 @@ pub struct EventSink {
     /// Whether events and logs may carry text that can hold a conversation's
     /// content (see [`EventSink::shown`]).
     log_content: bool,
+    /// Sees every event as it is sent (the `otel` feature's spans).
+    observer: Option<std::sync::Arc<dyn Observer>>,
+}
+
+/// Code that sees every event as it is sent, in the sender's task
+/// (telemetry): it must not block.
+pub(crate) trait Observer: Send + Sync + std::fmt::Debug {
+    /// One event.
+    fn observe(&self, event: &Event);
 }
 
 impl Default for EventSink {
@@ -389,7 +402,15 @@ impl EventSink {
         EventSink {
             tx: broadcast::channel(1024).0,
             log_content,
+            observer: None,
         }
+    }
+
+    /// The sink with `observer` seeing every event it sends.
+    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
+    pub(crate) fn with_observer(mut self, observer: std::sync::Arc<dyn Observer>) -> EventSink {
+        self.observer = Some(observer);
+        self
     }
 
     /// `text` that may hold a conversation's content (a provider's or a
@@ -423,6 +444,17 @@ impl EventSink {
 
     /// Sends an event to every current subscriber.
     pub fn emit(&self, subject: &Subject, kind: EventKind) {
+        if let Some(observer) = &self.observer {
+            let event = Event {
+                subject: subject.clone(),
+                kind,
+            };
+            observer.observe(&event);
+            if self.tx.receiver_count() > 0 {
+                let _ = self.tx.send(event);
+            }
+            return;
+        }
         if self.tx.receiver_count() > 0 {
             let _ = self.tx.send(Event {
                 subject: subject.clone(),
@@ -431,9 +463,9 @@ impl EventSink {
         }
     }
 
-    /// Whether anyone subscribes.
+    /// Whether anyone subscribes (or an observer sees the events).
     pub(crate) fn listened(&self) -> bool {
-        self.tx.receiver_count() > 0
+        self.observer.is_some() || self.tx.receiver_count() > 0
     }
 
     /// A new subscription.

@@ -97,6 +97,8 @@ mod render_format;
 pub mod retry;
 pub mod runner;
 pub mod store;
+#[cfg(feature = "otel")]
+pub mod telemetry;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod text;

@@ -215,6 +215,10 @@ pub struct ModelResponse {
     /// `tool_use`, `max_tokens`, `stop`, `length`, ...), where it said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<String>,
+    /// The model that answered, as the provider named it (it may name a
+    /// dated version of the model asked for), where it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 impl ModelResponse {

@@ -154,4 +154,11 @@ pub trait ModelClient: Send + Sync {
         let _ = on_delta;
         self.complete(request).await
     }
+
+    /// The provider behind the client, as OpenTelemetry's GenAI conventions
+    /// name it (`gen_ai.provider.name`: `openai`, `anthropic`, ...), for the
+    /// spans of the `otel` feature. Default: None (not said).
+    fn provider_name(&self) -> Option<&str> {
+        None
+    }
 }

@@ -113,13 +113,28 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         None => std::io::stdout().is_terminal(),
     };
     let tools = mcp_tools(&args).await?;
+    let exporting = crate::verbs::otlp::from_env()?;
     let store = open_store(&args.db)?;
-    let runner = Runner::builder(store, client.clone())
+    #[allow(unused_mut)]
+    let mut builder = Runner::builder(store, client.clone())
         .tools(tools)
         .stream(stream)
         .summariser(ModelSummariser::new(client, summary_model))
-        .compaction(CompactionConfig::default().with_compact_at(compact_at))
-        .build()?;
+        .compaction(CompactionConfig::default().with_compact_at(compact_at));
+    #[cfg(feature = "otel")]
+    if let Some((telemetry, _)) = &exporting {
+        builder = builder.telemetry(telemetry.clone());
+    }
+    let runner = builder.build()?;
+    let result = converse(runner, &args, stream).await;
+    if let Some((_, exporting)) = exporting {
+        exporting.finish();
+    }
+    result
+}
+
+/// The chat's turns, on a built runner.
+async fn converse(runner: Runner, args: &Args, stream: bool) -> Result<ExitCode, Failure> {
     let session = match runner.session(args.session.as_str()).await {
         Ok(s) => s,
         Err(abridge::Error::UnknownSession(_)) => {
@@ -145,9 +160,9 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         history: history_path(&args.db),
     };
     chat.finish_interrupted().await?;
-    let code = match args.message {
+    let code = match &args.message {
         Some(message) => {
-            chat.say(&message).await?;
+            chat.say(message).await?;
             ExitCode::SUCCESS
         }
         None => chat.interactive().await?,

@@ -21,6 +21,7 @@ enum Kind {
     Interrupted(String),
     /// Anything else that stops the verb (an MCP server that cannot be
     /// reached): said as is, exit status 1.
+    #[cfg_attr(not(any(feature = "mcp", feature = "otel")), allow(dead_code))]
     Other(String),
 }
 
@@ -49,6 +50,7 @@ impl Failure {
     }
 
     /// A failure outside the engine (exit status 1), said as is.
+    #[cfg_attr(not(any(feature = "mcp", feature = "otel")), allow(dead_code))]
     pub fn runtime(message: impl Into<String>) -> Failure {
         Failure {
             session: None,

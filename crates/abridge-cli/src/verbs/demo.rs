@@ -70,6 +70,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         json,
         progress,
     } = args;
+    let exporting = crate::verbs::otlp::from_env()?;
     let opts = DemoOptions {
         db: db.as_path().to_path_buf(),
         sessions,
@@ -83,6 +84,10 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         key: crate::common::key()?,
         require_approval,
         keep_recent_share: Some(keep_recent_share),
+        #[cfg(feature = "otel")]
+        telemetry: exporting.as_ref().map(|(t, _)| t.clone()),
+        #[cfg(not(feature = "otel"))]
+        telemetry: None,
     };
     let tty = (progress || std::io::stdout().is_terminal()) && !json;
     let report = run_demo(&opts, move |p| {
@@ -97,7 +102,11 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
             );
         }
     })
-    .await?;
+    .await;
+    if let Some((_, exporting)) = exporting {
+        exporting.finish();
+    }
+    let report = report?;
     if json {
         print_json(&report);
     } else {

@@ -13,6 +13,7 @@ pub(crate) mod export;
 pub(crate) mod fork;
 pub(crate) mod inspect;
 pub(crate) mod migrate;
+pub(crate) mod otlp;
 pub(crate) mod rekey;
 pub(crate) mod replay;
 pub(crate) mod report;

@@ -488,7 +488,7 @@ async fn pins_and_contexts_from_the_rows_just_written_equal_those_read_back() {
     let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let hook: abridge::FaultHook = Arc::new(move |p| {
         let n = hits.fetch_add((p == FaultPoint::BeforeStepComplete) as usize, SeqCst);
-        match p == FaultPoint::BeforeStepComplete && n % 2 == 0 {
+        match p == FaultPoint::BeforeStepComplete && n.is_multiple_of(2) {
             true => Err(p),
             false => Ok(()),
         }

@@ -32,6 +32,7 @@ impl ModelClient for Agents {
             blocks: vec![ResponseBlock::Text { text: t }],
             usage: Usage::new(Some(100), Some(10)),
             stop_reason: None,
+            model: None,
         };
         if system == CHILD_PROMPT {
             let task = last
@@ -80,6 +81,7 @@ impl ModelClient for Agents {
                     }],
                     usage: Usage::new(Some(100), Some(10)),
                     stop_reason: None,
+                    model: None,
                 })
             }
         }

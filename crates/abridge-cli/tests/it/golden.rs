@@ -72,6 +72,7 @@ impl ModelClient for GoldenModel {
                         raw_input: Some(format!("{{ \"step\" :{steps} }}")),
                     }],
                     stop_reason: Some("tool_use".into()),
+                    model: None,
                     ..Default::default()
                 });
             }
@@ -126,6 +127,7 @@ impl ModelClient for GoldenModel {
                     ..Default::default()
                 },
                 stop_reason: Some("tool_use".into()),
+                model: None,
             });
         }
         Ok(ModelResponse {
@@ -142,6 +144,7 @@ impl ModelClient for GoldenModel {
                 cache_write_tokens: Some(n as u64 * 5),
             },
             stop_reason: Some("end_turn".into()),
+            model: None,
         })
     }
 }

@@ -40,4 +40,6 @@ mod redact;
 mod report;
 mod schema;
 mod streaming;
+#[cfg(feature = "otel")]
+mod telemetry;
 mod tokenizer;

@@ -142,6 +142,7 @@ impl ModelClient for Caller {
             blocks,
             usage: Usage::new(Some(50), Some(5)),
             stop_reason: None,
+            model: None,
         };
         for b in &last.content {
             match b {

@@ -663,6 +663,7 @@ fn both_backends_have_the_same_schema_and_refuse_the_same_changes() {
             key: None,
             require_approval: Vec::new(),
             keep_recent_share: None,
+            telemetry: None,
         };
         rt.block_on(abridge_testkit::demo::run_demo(&opts, |_| {}))
             .unwrap();

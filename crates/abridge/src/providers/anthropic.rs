@@ -178,6 +178,7 @@ impl Anthropic {
             blocks,
             usage: usage(body.get("usage").unwrap_or(&Value::Null)),
             stop_reason: s(body, "stop_reason"),
+            model: s(body, "model"),
         })
     }
 }
@@ -235,6 +236,10 @@ fn block(b: &ContentBlock) -> Option<Value> {
 
 #[async_trait::async_trait]
 impl ModelClient for Anthropic {
+    fn provider_name(&self) -> Option<&str> {
+        Some("anthropic")
+    }
+
     async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ModelError> {
         let body = self.request_body(request);
         let answer = self.http.post("/messages", &body).await?;

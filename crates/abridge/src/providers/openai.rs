@@ -114,12 +114,20 @@ impl OpenAiChat {
                 .get("finish_reason")
                 .and_then(Value::as_str)
                 .map(str::to_string),
+            model: body
+                .get("model")
+                .and_then(Value::as_str)
+                .map(str::to_string),
         })
     }
 }
 
 #[async_trait::async_trait]
 impl ModelClient for OpenAiChat {
+    fn provider_name(&self) -> Option<&str> {
+        Some("openai")
+    }
+
     async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ModelError> {
         let body = OpenAiChat::request_body(request);
         let answer = self.http.post("/chat/completions", &body).await?;
@@ -161,6 +169,8 @@ struct ChatStream {
     calls: Vec<(String, String, String)>,
     finish_reason: Option<String>,
     usage: Option<Value>,
+    /// The model that answered, as its chunks name it.
+    model: Option<String>,
 }
 
 impl ChatStream {
@@ -175,6 +185,9 @@ impl ChatStream {
                 .find_map(|k| err.get(*k).and_then(Value::as_str))
                 .unwrap_or_default();
             return Err(stream_error(kind, data));
+        }
+        if let Some(m) = v.get("model").and_then(Value::as_str) {
+            self.model = Some(m.to_string());
         }
         if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
             self.usage = Some(u.clone());
@@ -268,6 +281,7 @@ impl ChatStream {
             message.insert("tool_calls".into(), Value::Array(calls));
         }
         json!({
+            "model": self.model,
             "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}],
             "usage": self.usage,
         })

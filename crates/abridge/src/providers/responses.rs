@@ -194,6 +194,10 @@ impl OpenAiResponses {
                 cache_write_tokens: None,
             },
             stop_reason: stop,
+            model: body
+                .get("model")
+                .and_then(Value::as_str)
+                .map(str::to_string),
         })
     }
 }
@@ -210,6 +214,10 @@ fn native_summary(role: Role, text: &str) -> Option<&str> {
 
 #[async_trait::async_trait]
 impl ModelClient for OpenAiResponses {
+    fn provider_name(&self) -> Option<&str> {
+        Some("openai")
+    }
+
     async fn complete(&self, request: &ModelRequest) -> Result<ModelResponse, ModelError> {
         let body = OpenAiResponses::request_body(request);
         let answer = self.http.post("/responses", &body).await?;

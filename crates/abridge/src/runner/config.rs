@@ -133,6 +133,8 @@ pub struct RunnerBuilder {
     pub(super) stream: Option<bool>,
     pub(super) approval: Option<crate::tools::Approval>,
     pub(super) models: Vec<String>,
+    #[cfg(feature = "otel")]
+    pub(super) telemetry: Option<crate::telemetry::Telemetry>,
 }
 
 impl RunnerBuilder {
@@ -188,6 +190,13 @@ impl RunnerBuilder {
         self.approval = Some(approval);
         self
     }
+    /// OpenTelemetry spans and metrics for this runner's turns, model
+    /// calls, tool calls and compactions (see [`crate::telemetry`]).
+    #[cfg(feature = "otel")]
+    pub fn telemetry(mut self, telemetry: crate::telemetry::Telemetry) -> Self {
+        self.telemetry = Some(telemetry);
+        self
+    }
     /// A fault hook, for crash tests (over that of any [`config`](Self::config)).
     pub fn fault_hook(mut self, hook: FaultHook) -> Self {
         self.fault_hook = Some(hook);
@@ -222,6 +231,15 @@ impl RunnerBuilder {
             cfg.compaction.check_model(model)?;
         }
         let events = EventSink::new(cfg.log_content);
+        #[cfg(feature = "otel")]
+        let telemetry = self
+            .telemetry
+            .map(|t| t.bound(self.model.provider_name(), cfg.log_content));
+        #[cfg(feature = "otel")]
+        let events = match &telemetry {
+            Some(t) => events.with_observer(Arc::new(t.clone())),
+            None => events,
+        };
         // A store shared by several machines frees a lease held elsewhere
         // only by its expiry (see holder_is_gone_shared).
         let shared = self.store.backend() == crate::store::BackendKind::Postgres;
@@ -254,6 +272,8 @@ impl RunnerBuilder {
                 cfg,
                 compactor,
                 events,
+                #[cfg(feature = "otel")]
+                telemetry,
             }),
         })
     }

@@ -78,6 +78,9 @@ struct Inner {
     cfg: RunnerConfig,
     compactor: Compactor,
     events: EventSink,
+    /// The `chat` spans of model calls (the other spans come from `events`).
+    #[cfg(feature = "otel")]
+    telemetry: Option<crate::telemetry::Telemetry>,
     contexts: ContextCache,
     /// Renews the leases of the turns this runner runs.
     renewals: crate::lease::Renewals,
@@ -113,6 +116,8 @@ impl Runner {
             stream: None,
             approval: None,
             models: Vec::new(),
+            #[cfg(feature = "otel")]
+            telemetry: None,
         }
     }
 

@@ -103,7 +103,35 @@ impl Runner {
             } else {
                 model.complete(&request)
             });
-            match tokio::time::timeout(cfg.model_timeout, call).await {
+            #[cfg(feature = "otel")]
+            let span = self.inner.telemetry.as_ref().map(|t| {
+                t.model_call(
+                    &Subject::of(session, Some(turn_idx)),
+                    step_idx,
+                    attempt,
+                    &request,
+                )
+            });
+            let outcome = tokio::time::timeout(cfg.model_timeout, call).await;
+            #[cfg(feature = "otel")]
+            if let Some(span) = span {
+                match &outcome {
+                    Ok(Ok(Ok(resp))) => span.answered(resp),
+                    Ok(Ok(Err(e))) => {
+                        let kind = match e {
+                            ModelError::Transient(_) => "transient",
+                            ModelError::RateLimited { .. } => "rate_limited",
+                            ModelError::ContextOverflow(_) => "context_overflow",
+                            ModelError::Permanent(_) => "permanent",
+                            _ => "model_error",
+                        };
+                        span.failed(kind, &self.inner.events.shown(&e.to_string()))
+                    }
+                    Ok(Err(_)) => span.failed("panic", "the model client panicked"),
+                    Err(_) => span.failed("timeout", "the model call timed out"),
+                }
+            }
+            match outcome {
                 Ok(Ok(Ok(resp))) => return Ok(resp),
                 Ok(Ok(Err(ModelError::Permanent(m)))) => {
                     return Err(Error::Model {

@@ -199,6 +199,7 @@ impl Runner {
                     } => {
                         self.tell(session, Some(turn.idx), || EventKind::ToolStarted {
                             step_id: step.id,
+                            tool_call_id: row.tool_call_id.clone(),
                             tool: row.tool_name.clone(),
                             effect: row.effect,
                         });

@@ -93,6 +93,7 @@ impl Runner {
                 happened.push(EventKind::ToolCompleted {
                     step_id: plan.step_id,
                     invocation_id: *id,
+                    tool_call_id: call.tool_call_id.clone(),
                     tool: call.name.clone(),
                     effect,
                     ok: *ok,
@@ -332,12 +333,14 @@ impl Runner {
         if let Some((Some(invocation_id), ok, _)) = ran {
             happened.push(EventKind::ToolStarted {
                 step_id: plan.step_id,
+                tool_call_id: call.tool_call_id.clone(),
                 tool: call.name.clone(),
                 effect,
             });
             happened.push(EventKind::ToolCompleted {
                 step_id: plan.step_id,
                 invocation_id,
+                tool_call_id: call.tool_call_id.clone(),
                 tool: call.name.clone(),
                 effect,
                 ok,
