@@ -500,13 +500,14 @@ async fn chat_offers_the_tools_of_mcp_servers_given_by_command_and_url() {
     assert!(offered.contains(&"add_note".to_string()), "{offered:?}");
     let calls = files.calls();
     assert_eq!(calls.len(), 1);
-    let key: String = rusqlite::Connection::open(&db)
-        .unwrap()
-        .query_row(
-            "SELECT idempotency_key || ' ' || effect FROM tool_invocations",
-            [],
-            |r| r.get(0),
-        )
+    let key: String = crate::common::store_at(&db)
+        .with_conn(|c| {
+            c.query_row(
+                "SELECT idempotency_key || ' ' || effect FROM tool_invocations",
+                [],
+                |r| r.get(0),
+            )
+        })
         .unwrap();
     assert_eq!(
         key,

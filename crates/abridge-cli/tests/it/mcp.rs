@@ -181,6 +181,43 @@ fn runner(store: &Store, tools: Tools, hook: Option<abridge::FaultHook>) -> Runn
         .unwrap()
 }
 
+/// A session on a new store whose runner has `server`'s tools with `effects`.
+struct Chat {
+    _dir: tempfile::TempDir,
+    store: Store,
+    runner: Runner,
+    session: abridge::SessionId,
+}
+
+impl Chat {
+    async fn new(server: &McpServer, effects: &McpEffects) -> Chat {
+        let tools = server.register(Tools::new(), effects).unwrap();
+        let (dir, path) = common::temp_db();
+        let store = common::store_at(&path);
+        let runner = runner(&store, tools, None);
+        let session = runner
+            .create_session("m", "gpt-4o-mini", "sys")
+            .await
+            .unwrap()
+            .id;
+        Chat {
+            _dir: dir,
+            store,
+            runner,
+            session,
+        }
+    }
+
+    /// One turn's answer.
+    async fn say(&self, input: &str) -> String {
+        self.runner
+            .run_turn(self.session, input)
+            .await
+            .unwrap()
+            .output
+    }
+}
+
 /// The invocation rows: (tool, effect, status, result, idempotency key).
 fn invocations(store: &Store) -> Vec<(String, String, String, String, String)> {
     store
@@ -271,34 +308,22 @@ async fn an_mcp_servers_tools_are_registered_with_their_schemas_and_the_hosts_mo
 async fn mcp_results_are_stored_as_their_exact_text_and_calls_carry_the_idempotency_key() {
     let files = Files::new();
     let server = McpServer::connect(files.stdio()).await.unwrap();
-    let tools = server
-        .register(Tools::new(), &McpEffects::new().trust_annotations())
-        .unwrap();
-    let (_d, path) = common::temp_db();
-    let store = common::store_at(&path);
-    let r = runner(&store, tools, None);
-    let s = r.create_session("m", "gpt-4o-mini", "sys").await.unwrap();
-    let out = |o: abridge::TurnOutcome| o.output;
+    let chat = Chat::new(&server, &McpEffects::new().trust_annotations()).await;
     assert_eq!(
-        out(r
-            .run_turn(s.id, r#"call echo {"text":"héllo\nworld"}"#)
-            .await
-            .unwrap()),
+        chat.say(r#"call echo {"text":"héllo\nworld"}"#).await,
         "ok: héllo\nworld"
     );
     assert_eq!(
-        out(r
-            .run_turn(s.id, r#"call weather {"city":"Oslo"}"#)
-            .await
-            .unwrap()),
+        chat.say(r#"call weather {"city":"Oslo"}"#).await,
         r#"ok: {"city":"Oslo","sky":"clear"}"#
     );
     assert_eq!(
-        out(r.run_turn(s.id, "call fail {}").await.unwrap()),
+        chat.say("call fail {}").await,
         "error: the fixture always fails"
     );
-    assert!(out(r.run_turn(s.id, "call nope {}").await.unwrap()).starts_with("error: "));
-    let rows = invocations(&store);
+    assert!(chat.say("call nope {}").await.starts_with("error: "));
+    let store = &chat.store;
+    let rows = invocations(store);
     assert_eq!(rows[0].0, "echo");
     assert_eq!(rows[0].1, "idempotent");
     assert_eq!(rows[0].3, "héllo\nworld");
@@ -324,15 +349,8 @@ async fn a_server_killed_mid_call_is_connected_again_and_the_mode_decides() {
     // Idempotent: the call is sent again, with its key, to a new process.
     let files = Files::new();
     let server = McpServer::connect(files.stdio()).await.unwrap();
-    let tools = server
-        .register(Tools::new(), &McpEffects::new().trust_annotations())
-        .unwrap();
-    let (_d, path) = common::temp_db();
-    let store = common::store_at(&path);
-    let r = runner(&store, tools, None);
-    let s = r.create_session("m", "gpt-4o-mini", "sys").await.unwrap();
-    let o = r.run_turn(s.id, "call die_once {}").await.unwrap();
-    assert_eq!(o.output, "ok: survived");
+    let chat = Chat::new(&server, &McpEffects::new().trust_annotations()).await;
+    assert_eq!(chat.say("call die_once {}").await, "ok: survived");
     let calls = files.calls_of("die_once");
     assert_eq!(calls.len(), 2, "{calls:?}");
     assert_eq!(calls[0]["key"], calls[1]["key"]);
@@ -343,27 +361,18 @@ async fn a_server_killed_mid_call_is_connected_again_and_the_mode_decides() {
     // call goes to a new process.
     let files = Files::new();
     let server = McpServer::connect(files.stdio()).await.unwrap();
-    let tools = server
-        .register(
-            Tools::new(),
-            &McpEffects::new().tool("die_once", Effect::AtMostOnce),
-        )
-        .unwrap();
-    let (_d2, path) = common::temp_db();
-    let store = common::store_at(&path);
-    let r = runner(&store, tools, None);
-    let s = r.create_session("m", "gpt-4o-mini", "sys").await.unwrap();
-    let o = r.run_turn(s.id, "call die_once {}").await.unwrap();
-    assert!(o.output.starts_with("error: "), "{}", o.output);
-    assert!(o.output.contains("outcome is unknown"), "{}", o.output);
+    let effects = McpEffects::new().tool("die_once", Effect::AtMostOnce);
+    let chat = Chat::new(&server, &effects).await;
+    let said = chat.say("call die_once {}").await;
+    assert!(said.starts_with("error: "), "{said}");
+    assert!(said.contains("outcome is unknown"), "{said}");
     assert_eq!(files.calls_of("die_once").len(), 1);
-    let o = r
-        .run_turn(s.id, r#"call echo {"text":"still here"}"#)
-        .await
-        .unwrap();
-    assert_eq!(o.output, "ok: still here");
+    assert_eq!(
+        chat.say(r#"call echo {"text":"still here"}"#).await,
+        "ok: still here"
+    );
     assert_eq!(server.reconnects(), 1);
-    common::assert_verified(&store);
+    common::assert_verified(&chat.store);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
