@@ -340,8 +340,8 @@ async fn mcp_results_are_stored_as_their_exact_text_and_calls_carry_the_idempote
         assert_eq!(call["tool"], row.0.as_str());
         assert_eq!(call["key"], row.4.as_str(), "{IDEMPOTENCY_KEY_META}");
     }
-    common::assert_verified(&store);
-    assert!(common::assert_all_steps_rebuild(&store) > 0);
+    common::assert_verified(store);
+    assert!(common::assert_all_steps_rebuild(store) > 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
