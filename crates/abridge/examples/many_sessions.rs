@@ -161,13 +161,16 @@ struct Measured {
     windows: Vec<Vec<u64>>,
     lagged: u64,
     elapsed_s: f64,
+    /// Microseconds the steps slept in SQLite's busy handler.
+    busy_sleep_us: u64,
 }
 
 impl Measured {
     fn to_json(&self) -> Value {
         json!({"steps": self.steps, "turns": self.turns, "cpu_us": self.cpu_us,
                "step_us": self.step_us, "turn_us": self.turn_us, "windows": self.windows,
-               "lagged": self.lagged, "elapsed_s": self.elapsed_s})
+               "lagged": self.lagged, "elapsed_s": self.elapsed_s,
+               "busy_sleep_us": self.busy_sleep_us})
     }
 
     fn from_json(v: &Value) -> Measured {
@@ -196,6 +199,7 @@ impl Measured {
                 .unwrap_or_default(),
             lagged: v["lagged"].as_u64().unwrap_or(0),
             elapsed_s: v["elapsed_s"].as_f64().unwrap_or(0.0),
+            busy_sleep_us: v["busy_sleep_us"].as_u64().unwrap_or(0),
         }
     }
 
@@ -208,6 +212,7 @@ impl Measured {
         self.windows.extend(other.windows);
         self.lagged += other.lagged;
         self.elapsed_s = self.elapsed_s.max(other.elapsed_s);
+        self.busy_sleep_us += other.busy_sleep_us;
     }
 }
 
@@ -223,7 +228,7 @@ async fn run_sessions(db: &str, sessions: usize, seconds: f64, tag: usize) -> Me
         },
         Lookup,
     );
-    let runner = Runner::builder(store, Arc::new(Scripted))
+    let runner = Runner::builder(store.clone(), Arc::new(Scripted))
         .tools(tools)
         .config(RunnerConfig::default().with_owner(format!("many-{tag}")))
         .compaction(CompactionConfig::default().with_compact_at(Threshold::Tokens(4_000)))
@@ -310,6 +315,7 @@ async fn run_sessions(db: &str, sessions: usize, seconds: f64, tag: usize) -> Me
         (Some(a), Some(b)) => (b - a).as_micros() as u64,
         _ => 0,
     };
+    m.busy_sleep_us = store.busy_sleep().as_micros() as u64;
     runner.finish_background().await;
     drop(runner);
     listener.abort();
@@ -422,6 +428,7 @@ fn main() {
         "turn_p99_ms": percentile(&mut m.turn_us, 0.99),
         "progressed_share": progressed as f64 / sessions as f64,
         "step_events_lagged": m.lagged,
+        "busy_sleep_s": m.busy_sleep_us as f64 / 1e6,
     });
     if o.json {
         println!("{out}");

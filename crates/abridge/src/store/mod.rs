@@ -299,6 +299,9 @@ pub struct Store {
     file: Arc<FileIdentity>,
     /// Times a call handed its work off the calling worker (see `inline`).
     handoffs: Arc<std::sync::atomic::AtomicU64>,
+    /// Microseconds the inline calls' busy handler slept waiting for
+    /// another writer's lock.
+    busy_slept: Arc<std::sync::atomic::AtomicU64>,
     /// The clock the store reads (see [`StoreOptions::clock`]).
     clock: Arc<dyn crate::clock::Clock>,
     /// Leases the renewal tasks of this store's runners keep renewing.
@@ -606,6 +609,7 @@ impl Store {
             settled: Arc::default(),
             file,
             handoffs: Arc::default(),
+            busy_slept: Arc::default(),
             _closer: closer,
         })
     }
@@ -663,6 +667,7 @@ impl Store {
                     gone: Default::default(),
                 }),
                 handoffs: Arc::default(),
+                busy_slept: Arc::default(),
                 _closer: closer,
             })
         }
@@ -817,7 +822,12 @@ impl Store {
         {
             self.fail_if_gone()?;
             if let Some(conn) = self.pool.try_get() {
-                let inline = inline::Inline::enter(conn, self.busy_timeout, self.handoffs.clone())?;
+                let inline = inline::Inline::enter(
+                    conn,
+                    self.busy_timeout,
+                    self.handoffs.clone(),
+                    self.busy_slept.clone(),
+                )?;
                 if let Some(mut conn) = inline {
                     let out = f(&mut conn);
                     drop(conn);
@@ -837,6 +847,13 @@ impl Store {
     #[cfg(any(test, feature = "testing"))]
     pub fn thread_handoffs(&self) -> u64 {
         self.handoffs.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How long this store's steps slept in SQLite's busy handler, waiting
+    /// for another writer's lock (another process's, on one file).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn busy_sleep(&self) -> Duration {
+        Duration::from_micros(self.busy_slept.load(std::sync::atomic::Ordering::Relaxed))
     }
 }
 

@@ -9,8 +9,8 @@
 //! them that can take long:
 //!
 //! - a wait on another writer's lock: the connection's busy handler is this
-//!   module's, which sleeps SQLite's own schedule of delays, up to the store's
-//!   busy timeout, inside [`may_block`];
+//!   module's, which waits in short steps (the longer ones inside
+//!   [`may_block`]), up to the store's busy timeout;
 //! - work that grows with a session's history (a context built in full, the
 //!   facts of a long turn extracted), which its code wraps in [`may_block`].
 //!
@@ -24,13 +24,15 @@ use std::cell::{Cell, RefCell};
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The inline call running on this thread: its store's busy timeout, and
 /// where its hand-offs are counted.
 struct Running {
     timeout: Duration,
     handoffs: Arc<AtomicU64>,
+    /// Microseconds its busy handler slept, added to the store's count.
+    slept: Arc<AtomicU64>,
 }
 
 thread_local! {
@@ -38,6 +40,8 @@ thread_local! {
     /// Set while a `may_block` runs on this thread (one inside it hands
     /// nothing off: the first already did).
     static BLOCKING: Cell<bool> = const { Cell::new(false) };
+    /// When the busy handler's current wait for a lock began.
+    static WAIT_STARTED: Cell<Option<Instant>> = const { Cell::new(None) };
 }
 
 /// True on a thread of a multi-thread tokio runtime (a worker, its
@@ -73,27 +77,46 @@ pub(crate) fn may_block<R>(f: impl FnOnce() -> R) -> R {
     tokio::task::block_in_place(f)
 }
 
-/// SQLite's busy handler for an inline call: SQLite's own schedule of sleeps
-/// (`sqliteDefaultBusyCallback`: 1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50,
-/// then 100 ms) up to the busy timeout of the call's store, each sleep inside
-/// [`may_block`]. `count` is how many times it ran for this lock before.
+/// SQLite's busy handler for an inline call, in short steps: a lock held by
+/// another process's writer is held for one short transaction (tens to
+/// hundreds of microseconds), so the first waits are short: 20 of 100 µs,
+/// then 20 of 250 µs, on the worker itself (shorter than handing its other
+/// tasks off would cost); past those (about 7 ms), 1 ms waits inside
+/// [`may_block`]. SQLite's own schedule (1, 2, 5, ... 100 ms) slept far past
+/// the moment the lock was free, and processes on one file spent seconds a
+/// run asleep. Ends when the waits so far reach the store's busy timeout.
+/// `count` is how many times it ran for this lock before.
 fn busy_wait(count: i32) -> bool {
-    const DELAYS: [u64; 12] = [1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100];
-    const TOTALS: [u64; 12] = [0, 1, 3, 8, 18, 33, 53, 78, 103, 128, 178, 228];
-    let timeout = RUNNING.with(|r| r.borrow().as_ref().map(|r| r.timeout));
-    let timeout = u64::try_from(timeout.unwrap_or_default().as_millis()).unwrap_or(u64::MAX);
-    let count = usize::try_from(count).unwrap_or(0);
-    let (mut delay, prior) = match DELAYS.get(count) {
-        Some(&d) => (d, TOTALS[count]),
-        None => (100, 228u64.saturating_add(100 * (count as u64 - 11))),
+    let Some(timeout) = RUNNING.with(|r| r.borrow().as_ref().map(|r| r.timeout)) else {
+        return false;
     };
-    if prior.saturating_add(delay) > timeout {
-        if timeout <= prior {
-            return false;
-        }
-        delay = timeout - prior;
+    let now = Instant::now();
+    if count == 0 {
+        WAIT_STARTED.with(|w| w.set(Some(now)));
     }
-    may_block(|| std::thread::sleep(Duration::from_millis(delay)));
+    let started = WAIT_STARTED.with(|w| w.get()).unwrap_or(now);
+    let waited = now.saturating_duration_since(started);
+    if waited >= timeout {
+        return false;
+    }
+    let step = match count {
+        0..20 => Duration::from_micros(100),
+        20..40 => Duration::from_micros(250),
+        _ => Duration::from_millis(1),
+    };
+    let step = step.min(timeout - waited);
+    if step < Duration::from_millis(1) {
+        std::thread::sleep(step);
+    } else {
+        may_block(|| std::thread::sleep(step));
+    }
+    let slept = now.elapsed();
+    RUNNING.with(|r| {
+        if let Some(r) = r.borrow().as_ref() {
+            r.slept
+                .fetch_add(slept.as_micros() as u64, Ordering::Relaxed);
+        }
+    });
     true
 }
 
@@ -114,12 +137,19 @@ impl Inline {
         conn: Checkout,
         timeout: Duration,
         handoffs: Arc<AtomicU64>,
+        slept: Arc<AtomicU64>,
     ) -> Result<Option<Self>> {
         let Some(raw) = conn.as_sqlite() else {
             return Ok(None);
         };
         raw.busy_handler(Some(busy_wait))?;
-        let outer = RUNNING.with(|r| r.replace(Some(Running { timeout, handoffs })));
+        let outer = RUNNING.with(|r| {
+            r.replace(Some(Running {
+                timeout,
+                handoffs,
+                slept,
+            }))
+        });
         Ok(Some(Inline {
             conn,
             timeout,
@@ -155,25 +185,33 @@ impl Drop for Inline {
 mod tests {
     use super::*;
 
-    /// The schedule of sleeps is SQLite's, cut at the timeout: a wait gives
-    /// up once the sleeps so far reach it.
+    /// The waits are short steps, and end once they reach the timeout.
     #[test]
-    fn the_busy_wait_sleeps_up_to_the_timeout_and_then_gives_up() {
+    fn the_busy_wait_sleeps_in_short_steps_up_to_the_timeout_and_then_gives_up() {
+        let slept = Arc::new(AtomicU64::new(0));
         let running = Running {
-            timeout: Duration::from_millis(4),
+            timeout: Duration::from_millis(12),
             handoffs: Arc::default(),
+            slept: slept.clone(),
         };
         RUNNING.with(|r| *r.borrow_mut() = Some(running));
-        let t0 = std::time::Instant::now();
+        let t0 = Instant::now();
         let mut count = 0;
         while busy_wait(count) {
             count += 1;
         }
         let took = t0.elapsed();
         RUNNING.with(|r| *r.borrow_mut() = None);
-        // 1 + 2 ms, then 1 ms (cut from 5 to what is left of 4), then none.
-        assert_eq!(count, 3);
-        assert!(took >= Duration::from_millis(4), "{took:?}");
+        // At least the 20 waits of 100 µs before the timeout ends them, and
+        // never a wait much past it.
+        assert!(count > 20, "{count} waits");
+        assert!(took >= Duration::from_millis(12), "{took:?}");
+        assert!(took < Duration::from_millis(500), "{took:?}");
+        let slept = Duration::from_micros(slept.load(Ordering::Relaxed));
+        assert!(
+            slept >= Duration::from_millis(10) && slept <= took,
+            "{slept:?} of {took:?}"
+        );
         // No timeout set: no wait at all.
         assert!(!busy_wait(0));
     }
