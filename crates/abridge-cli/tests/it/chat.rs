@@ -550,3 +550,35 @@ async fn chat_offers_the_tools_of_mcp_servers_given_by_command_and_url() {
         text(&out.stderr)
     );
 }
+
+#[cfg(feature = "otel")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_exports_its_turn_over_otlp_when_the_endpoint_is_set() {
+    let (otlp, got) = crate::telemetry::otlp_receiver().await;
+    let fake = serve(echo).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("chat.db");
+    let mut c = chat(&fake, &db, &["hello there"]);
+    c.env("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp)
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json");
+    let out = output(c).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "echo: hello there\n");
+    let traces: String = got
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(path, _, _)| path == "/v1/traces")
+        .map(|(_, _, body)| String::from_utf8_lossy(body).to_string())
+        .collect();
+    for want in [
+        "\"invoke_agent\"",
+        "\"chat gpt-test\"",
+        "\"openai\"",
+        "\"abridge\"",
+    ] {
+        assert!(traces.contains(want), "{want} not in what the receiver got");
+    }
+    // Without the opt-in, no message text.
+    assert!(!traces.contains("hello there"));
+}

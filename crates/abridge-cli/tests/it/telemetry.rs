@@ -310,9 +310,9 @@ async fn message_content_is_sent_only_when_the_host_opts_in() {
 
 /// A receiver of OTLP/HTTP on 127.0.0.1: every request's path,
 /// content-type and body.
-type Received = Arc<std::sync::Mutex<Vec<(String, String, Vec<u8>)>>>;
+pub(crate) type Received = Arc<std::sync::Mutex<Vec<(String, String, Vec<u8>)>>>;
 
-async fn otlp_receiver() -> (String, Received) {
+pub(crate) async fn otlp_receiver() -> (String, Received) {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
