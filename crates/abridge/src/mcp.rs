@@ -371,7 +371,7 @@ impl McpServer {
         }
         for tool in self.tools.iter() {
             let registered = format!("{}{}", effects.prefix, tool.name);
-            if tools.specs().iter().any(|s| s.name == registered) {
+            if tools.get(&registered).is_some() {
                 return Err(McpError::DuplicateTool {
                     server: self.shared.label.clone(),
                     tool: registered,

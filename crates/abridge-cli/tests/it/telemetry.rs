@@ -371,7 +371,8 @@ async fn the_demo_exports_spans_and_metrics_over_otlp_when_the_endpoint_is_set()
     let (base, got) = otlp_receiver().await;
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("demo.db");
-    let run = |protocol: &str, db: &std::path::Path| {
+    // One demo run exporting with `protocol`, to its end.
+    let run = |protocol: &str, db: std::path::PathBuf| {
         let mut c = common::abridge_cmd();
         c.args([
             "demo",
@@ -388,19 +389,16 @@ async fn the_demo_exports_spans_and_metrics_over_otlp_when_the_endpoint_is_set()
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", &base)
         .env("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
         .env("OTEL_SERVICE_NAME", "demo-under-test");
-        c
+        tokio::task::spawn_blocking(move || {
+            let out = c.output().unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        })
     };
-    let out = tokio::task::spawn_blocking({
-        let mut c = run("http/json", &db);
-        move || c.output().unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run("http/json", db).await.unwrap();
     let received = got.lock().unwrap().clone();
     let traces: Vec<serde_json::Value> = received
         .iter()
@@ -442,17 +440,7 @@ async fn the_demo_exports_spans_and_metrics_over_otlp_when_the_endpoint_is_set()
     // The default protocol is protobuf.
     got.lock().unwrap().clear();
     let db2 = dir.path().join("demo2.db");
-    let out = tokio::task::spawn_blocking({
-        let mut c = run("http/protobuf", &db2);
-        move || c.output().unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run("http/protobuf", db2).await.unwrap();
     let received = got.lock().unwrap().clone();
     let proto = received
         .iter()
