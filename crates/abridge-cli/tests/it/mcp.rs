@@ -383,24 +383,17 @@ async fn over_streamable_http_a_restarted_server_is_connected_again() {
         .await
         .unwrap();
     assert_eq!(server.tools().len(), 7);
-    let tools = server
-        .register(Tools::new(), &McpEffects::new().trust_annotations())
-        .unwrap();
-    let (_d, path) = common::temp_db();
-    let store = common::store_at(&path);
-    let r = runner(&store, tools, None);
-    let s = r.create_session("m", "gpt-4o-mini", "sys").await.unwrap();
-    let o = r
-        .run_turn(s.id, r#"call add_note {"note":"one"}"#)
-        .await
-        .unwrap();
-    assert_eq!(o.output, "ok: noted: one");
+    let chat = Chat::new(&server, &McpEffects::new().trust_annotations()).await;
+    assert_eq!(
+        chat.say(r#"call add_note {"note":"one"}"#).await,
+        "ok: noted: one"
+    );
 
     // Killed mid-call: an at-most-once call's outcome is unknown.
     let addr = http.addr();
     let turn = {
-        let r = r.clone();
-        tokio::spawn(async move { r.run_turn(s.id, r#"call slow {"ms":5000}"#).await })
+        let (r, s) = (chat.runner.clone(), chat.session);
+        tokio::spawn(async move { r.run_turn(s, r#"call slow {"ms":5000}"#).await })
     };
     for _ in 0..200 {
         if !files.calls_of("slow").is_empty() {
@@ -415,13 +408,12 @@ async fn over_streamable_http_a_restarted_server_is_connected_again() {
 
     // Restarted on the same address: the next call reaches it.
     let _again = HttpFixture::start(&files, &addr);
-    let o = r
-        .run_turn(s.id, r#"call add_note {"note":"two"}"#)
-        .await
-        .unwrap();
-    assert_eq!(o.output, "ok: noted: two");
+    assert_eq!(
+        chat.say(r#"call add_note {"note":"two"}"#).await,
+        "ok: noted: two"
+    );
     assert_eq!(files.state_lines("notes"), ["one", "two"]);
-    common::assert_verified(&store);
+    common::assert_verified(&chat.store);
 }
 
 /// Runs one turn that calls `tool`, crashing once at `AfterToolEffect` (the
@@ -523,21 +515,14 @@ async fn the_reference_everything_server_over_stdio_is_a_runners_tools() {
     .unwrap();
     let names: Vec<&str> = server.tools().iter().map(|t| t.name.as_str()).collect();
     assert!(names.contains(&"echo"), "{names:?}");
-    let tools = server
-        .register(Tools::new(), &McpEffects::new().trust_annotations())
-        .unwrap();
-    let (_d, path) = common::temp_db();
-    let store = common::store_at(&path);
-    let r = runner(&store, tools, None);
-    let s = r.create_session("m", "gpt-4o-mini", "sys").await.unwrap();
-    let o = r
-        .run_turn(s.id, r#"call echo {"message":"from abridge"}"#)
-        .await
-        .unwrap();
-    assert_eq!(o.output, "ok: Echo: from abridge");
-    let rows = invocations(&store);
+    let chat = Chat::new(&server, &McpEffects::new().trust_annotations()).await;
+    assert_eq!(
+        chat.say(r#"call echo {"message":"from abridge"}"#).await,
+        "ok: Echo: from abridge"
+    );
+    let rows = invocations(&chat.store);
     assert_eq!(rows[0].3, "Echo: from abridge");
-    common::assert_verified(&store);
+    common::assert_verified(&chat.store);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -549,14 +534,24 @@ async fn the_reference_everything_server_over_streamable_http_is_a_runners_tools
         .local_addr()
         .unwrap()
         .port();
-    let mut child = std::process::Command::new(&bin)
-        .arg("streamableHttp")
-        .env("PORT", port.to_string())
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    // Ended however the test ends.
+    struct Server(std::process::Child);
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Server(
+        std::process::Command::new(&bin)
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stderr = std::io::BufReader::new(child.0.stderr.take().unwrap());
     let mut line = String::new();
     while !line.contains("listening") {
         line.clear();
@@ -564,29 +559,13 @@ async fn the_reference_everything_server_over_streamable_http_is_a_runners_tools
     }
     std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
     let url = format!("http://127.0.0.1:{port}/mcp");
-    let result = async {
-        let server = McpServer::http(&url, Vec::<(String, String)>::new()).await?;
-        let tools = server.register(Tools::new(), &McpEffects::new())?;
-        Ok::<_, abridge::mcp::McpError>(tools)
-    }
-    .await;
-    let tools = match result {
-        Ok(t) => t,
-        Err(e) => {
-            let _ = child.kill();
-            panic!("{e}");
-        }
-    };
-    let (_d, path) = common::temp_db();
-    let store = common::store_at(&path);
-    let r = runner(&store, tools, None);
-    let s = r.create_session("m", "gpt-4o-mini", "sys").await.unwrap();
-    let o = r
-        .run_turn(s.id, r#"call echo {"message":"over http"}"#)
+    let server = McpServer::http(&url, Vec::<(String, String)>::new())
         .await
         .unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
-    assert_eq!(o.output, "ok: Echo: over http");
-    assert_eq!(invocations(&store)[0].1, "at_most_once");
+    let chat = Chat::new(&server, &McpEffects::new()).await;
+    assert_eq!(
+        chat.say(r#"call echo {"message":"over http"}"#).await,
+        "ok: Echo: over http"
+    );
+    assert_eq!(invocations(&chat.store)[0].1, "at_most_once");
 }
