@@ -99,9 +99,14 @@ struct Opts {
     db: Option<String>,
     seconds: f64,
     json: bool,
+    /// The runner's fair-queue slots (None: the default).
+    slots: Option<usize>,
     /// A child process: its index (its sessions are named after it).
     child: Option<usize>,
 }
+
+const USAGE: &str = "usage: many_sessions [--sessions N] [--procs P] [--db PATH|URL] \
+[--seconds S] [--slots K] [--json]";
 
 fn parse() -> Opts {
     let mut o = Opts {
@@ -110,6 +115,7 @@ fn parse() -> Opts {
         db: None,
         seconds: 10.0,
         json: false,
+        slots: None,
         child: None,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -126,12 +132,20 @@ fn parse() -> Opts {
             "--db" => o.db = Some(value(i)),
             "--seconds" => o.seconds = value(i).parse().expect("--seconds S"),
             "--child" => o.child = Some(value(i).parse().expect("--child I")),
+            "--slots" => o.slots = Some(value(i).parse().expect("--slots K")),
+            "--help" | "-h" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
             "--json" => {
                 o.json = true;
                 i += 1;
                 continue;
             }
-            other => panic!("unknown argument {other}"),
+            other => {
+                eprintln!("unknown argument {other}\n{USAGE}");
+                std::process::exit(2);
+            }
         }
         i += 2;
     }
@@ -163,6 +177,12 @@ struct Measured {
     elapsed_s: f64,
     /// Microseconds the steps slept in SQLite's busy handler.
     busy_sleep_us: u64,
+    /// Step parts that waited in the runner's fair queue, and for how long.
+    queue_waits: u64,
+    queue_wait_us: u64,
+    /// Steps that waited for a summary, and for how long.
+    summary_waits: u64,
+    summary_wait_ms: u64,
 }
 
 impl Measured {
@@ -170,7 +190,9 @@ impl Measured {
         json!({"steps": self.steps, "turns": self.turns, "cpu_us": self.cpu_us,
                "step_us": self.step_us, "turn_us": self.turn_us, "windows": self.windows,
                "lagged": self.lagged, "elapsed_s": self.elapsed_s,
-               "busy_sleep_us": self.busy_sleep_us})
+               "busy_sleep_us": self.busy_sleep_us, "queue_waits": self.queue_waits,
+               "queue_wait_us": self.queue_wait_us, "summary_waits": self.summary_waits,
+               "summary_wait_ms": self.summary_wait_ms})
     }
 
     fn from_json(v: &Value) -> Measured {
@@ -200,6 +222,10 @@ impl Measured {
             lagged: v["lagged"].as_u64().unwrap_or(0),
             elapsed_s: v["elapsed_s"].as_f64().unwrap_or(0.0),
             busy_sleep_us: v["busy_sleep_us"].as_u64().unwrap_or(0),
+            queue_waits: v["queue_waits"].as_u64().unwrap_or(0),
+            queue_wait_us: v["queue_wait_us"].as_u64().unwrap_or(0),
+            summary_waits: v["summary_waits"].as_u64().unwrap_or(0),
+            summary_wait_ms: v["summary_wait_ms"].as_u64().unwrap_or(0),
         }
     }
 
@@ -213,12 +239,22 @@ impl Measured {
         self.lagged += other.lagged;
         self.elapsed_s = self.elapsed_s.max(other.elapsed_s);
         self.busy_sleep_us += other.busy_sleep_us;
+        self.queue_waits += other.queue_waits;
+        self.queue_wait_us += other.queue_wait_us;
+        self.summary_waits += other.summary_waits;
+        self.summary_wait_ms += other.summary_wait_ms;
     }
 }
 
 /// Runs `sessions` sessions on `db` for `seconds`; `tag` names them apart
 /// from other processes'.
-async fn run_sessions(db: &str, sessions: usize, seconds: f64, tag: usize) -> Measured {
+async fn run_sessions(
+    db: &str,
+    sessions: usize,
+    seconds: f64,
+    tag: usize,
+    slots: Option<usize>,
+) -> Measured {
     let store = Store::open(db).expect("open the store");
     let tools = Tools::new().idempotent(
         ToolSpec {
@@ -230,15 +266,22 @@ async fn run_sessions(db: &str, sessions: usize, seconds: f64, tag: usize) -> Me
     );
     let runner = Runner::builder(store.clone(), Arc::new(Scripted))
         .tools(tools)
-        .config(RunnerConfig::default().with_owner(format!("many-{tag}")))
+        .config({
+            let mut cfg = RunnerConfig::default().with_owner(format!("many-{tag}"));
+            if let Some(k) = slots {
+                cfg.step_slots = k;
+            }
+            cfg
+        })
         .compaction(CompactionConfig::default().with_compact_at(Threshold::Tokens(4_000)))
         .build()
         .expect("a runner");
     // Step latencies from the runner's events: start to completion.
     let step_us = Arc::new(Mutex::new(Vec::new()));
     let lagged = Arc::new(Mutex::new(0u64));
+    let waits = Arc::new(Mutex::new((0u64, 0u64)));
     let mut events = runner.subscribe();
-    let (su, lg) = (step_us.clone(), lagged.clone());
+    let (su, lg, sw) = (step_us.clone(), lagged.clone(), waits.clone());
     let listener = tokio::spawn(async move {
         let mut started: HashMap<abridge::StepId, Instant> = HashMap::new();
         loop {
@@ -251,6 +294,11 @@ async fn run_sessions(db: &str, sessions: usize, seconds: f64, tag: usize) -> Me
                         if let Some(t) = started.remove(&step_id) {
                             su.lock().unwrap().push(t.elapsed().as_micros() as u64);
                         }
+                    }
+                    EventKind::WaitedForSummary { waited_ms, .. } => {
+                        let mut w = sw.lock().unwrap();
+                        w.0 += 1;
+                        w.1 += waited_ms.max(0) as u64;
                     }
                     _ => {}
                 },
@@ -316,11 +364,14 @@ async fn run_sessions(db: &str, sessions: usize, seconds: f64, tag: usize) -> Me
         _ => 0,
     };
     m.busy_sleep_us = store.busy_sleep().as_micros() as u64;
+    let q = runner.queue_stats();
+    (m.queue_waits, m.queue_wait_us) = (q.waits, q.waited_us);
     runner.finish_background().await;
     drop(runner);
     listener.abort();
     m.step_us = std::mem::take(&mut *step_us.lock().unwrap());
     m.lagged = *lagged.lock().unwrap();
+    (m.summary_waits, m.summary_wait_ms) = *waits.lock().unwrap();
     m
 }
 
@@ -369,7 +420,7 @@ fn main() {
         .build()
         .expect("a runtime");
     if let Some(tag) = o.child {
-        let m = rt.block_on(run_sessions(&db, o.sessions, o.seconds, tag));
+        let m = rt.block_on(run_sessions(&db, o.sessions, o.seconds, tag, o.slots));
         println!("{}", m.to_json());
         return;
     }
@@ -377,7 +428,7 @@ fn main() {
     drop(Store::open(&db).expect("open the store"));
     let mut m = Measured::default();
     if o.procs == 1 {
-        m = rt.block_on(run_sessions(&db, o.sessions, o.seconds, 0));
+        m = rt.block_on(run_sessions(&db, o.sessions, o.seconds, 0, o.slots));
     } else {
         let me = std::env::current_exe().expect("this program");
         let per = o.sessions.div_ceil(o.procs);
@@ -391,6 +442,12 @@ fn main() {
                         &o.seconds.to_string(),
                     ])
                     .args(["--db", &db, "--child", &i.to_string()])
+                    .args(
+                        o.slots
+                            .map(|k| ["--slots".to_string(), k.to_string()])
+                            .into_iter()
+                            .flatten(),
+                    )
                     .stdout(std::process::Stdio::piped())
                     .spawn()
                     .expect("a child process")
@@ -429,6 +486,10 @@ fn main() {
         "progressed_share": progressed as f64 / sessions as f64,
         "step_events_lagged": m.lagged,
         "busy_sleep_s": m.busy_sleep_us as f64 / 1e6,
+        "queue_waits": m.queue_waits,
+        "queue_wait_s": m.queue_wait_us as f64 / 1e6,
+        "summary_waits": m.summary_waits,
+        "summary_wait_s": m.summary_wait_ms as f64 / 1e3,
     });
     if o.json {
         println!("{out}");

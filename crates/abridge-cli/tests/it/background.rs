@@ -647,6 +647,7 @@ fn a_soft_share_outside_zero_to_one_is_refused() {
         let cfg = CompactionConfig::default().with_background(Some(Background {
             soft_share: share,
             worker: BackgroundWorker::Task,
+            ..Background::default()
         }));
         let err = cfg.validate().unwrap_err().to_string();
         assert!(err.contains("soft_share"), "{share}: {err}");
@@ -655,5 +656,92 @@ fn a_soft_share_outside_zero_to_one_is_refused() {
     assert!(
         CompactionConfig::default().background.is_some(),
         "on by default"
+    );
+}
+
+/// The compactor's pool of background workers bounds how many summaries
+/// run at once: with 2 workers and 5 sessions past the soft threshold, 2
+/// summaries are being made and 3 rows wait, claimed, their leases kept
+/// while they wait (past the lease's whole length) and their sessions'
+/// steps going on; when the gate opens every row completes, each summarised
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pool_of_background_workers_bounds_the_summaries_made_at_once() {
+    let (_dir, path) = common::temp_db();
+    let store = Store::open(common::db_for(&path)).unwrap();
+    let gate = Gate::closed();
+    let mut cfg = compaction(BackgroundWorker::Task);
+    cfg.background = cfg.background.map(|b| Background {
+        workers: Some(2),
+        ..b
+    });
+    cfg.lease_ttl = Duration::from_secs(2);
+    let r = runner_with(&store, gate.summariser.clone(), cfg, "pool", None);
+    assert_eq!(r.compactor().background_workers(), 2);
+    let mut sessions = Vec::new();
+    for i in 0..5 {
+        let s = r
+            .create_session(&format!("s{i}"), "m", "sys")
+            .await
+            .unwrap();
+        let next = until_pending(&r, &store, s.id, 0).await;
+        sessions.push((s.id, next));
+    }
+    // Two summaries in the making, five claimed rows.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while gate.calls() < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(gate.calls(), 2, "only as many summaries as workers");
+    assert_eq!(r.compactor().background_running(), 5);
+    // Past the lease's length, the waiting rows are still held (renewed),
+    // and the sessions go on below the hard threshold.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let now = abridge::Clock::now_ms(&abridge::SystemClock);
+    for (sid, next) in &sessions {
+        let pending: Vec<_> = store
+            .with_conn(move |c| {
+                let mut st = c.prepare(
+                    "SELECT lease_owner, lease_expires_at FROM compactions \
+                     WHERE session_id = ?1 AND status = 'pending'",
+                )?;
+                let rows = st.query_map([sid], |r| {
+                    Ok((r.get::<_, Option<String>>(0)?, r.get::<_, Option<i64>>(1)?))
+                })?;
+                Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+            })
+            .unwrap();
+        assert_eq!(pending.len(), 1);
+        let (owner, expires) = &pending[0];
+        assert!(owner.is_some() && expires.unwrap() > now, "{pending:?}");
+        r.run_turn(*sid, &turn_input(*next)).await.unwrap();
+    }
+    assert_eq!(gate.calls(), 2);
+    gate.open();
+    assert_eq!(r.finish_background().await, 5);
+    assert_eq!(gate.calls(), 5, "each row summarised once");
+    for (sid, _) in &sessions {
+        let rows = rows(&store, *sid);
+        assert!(rows.iter().all(|row| row.2 == "completed"), "{rows:?}");
+        assert!(
+            rows.iter().all(|row| row.4 == 1),
+            "one attempt each: {rows:?}"
+        );
+    }
+    common::assert_verified(&store);
+}
+
+#[test]
+fn a_pool_of_no_background_workers_is_refused() {
+    let cfg = CompactionConfig::default().with_background(Some(Background {
+        workers: Some(0),
+        ..Background::default()
+    }));
+    let err = cfg.validate().unwrap_err().to_string();
+    assert!(err.contains("workers"), "{err}");
+    assert_eq!(
+        ExtractiveSummariser.parallelism(),
+        abridge::compaction::DEFAULT_SUMMARY_WORKERS
     );
 }

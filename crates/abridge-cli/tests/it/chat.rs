@@ -334,6 +334,7 @@ async fn compact_and_serve_summarise_with_the_configured_model() {
             .with_background(Some(abridge::compaction::Background {
                 soft_share: 0.3,
                 worker: abridge::compaction::BackgroundWorker::Elsewhere,
+                ..Default::default()
             })),
     )
     .build()

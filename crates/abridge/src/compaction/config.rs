@@ -121,6 +121,14 @@ pub struct Background {
     pub soft_share: f64,
     /// Who summarises a row claimed at the soft threshold.
     pub worker: BackgroundWorker,
+    /// The compactor's pool of background workers
+    /// ([`BackgroundWorker::Task`]): how many background summaries it makes
+    /// at once. A row claimed while every worker is busy waits its turn, in
+    /// claim order, its lease kept; the steps of its session go on reading
+    /// the previous summary meanwhile. Default None: the summariser's own
+    /// [`Summariser::parallelism`](crate::compaction::Summariser::parallelism)
+    /// (16 unless the summariser says otherwise).
+    pub workers: Option<usize>,
 }
 
 impl Default for Background {
@@ -128,6 +136,7 @@ impl Default for Background {
         Background {
             soft_share: DEFAULT_SOFT_SHARE,
             worker: BackgroundWorker::Task,
+            workers: None,
         }
     }
 }
@@ -634,6 +643,11 @@ impl CompactionConfig {
                     "background soft_share must be in (0, 1), got {}",
                     b.soft_share
                 )));
+            }
+            if b.workers == Some(0) {
+                return Err(Error::Config(
+                    "background workers must be at least 1 (None: the summariser's own)".into(),
+                ));
             }
         }
         if self.input_budget_tokens < 256 {

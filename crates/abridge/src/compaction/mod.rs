@@ -27,8 +27,8 @@ pub use offline::{extract, ExtractiveSummariser};
 pub use preview::{preview, CompactionPreview};
 pub use summarise::{
     cap_block, chunk_entries, rules_for, transcript_entries, truncate_chars, ModelSummariser,
-    Summariser, SummaryRequest, SummaryResponse, PROSE_RULES, PROSE_UPDATE_RULES, STRUCTURED_RULES,
-    STRUCTURED_UPDATE_RULES,
+    Summariser, SummaryRequest, SummaryResponse, DEFAULT_SUMMARY_WORKERS, PROSE_RULES,
+    PROSE_UPDATE_RULES, STRUCTURED_RULES, STRUCTURED_UPDATE_RULES,
 };
 #[cfg(feature = "tiktoken")]
 pub use tiktoken::TiktokenCounter;
@@ -94,6 +94,9 @@ pub struct Compactor {
     renewals: Arc<crate::lease::Renewals>,
     warned: Arc<Mutex<HashSet<String>>>,
     tasks: Tasks,
+    /// The pool of background workers: a claimed row's task summarises
+    /// holding one (see [`Background::workers`]).
+    workers: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for Compactor {
@@ -145,7 +148,13 @@ impl Compactor {
     ) -> Result<Compactor> {
         config.validate()?;
         let renewals = Arc::new(crate::lease::Renewals::new(&store, config.lease_ttl));
+        let workers = config
+            .background
+            .and_then(|b| b.workers)
+            .unwrap_or_else(|| summariser.parallelism())
+            .max(1);
         Ok(Compactor {
+            workers: Arc::new(tokio::sync::Semaphore::new(workers)),
             renewals,
             store,
             summariser,
@@ -171,6 +180,16 @@ impl Compactor {
     /// The configuration.
     pub fn config(&self) -> &CompactionConfig {
         &self.config
+    }
+
+    /// The size of this compactor's pool of background workers (see
+    /// [`Background::workers`]).
+    pub fn background_workers(&self) -> usize {
+        self.config
+            .background
+            .and_then(|b| b.workers)
+            .unwrap_or_else(|| self.summariser.parallelism())
+            .max(1)
     }
 
     fn warn_once(&self, subject: &Subject, key: String, message: String) {

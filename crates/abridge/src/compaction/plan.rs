@@ -32,6 +32,12 @@ impl Plan {
             Decision::Claim { .. } => None,
         }
     }
+
+    /// Whether [`Compactor::resolve`] may make a summary or wait for one
+    /// (a compaction is due before the step reads).
+    pub(crate) fn may_wait(&self) -> bool {
+        self.read_now().is_none()
+    }
 }
 
 /// What [`Compactor::resolve`] did: the row the step reads, and how long

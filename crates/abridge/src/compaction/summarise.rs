@@ -205,7 +205,23 @@ pub trait Summariser: Send + Sync {
     fn model(&self) -> Option<String> {
         None
     }
+
+    /// How many summaries this summariser makes well at once: the size of
+    /// a compactor's pool of background workers unless
+    /// [`Background::workers`](crate::compaction::Background::workers) sets
+    /// it. Default [`DEFAULT_SUMMARY_WORKERS`]. A summariser behind a
+    /// provider's tight rate limit says less.
+    fn parallelism(&self) -> usize {
+        DEFAULT_SUMMARY_WORKERS
+    }
 }
+
+/// The default pool of background workers. Even the built-in offline
+/// summariser, whose own work is CPU, spends most of a summary's time
+/// waiting (for the store's reads and its write lock, for a turn on a busy
+/// runtime): with as many workers as CPUs, 1,000 demo sessions waited 7x
+/// longer for their summaries than with 16 (docs/benchmarks.md).
+pub const DEFAULT_SUMMARY_WORKERS: usize = 16;
 
 /// A summariser over a [`ModelClient`], with its own model name (a cheaper
 /// summary model is allowed).

@@ -49,6 +49,16 @@ pub struct RunnerConfig {
     /// call ("rejected: no decision within …", decided by `deadline`) unless
     /// a decision came first. Default None: a call waits for ever.
     pub decision_deadline: Option<Duration>,
+    /// Slots of the runner's fair queue: how many steps of its sessions
+    /// may work the store and the CPU at once (claiming, planning, building
+    /// the messages, committing); the others wait in line, first come first
+    /// served, so that every session with work makes progress and a ready
+    /// step waits for at most the parts queued before it. A step holds no
+    /// slot while it calls the model, makes or waits for a summary, or runs
+    /// a tool outside its transaction. Default two per CPU the process may
+    /// use, at least 4; 0 turns the queue off (tokio's scheduling alone).
+    /// See [`Runner::queue_stats`].
+    pub step_slots: usize,
     /// Compaction settings.
     pub compaction: CompactionConfig,
     /// Finds the facts a compaction must never lose (G8) when a turn is
@@ -111,6 +121,7 @@ impl Default for RunnerConfig {
             stream: false,
             approval: crate::tools::Approval::none(),
             decision_deadline: None,
+            step_slots: super::queue::default_slots(),
             compaction: CompactionConfig::default(),
             pin_extractor: Some(Arc::new(RuleExtractor)),
             testing: TestKnobs::default(),
@@ -269,6 +280,7 @@ impl RunnerBuilder {
                 model: self.model,
                 tools: self.tools,
                 contexts: ContextCache::new(cfg.context_cache_bytes),
+                queue: StepQueue::new(cfg.step_slots),
                 cfg,
                 compactor,
                 events,

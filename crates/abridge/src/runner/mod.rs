@@ -13,12 +13,15 @@ mod config;
 pub(crate) mod context;
 mod delegate;
 mod model_call;
+mod queue;
 mod step;
 mod tool_calls;
 
 pub use config::{RunnerBuilder, RunnerConfig};
 pub use delegate::in_child;
 use model_call::*;
+pub use queue::QueueStats;
+use queue::{Slot, StepQueue};
 use step::*;
 use tool_calls::*;
 
@@ -82,6 +85,8 @@ struct Inner {
     #[cfg(feature = "otel")]
     telemetry: Option<crate::telemetry::Telemetry>,
     contexts: ContextCache,
+    /// The fair queue of the steps' store-and-CPU parts.
+    queue: StepQueue,
     /// Renews the leases of the turns this runner runs.
     renewals: crate::lease::Renewals,
 }
@@ -338,6 +343,13 @@ impl Runner {
         focus: Option<String>,
     ) -> Result<CompactionRow> {
         self.inner.compactor.compact_now(session_id, focus).await
+    }
+
+    /// What the runner's fair queue has seen since it was built (see
+    /// [`RunnerConfig::step_slots`]): its slots, how many step parts waited
+    /// in line, and for how long.
+    pub fn queue_stats(&self) -> QueueStats {
+        self.inner.queue.stats()
     }
 
     /// Waits for the background compactions this runner started (see

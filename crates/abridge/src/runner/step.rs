@@ -101,6 +101,10 @@ impl Runner {
         at_step: &mut Option<StepId>,
     ) -> std::result::Result<TurnOutcome, Stop> {
         let mut next = first;
+        // The turn's place in the runner's fair queue: held while the step
+        // works the store and the CPU, given back around the model call,
+        // a summary and a tool that runs outside the transaction.
+        let mut slot = self.inner.queue.take().await;
         // The turn's steps as this process wrote them, while it wrote every
         // one from the first (see `StepPlan::written`).
         let mut journal = match &next {
@@ -125,7 +129,8 @@ impl Runner {
                         step_id: step.id,
                         step: step.idx,
                     });
-                    match self.execute(session, turn, &step, *work).await {
+                    self.inner.queue.retake(&mut slot).await;
+                    match self.execute(session, turn, &step, *work, &mut slot).await {
                         Ok((r, persist, ctx)) => (step, r, Some(persist), Some(ctx)),
                         Err(e) if e.is_resumable() => return Err(Stop::Recorded(e)),
                         Err(e) => {
@@ -203,9 +208,11 @@ impl Runner {
                             tool: row.tool_name.clone(),
                             effect: row.effect,
                         });
+                        slot.release();
                         let result = self
                             .run_async_tool(&plan, pos, tool, &row, inserted, input)
                             .await;
+                        self.inner.queue.retake(&mut slot).await;
                         // A crash injected inside a delegating call's child
                         // stops this turn as a crash would.
                         if let Some(p) = super::delegate::crash_of(&result.1) {
@@ -329,6 +336,7 @@ impl Runner {
         turn: &TurnRow,
         step: &store::StepRow,
         work: Work,
+        slot: &mut Slot,
     ) -> Result<(ModelResponse, Responded, Context)> {
         let (step_id, step_idx) = (step.id, step.idx);
         let subject = || Subject::of(session, Some(turn.idx));
@@ -336,6 +344,10 @@ impl Runner {
         // The hook where compaction runs: the step reads only what the
         // compactor returns, and waits for it when it must.
         let Work { plan, context } = work;
+        // A summary made or waited for here holds no slot.
+        if plan.may_wait() {
+            slot.release();
+        }
         let resolved = self
             .inner
             .compactor
@@ -349,6 +361,7 @@ impl Runner {
                 waited_ms,
             });
         }
+        self.inner.queue.retake(slot).await;
         let mut compaction = resolved.row;
         let mut ctx = match context {
             StepContext::Built(ctx) => ctx,
@@ -371,8 +384,14 @@ impl Runner {
             elided: ctx.elided(),
             ..Remedies::default()
         };
+        let request = ctx.request(&session.model, self.inner.tools.specs());
+        slot.release();
+        let mut request = Some(request);
         let mut response = loop {
-            let request = ctx.request(&session.model, self.inner.tools.specs());
+            let request = match request.take() {
+                Some(r) => r,
+                None => ctx.request(&session.model, self.inner.tools.specs()),
+            };
             match self
                 .call_model(request, session, turn.idx, (step_id, step_idx))
                 .await
@@ -389,6 +408,7 @@ impl Runner {
                 other => break other?,
             }
         };
+        self.inner.queue.retake(slot).await;
         let r = self.responded(
             step_id,
             &mut response,
