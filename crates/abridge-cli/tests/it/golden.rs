@@ -294,6 +294,15 @@ fn write_golden_store() {
             let done = asking.run_turn_at(s2.id, t, &input).await.unwrap();
             assert!(!done.is_parked());
         }
+        // From schema 12: a verified point (where `verify --incremental`
+        // left off).
+        store
+            .with_conn(|c| {
+                let report = abridge::verify::verify(c)?;
+                abridge::verify::record_point(c, &report)?;
+                Ok(())
+            })
+            .unwrap();
         // A file's rows all in the main file (a server's are its own).
         if !abridge::store::is_url(&out.to_string_lossy()) {
             store

@@ -29,6 +29,7 @@ mod host_patterns;
 mod hostile;
 mod layering;
 mod lease;
+mod many_sessions;
 #[cfg(feature = "mcp")]
 mod mcp;
 mod portable;

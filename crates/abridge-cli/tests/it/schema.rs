@@ -545,6 +545,14 @@ fn shipped_migrations_are_never_edited() {
             "c7f4cb4476f43b798a688755ab8f352bc2cd5051b0e51ae45b521b0783f4de55",
         ),
         (
+            "v12",
+            "77b12db861ca0ba05023c630f078873378aaefc4a6ad1397a49f85fd57fa4f45",
+        ),
+        (
+            "v12 (PostgreSQL)",
+            "a0619154e731e4d0c7acc3004f6c5854b51be16236732de5d260ad6e663a7e17",
+        ),
+        (
             "schema_pg.sql (PostgreSQL baseline)",
             "519649a80dc5008c7aaf8accd7cbd44adef54017a733e0f51b46d9e4e4fdfcaa",
         ),

@@ -41,6 +41,77 @@ pub struct Report {
     /// What is worth a look but breaks no guarantee (a session compacting
     /// in consecutive turns), one line each.
     pub notes: Vec<String>,
+    /// `full`, or `incremental` (the rows since [`Report::since`]).
+    pub mode: Mode,
+    /// The verified point an incremental run started from.
+    pub since: Option<VerifiedPoint>,
+    /// Where this run leaves off: what [`record_point`] stores when every
+    /// check holds, for the next incremental run.
+    pub point: VerifiedPoint,
+}
+
+/// How much of the store a run checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Every row.
+    Full,
+    /// The rows that changed since a verified point: the steps executed and
+    /// the compactions completed since, with the store-wide checks that are
+    /// cheap (G1, G4, G5, the history's gaps); the file's own
+    /// `integrity_check` is left to a full run.
+    Incremental,
+}
+
+impl Mode {
+    fn as_str(self) -> &'static str {
+        match self {
+            Mode::Full => "full",
+            Mode::Incremental => "incremental",
+        }
+    }
+}
+
+/// Where a verification left off, as recorded in the store's
+/// `verified_points` (schema version 12): every executed step below
+/// `steps_from` and every completed compaction below `compactions_from`
+/// held at `at_ms`. Those rows never change but by a redaction or an
+/// erasure, whose newest record ids are kept to see one that came after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct VerifiedPoint {
+    /// The row's id (0 for a point not recorded yet).
+    pub id: i64,
+    /// When (the store's clock, ms since the epoch).
+    pub at_ms: i64,
+    /// The smallest step id not yet checked.
+    pub steps_from: i64,
+    /// The smallest compaction id not yet checked.
+    pub compactions_from: i64,
+    /// The newest redaction record's id then (0: none).
+    pub redactions: i64,
+    /// The newest erasure record's id then (0: none).
+    pub erasures: i64,
+    /// Steps the run rebuilt.
+    pub steps_checked: i64,
+    /// Completed compactions the run checked.
+    pub compactions_checked: i64,
+}
+
+/// How a long run reports its progress: the check's name, how many of its
+/// things are done, of how many.
+pub type Progress<'a> = &'a (dyn Fn(&str, u64, u64) + 'a);
+
+/// What [`verify_opts`] runs.
+#[derive(Default, Clone, Copy)]
+pub struct Options<'a> {
+    /// The host's effect checks, added to G5.
+    pub effect_checks: &'a [&'a dyn EffectCheck],
+    /// Check only what changed since this point ([`last_point`]); None:
+    /// every row. A point older than a redaction or an erasure gives a full
+    /// run (said in the notes).
+    pub since: Option<VerifiedPoint>,
+    /// Called as the step rebuilds go (every 1,000 steps and at the end).
+    pub progress: Option<Progress<'a>>,
 }
 
 fn check(name: &str, checked: i64, violations: Vec<String>) -> Check {
@@ -99,23 +170,155 @@ pub fn verify(conn: &Connection) -> Result<Report> {
 
 /// [`verify`], with the host's effect checks added to G5. Read-only.
 pub fn verify_with(conn: &Connection, effect_checks: &[&dyn EffectCheck]) -> Result<Report> {
+    verify_opts(
+        conn,
+        &Options {
+            effect_checks,
+            ..Options::default()
+        },
+    )
+}
+
+/// The newest verified point recorded in the store (None: none yet, or a
+/// store older than schema version 12).
+pub fn last_point(conn: &Connection) -> Result<Option<VerifiedPoint>> {
+    if !conn.has_table("verified_points")? {
+        return Ok(None);
+    }
+    let mut st = conn.prepare(
+        "SELECT id, at, steps_from, compactions_from, redactions, erasures, steps_checked, \
+         compactions_checked FROM verified_points ORDER BY id DESC LIMIT 1",
+    )?;
+    let mut rows = st.query_map([], |r| {
+        Ok(VerifiedPoint {
+            id: r.get(0)?,
+            at_ms: r.get(1)?,
+            steps_from: r.get(2)?,
+            compactions_from: r.get(3)?,
+            redactions: r.get(4)?,
+            erasures: r.get(5)?,
+            steps_checked: r.get(6)?,
+            compactions_checked: r.get(7)?,
+        })
+    })?;
+    Ok(rows.next().transpose()?)
+}
+
+/// Records where `report` left off, for the next incremental run: only a
+/// report whose every check holds ([`crate::Error::Config`] otherwise).
+/// A write; returns the new point.
+pub fn record_point(conn: &Connection, report: &Report) -> Result<VerifiedPoint> {
+    if !report.ok {
+        return Err(crate::Error::Config(
+            "a verified point is recorded only when every check holds".into(),
+        ));
+    }
+    let p = report.point;
+    let id: i64 = conn.query_row(
+        "INSERT INTO verified_points (at, mode, steps_from, compactions_from, redactions, \
+         erasures, steps_checked, compactions_checked) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) RETURNING id",
+        rusqlite::params![
+            p.at_ms,
+            report.mode.as_str(),
+            p.steps_from,
+            p.compactions_from,
+            p.redactions,
+            p.erasures,
+            p.steps_checked,
+            p.compactions_checked
+        ],
+        |r| r.get(0),
+    )?;
+    Ok(VerifiedPoint { id, ..p })
+}
+
+/// Where a run that starts now leaves off: read before any check, so a row
+/// written while the checks run is at or after it (checked next time).
+fn point_now(conn: &Connection) -> Result<VerifiedPoint> {
+    let one = |sql: &str| -> Result<i64> { conn.query_row(sql, [], |r| r.get(0)) };
+    // A step can still be executed while it is running without a hash; a
+    // compaction can still complete while it is pending or failed (a failed
+    // row is re-armed): the first such row is where the next run starts.
+    let steps_from = one(
+        "SELECT coalesce((SELECT min(id) FROM steps WHERE status = 'running' \
+         AND messages_sha256 IS NULL), (SELECT max(id) FROM steps) + 1, 0)",
+    )?;
+    let compactions_from = one(
+        "SELECT coalesce((SELECT min(id) FROM compactions WHERE status <> 'completed'), \
+         (SELECT max(id) FROM compactions) + 1, 0)",
+    )?;
+    let newest = |table: &str| -> Result<i64> {
+        if !conn.has_table(table)? {
+            return Ok(0);
+        }
+        one(&format!("SELECT coalesce(max(id), 0) FROM {table}"))
+    };
+    Ok(VerifiedPoint {
+        id: 0,
+        at_ms: conn.now_ms(),
+        steps_from,
+        compactions_from,
+        redactions: newest("redactions")?,
+        erasures: newest("erasures")?,
+        steps_checked: 0,
+        compactions_checked: 0,
+    })
+}
+
+/// Runs the checks `opts` asks for: every row, or what changed since a
+/// verified point. Read-only.
+pub fn verify_opts(conn: &Connection, opts: &Options<'_>) -> Result<Report> {
     let mut notes = Vec::new();
-    let compactions = store::all_compactions(conn)?;
-    let steps = store::executed_step_ids(conn, None)?;
+    let mut point = point_now(conn)?;
+    let since = match opts.since {
+        Some(p) if p.redactions != point.redactions || p.erasures != point.erasures => {
+            notes.push(format!(
+                "full run: a redaction or an erasure came after the verified point {} \
+                 (rows it checked may have changed)",
+                p.id
+            ));
+            None
+        }
+        other => other,
+    };
+    let mode = match since {
+        Some(_) => Mode::Incremental,
+        None => Mode::Full,
+    };
+    let (steps_from, compactions_from) =
+        since.map_or((0, 0), |p| (p.steps_from, p.compactions_from));
+    let all_compactions = store::all_compactions(conn)?;
+    let compactions: Vec<_> = all_compactions
+        .iter()
+        .filter(|c| c.id.0 >= compactions_from)
+        .cloned()
+        .collect();
+    let steps: Vec<_> = store::executed_step_ids(conn, None)?
+        .into_iter()
+        .filter(|s| s.0 >= steps_from)
+        .collect();
     let summaries = summaries(conn, &compactions)?;
-    let mut checks = vec![one_row_per_boundary(conn, &compactions)?];
+    let mut checks = vec![one_row_per_boundary(conn, &all_compactions)?];
     checks.push(redacted(
         summaries.g2,
         summaries.redacted,
         &mut notes,
         "summaries hold",
     ));
-    let (g3, steps_redacted) = replays(conn, &steps)?;
+    let (g3, steps_redacted) = replays(conn, &steps, opts.progress)?;
+    point.steps_checked = g3.checked;
+    point.compactions_checked = summaries.g7.checked;
     checks.push(redacted(g3, steps_redacted, &mut notes, "steps rebuild"));
     checks.push(no_draft_read(conn, steps.len() as i64)?);
-    checks.push(effects_once(conn, effect_checks)?);
+    checks.push(effects_once(conn, opts.effect_checks)?);
     checks.push(decisions_once(conn)?);
-    checks.extend(nothing_lost(conn)?);
+    checks.extend(nothing_lost(conn, mode)?);
+    if mode == Mode::Incremental {
+        notes.push(
+            "incremental run: G6 integrity_check (the whole file) is left to a full run".into(),
+        );
+    }
     checks.push(summaries.g7);
     let (pairs, g8, pins_redacted) = pins_carried(conn, &compactions)?;
     checks.push(redacted(
@@ -125,14 +328,17 @@ pub fn verify_with(conn: &Connection, effect_checks: &[&dyn EffectCheck]) -> Res
         "pinned facts are carried",
     ));
 
-    notes.extend(compacting_often(&compactions));
-    notes.extend(pins_filled_their_share(&compactions));
+    notes.extend(compacting_often(&all_compactions));
+    notes.extend(pins_filled_their_share(&all_compactions));
     notes.extend(stalled_turns(conn, conn.now_ms())?);
     notes.extend(parked_turns(conn, conn.now_ms())?);
     Ok(Report {
         ok: checks.iter().all(|c| c.ok),
         checks,
         notes,
+        mode,
+        since,
+        point,
     })
 }
 
@@ -320,9 +526,20 @@ fn summaries(conn: &Connection, compactions: &[crate::store::CompactionRow]) -> 
 
 /// G3: every executed step rebuilds to its recorded hash (or to the one a
 /// redaction recorded: counted apart).
-fn replays(conn: &Connection, steps: &[crate::ids::StepId]) -> Result<(Check, i64)> {
+fn replays(
+    conn: &Connection,
+    steps: &[crate::ids::StepId],
+    progress: Option<Progress<'_>>,
+) -> Result<(Check, i64)> {
+    const NAME: &str = "G3 byte-identical replay";
     let (mut g3, mut steps_redacted) = (Vec::new(), 0);
-    for id in steps {
+    let total = steps.len() as u64;
+    for (n, id) in steps.iter().enumerate() {
+        if let Some(p) = progress {
+            if n % 1_000 == 0 && n > 0 {
+                p(NAME, n as u64, total);
+            }
+        }
         match rebuild_step(conn, *id) {
             Ok(r) if r.holds() => steps_redacted += i64::from(r.redaction.is_some()),
             Ok(r) => g3.push(format!(
@@ -338,10 +555,10 @@ fn replays(conn: &Connection, steps: &[crate::ids::StepId]) -> Result<(Check, i6
             Err(e) => g3.push(format!("step {id}: {e}")),
         }
     }
-    Ok((
-        check("G3 byte-identical replay", steps.len() as i64, g3),
-        steps_redacted,
-    ))
+    if let Some(p) = progress {
+        p(NAME, total, total);
+    }
+    Ok((check(NAME, steps.len() as i64, g3), steps_redacted))
 }
 
 /// G4: no executed step read a compaction that was not completed.
@@ -389,14 +606,19 @@ fn effects_once(conn: &Connection, effect_checks: &[&dyn EffectCheck]) -> Result
 
 /// G6's four checks: the database's own integrity, a history with no gaps
 /// or orphans, running turns that can resume, deletions that left nothing.
-fn nothing_lost(conn: &Connection) -> Result<Vec<Check>> {
-    let integrity = store::integrity_check(conn)?;
-    let g6: Vec<String> = integrity.into_iter().filter(|l| l != "ok").collect();
+fn nothing_lost(conn: &Connection, mode: Mode) -> Result<Vec<Check>> {
+    let (files, g6) = match mode {
+        Mode::Full => {
+            let integrity = store::integrity_check(conn)?;
+            (1, integrity.into_iter().filter(|l| l != "ok").collect())
+        }
+        Mode::Incremental => (0, Vec::new()),
+    };
     let (rows, gaps) = history_gaps(conn)?;
     let (running, stuck) = unreadable_running_turns(conn)?;
     let (deleted, left) = store::deletions_left_behind(conn)?;
     Ok(vec![
-        check("G6 integrity_check", 1, g6),
+        check("G6 integrity_check", files, g6),
         check("G6 history has no gaps or orphans", rows, gaps),
         check("G6 running turns can resume", running, stuck),
         check("G6 deleted sessions left nothing behind", deleted, left),

@@ -93,6 +93,12 @@ pub const MIGRATIONS: &[Migration] = &[
         postgres: Some(include_str!("migrations/postgres/0011_forks.sql")),
         hook: None,
     },
+    Migration {
+        version: 12,
+        sqlite: include_str!("migrations/0012_verified_points.sql"),
+        postgres: Some(include_str!("migrations/postgres/0012_verified_points.sql")),
+        hook: None,
+    },
 ];
 
 /// The schema version this build writes (`PRAGMA user_version`; the
