@@ -745,3 +745,62 @@ fn a_pool_of_no_background_workers_is_refused() {
         abridge::compaction::DEFAULT_SUMMARY_WORKERS
     );
 }
+
+/// Turns of about 240 tokens against a hard threshold of 1,200: the soft
+/// threshold of 80% (960) leaves room for less than two of them, so the
+/// adaptive soft threshold claims earlier, at 1,200 - 2 x the largest
+/// growth of a recent turn (not below half the hard threshold); with
+/// `adaptive` off the claim waits for 960.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_of_large_turns_claims_its_background_summary_earlier() {
+    async fn claimed_at(adaptive: bool) -> (i64, i64) {
+        let (_dir, path) = common::temp_db();
+        let store = Store::open(common::db_for(&path)).unwrap();
+        let mut cfg = compaction(BackgroundWorker::Task);
+        cfg.background = cfg.background.map(|b| Background { adaptive, ..b });
+        let r = runner_with(&store, Arc::new(ExtractiveSummariser), cfg, "pace", None);
+        let s = r.create_session("s", "m", "sys").await.unwrap();
+        for i in 0..30 {
+            let input = format!(
+                "turn {i}: {}",
+                "a few words about the garden and the weather. ".repeat(20)
+            );
+            r.run_turn(s.id, &input).await.unwrap();
+            if !rows(&store, s.id).is_empty() {
+                break;
+            }
+        }
+        r.finish_background().await;
+        let measures = steps(&store, s.id);
+        // The measure the claiming step read (its turn's previous step's),
+        // and the largest growth of one turn before it.
+        let claimed: i64 = store
+            .with_conn(move |c| {
+                c.query_row(
+                    "SELECT trigger_tokens FROM compactions WHERE session_id = ?1 \
+                     ORDER BY id LIMIT 1",
+                    [s.id],
+                    |r| r.get(0),
+                )
+            })
+            .unwrap();
+        let growth = measures.windows(2).map(|w| w[1].0 - w[0].0).max().unwrap();
+        (claimed, growth)
+    }
+    let (fixed, _) = claimed_at(false).await;
+    let (adaptive, growth) = claimed_at(true).await;
+    assert!(fixed >= SOFT, "{fixed}");
+    assert!(
+        growth > 120,
+        "turns this large leave the soft threshold too little room: {growth}"
+    );
+    assert!(
+        adaptive < SOFT,
+        "claimed at {adaptive}, not earlier than {SOFT}"
+    );
+    assert!(adaptive >= HARD as i64 / 2, "{adaptive}");
+    assert!(
+        adaptive >= HARD as i64 - 4 * growth,
+        "{adaptive} against a growth of {growth}"
+    );
+}

@@ -129,7 +129,21 @@ pub struct Background {
     /// [`Summariser::parallelism`](crate::compaction::Summariser::parallelism)
     /// (16 unless the summariser says otherwise).
     pub workers: Option<usize>,
+    /// Claim earlier for a session whose turns are large for the headroom
+    /// above the soft threshold (default true): the soft threshold comes down
+    /// to leave room, under the hard one, for as many turns as the
+    /// session's pace says run while a summary is made (one, and one more
+    /// per recent turn's time in its newest background summary's, at most
+    /// [`MAX_HEADROOM_TURNS`]), each as large as the largest growth of its
+    /// context in one of its last 8 turns; never below half the hard
+    /// threshold, never above `soft_share`. A step then waits for a summary
+    /// only when a single turn outgrows that headroom.
+    pub adaptive: bool,
 }
+
+/// The most turns of room the adaptive soft threshold leaves under the
+/// hard one.
+pub const MAX_HEADROOM_TURNS: i64 = 4;
 
 impl Default for Background {
     fn default() -> Self {
@@ -137,6 +151,7 @@ impl Default for Background {
             soft_share: DEFAULT_SOFT_SHARE,
             worker: BackgroundWorker::Task,
             workers: None,
+            adaptive: true,
         }
     }
 }
@@ -149,6 +164,31 @@ impl Background {
     /// (at least 1, at most `hard`).
     pub fn soft_tokens(&self, hard: u64) -> u64 {
         ((hard as f64 * self.soft_share) as u64).clamp(1, hard)
+    }
+
+    /// The soft threshold for a session of this pace (see
+    /// [`Background::adaptive`]): `growth`, the largest growth of its
+    /// context in one recent turn; `summary_ms` and `turn_ms`, its newest
+    /// background summary's time and its recent turns' mean time.
+    pub fn adaptive_soft_tokens(
+        &self,
+        hard: u64,
+        growth: Option<i64>,
+        summary_ms: Option<i64>,
+        turn_ms: Option<i64>,
+    ) -> u64 {
+        let soft = self.soft_tokens(hard);
+        let Some(growth) = growth.filter(|g| *g > 0).filter(|_| self.adaptive) else {
+            return soft;
+        };
+        // The turn that claims, and the turns that run while it is made.
+        let during = match (summary_ms, turn_ms) {
+            (Some(s), Some(t)) if t > 0 && s >= 0 => (s + t - 1) / t,
+            _ => 1,
+        };
+        let turns = (1 + during).clamp(1, MAX_HEADROOM_TURNS) as u64;
+        let room = (growth as u64).saturating_mul(turns);
+        hard.saturating_sub(room).max(hard / 2).min(soft).max(1)
     }
 }
 
@@ -721,5 +761,40 @@ mod tail_tests {
         }
         let c = CompactionConfig::default().with_keep_recent_share(Some(0.5));
         assert!(c.validate().is_ok());
+    }
+}
+
+#[cfg(test)]
+mod adaptive_tests {
+    use super::*;
+
+    #[test]
+    fn the_adaptive_soft_threshold_leaves_room_for_the_turns_a_summary_takes() {
+        let b = Background::default();
+        // No pace known, or small turns: the configured share.
+        assert_eq!(b.adaptive_soft_tokens(1_000, None, None, None), 800);
+        assert_eq!(b.adaptive_soft_tokens(1_000, Some(50), None, None), 800);
+        // Turns of 150: room for the claiming turn and one more.
+        assert_eq!(b.adaptive_soft_tokens(1_000, Some(150), None, None), 700);
+        // A summary as long as three turns: room for four.
+        assert_eq!(
+            b.adaptive_soft_tokens(1_000, Some(100), Some(3_000), Some(1_000)),
+            600
+        );
+        // Never more than MAX_HEADROOM_TURNS, never below half.
+        assert_eq!(
+            b.adaptive_soft_tokens(1_000, Some(100), Some(60_000), Some(1_000)),
+            600
+        );
+        assert_eq!(b.adaptive_soft_tokens(1_000, Some(400), None, None), 500);
+        // Off: the configured share whatever the pace.
+        let fixed = Background {
+            adaptive: false,
+            ..b
+        };
+        assert_eq!(
+            fixed.adaptive_soft_tokens(1_000, Some(400), None, None),
+            800
+        );
     }
 }

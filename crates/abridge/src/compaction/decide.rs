@@ -86,6 +86,12 @@ pub(crate) trait Facts {
     /// Whether a live other (not this compactor, not provably gone) holds
     /// the row's lease.
     fn held_by_live_other(&mut self, row: &CompactionRow) -> bool;
+    /// The session's pace: (largest growth of one recent turn, newest
+    /// background summary's ms, recent turns' mean ms). Asked for only
+    /// between half the hard threshold and the soft one.
+    fn pace(&mut self) -> Result<(Option<i64>, Option<i64>, Option<i64>)> {
+        Ok((None, None, None))
+    }
 }
 
 /// What must happen before the step: read a completed row, claim (or
@@ -177,7 +183,17 @@ pub(crate) fn decide(p: &Policy, f: &mut impl Facts) -> Result<Decision> {
             let Some(bg) = p.background else {
                 return Ok(Decision::Read(base));
             };
-            if !planner::should_compact(m, bg.soft_tokens(limit)) {
+            let mut soft = bg.soft_tokens(limit);
+            // Between half the hard threshold and the soft one, the session's
+            // pace may bring the soft threshold down (Background::adaptive).
+            if bg.adaptive
+                && planner::should_compact(m, limit / 2)
+                && !planner::should_compact(m, soft)
+            {
+                let (growth, summary_ms, turn_ms) = f.pace()?;
+                soft = bg.adaptive_soft_tokens(limit, growth, summary_ms, turn_ms);
+            }
+            if !planner::should_compact(m, soft) {
                 return Ok(Decision::Read(base));
             }
             // A summary one turn after the last one buys no room (the turns

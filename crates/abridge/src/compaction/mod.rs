@@ -22,6 +22,7 @@ mod user_words;
 pub use config::{
     builtin_context_window, Background, BackgroundWorker, CharsPerFour, CompactionConfig,
     FailurePolicy, PromptStyle, Threshold, TokenCounter, CONTEXT_WINDOWS, DEFAULT_SOFT_SHARE,
+    MAX_HEADROOM_TURNS,
 };
 pub use offline::{extract, ExtractiveSummariser};
 pub use preview::{preview, CompactionPreview};

@@ -255,4 +255,9 @@ impl Facts for StoreFacts<'_> {
         let dead = self.compactor.gone_check();
         store::held_by_live_other(row, &self.compactor.owner, self.c.now_ms(), &dead)
     }
+
+    fn pace(&mut self) -> Result<(Option<i64>, Option<i64>, Option<i64>)> {
+        let p = store::session_pace(self.c, self.session.id, self.turn_idx)?;
+        Ok((p.growth, p.summary_ms, p.turn_ms))
+    }
 }

@@ -464,3 +464,52 @@ mod tests {
             .unwrap();
     }
 }
+
+/// A session's pace before turn `turn_idx`, for the adaptive soft threshold
+/// (`compaction::Background::adaptive`): how much its context grew in one
+/// turn at most among its last [`PACE_TURNS`] turns (the largest measure of
+/// a turn's steps against the previous turn's; a compaction's fall is no
+/// growth), its newest background summary's time from claim to completion,
+/// and its recent turns' mean time. Each None when there is nothing to say.
+/// Finished rows only: every step of a turn reads the same answer unless a
+/// summary completes between them.
+pub(crate) fn session_pace(
+    conn: &Connection,
+    session_id: SessionId,
+    turn_idx: i64,
+) -> Result<Pace> {
+    const SQL: &str = "SELECT \
+        (SELECT max(m - prev) FROM (SELECT m, lag(m) OVER (ORDER BY idx) AS prev FROM \
+            (SELECT t.idx AS idx, max(s.context_tokens) AS m FROM turns t \
+             JOIN steps s ON s.turn_id = t.id \
+             WHERE t.session_id = ?1 AND t.idx < ?2 AND t.idx >= ?2 - ?3 \
+             AND s.context_tokens IS NOT NULL GROUP BY t.idx) per_turn) growth), \
+        (SELECT c.completed_at - c.created_at FROM compactions c \
+         WHERE c.session_id = ?1 AND c.status = 'completed' AND c.background = 1 \
+         ORDER BY c.id DESC LIMIT 1), \
+        (SELECT CAST(avg(t.finished_at - t.created_at) AS BIGINT) FROM turns t \
+         WHERE t.session_id = ?1 AND t.idx < ?2 AND t.idx >= ?2 - ?3 \
+         AND t.status = 'completed')";
+    conn.prepare_cached(SQL)?
+        .query_row(params![session_id, turn_idx, PACE_TURNS], |r| {
+            Ok(Pace {
+                growth: r.get::<_, Option<i64>>(0)?.filter(|g| *g > 0),
+                summary_ms: r.get(1)?,
+                turn_ms: r.get(2)?,
+            })
+        })
+}
+
+/// How many of a session's latest turns [`session_pace`] looks at.
+pub(crate) const PACE_TURNS: i64 = 8;
+
+/// What [`session_pace`] found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Pace {
+    /// The largest growth of the context in one turn, tokens.
+    pub(crate) growth: Option<i64>,
+    /// The newest background summary's time, claim to completion, ms.
+    pub(crate) summary_ms: Option<i64>,
+    /// The recent turns' mean time, ms.
+    pub(crate) turn_ms: Option<i64>,
+}
