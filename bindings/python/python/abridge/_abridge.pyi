@@ -136,10 +136,23 @@ class Check(TypedDict):
     violations: list[str]
     redacted: int
 
+class VerifiedPoint(TypedDict):
+    id: int
+    at_ms: int
+    steps_from: int
+    compactions_from: int
+    redactions: int
+    erasures: int
+    steps_checked: int
+    compactions_checked: int
+
 class Report(TypedDict):
     ok: bool
     checks: list[Check]
     notes: list[str]
+    mode: Literal['full', 'incremental']
+    since: Optional[VerifiedPoint]
+    point: VerifiedPoint
 
 class SessionView(TypedDict):
     compaction: Optional[CompactionRow]
