@@ -68,12 +68,7 @@ impl Compactor {
         }
         // Heartbeat: keep the row's lease while this claim is alive and working.
         // Dropped with the future, so a dropped future renews nothing.
-        let hb = self.heartbeat.then(|| {
-            let owner = claim.holder().to_string();
-            let (id, ms) = (row.id, self.config.lease_ttl.as_millis() as i64);
-            self.renewals
-                .keep(move |c| store::renew_compaction_lease(c, id, &owner, ms))
-        });
+        let hb = self.keep_lease(&row, claim);
         let previous_present = span.prev.as_ref().is_some_and(|p| p.summary.is_some());
         let result = self
             .attempts(&row, &rules, &span, tokens_before, subject)

@@ -92,15 +92,10 @@ impl Compactor {
                 .scope((), async {
                     // A worker of the pool, in claim order (the semaphore is
                     // fair); the row's lease is kept while it waits for one.
-                    let worker = match this.workers.clone().try_acquire_owned() {
+                    let _worker = match this.workers.clone().try_acquire_owned() {
                         Ok(w) => w,
                         Err(_) => {
-                            let _hb = this.heartbeat.then(|| {
-                                let owner = claim.holder().to_string();
-                                let (id, ms) = (row.id, this.config.lease_ttl.as_millis() as i64);
-                                this.renewals
-                                    .keep(move |c| store::renew_compaction_lease(c, id, &owner, ms))
-                            });
+                            let _hb = this.keep_lease(&row, &claim);
                             this.workers
                                 .clone()
                                 .acquire_owned()
@@ -108,7 +103,6 @@ impl Compactor {
                                 .map_err(|e| Error::Task(e.to_string()))?
                         }
                     };
-                    let _worker = worker;
                     crate::error::check_fault(&this.fault, FaultPoint::AfterClaim)?;
                     this.summarise_and_complete(row, &claim, &subject).await?;
                     crate::error::check_fault(&this.fault, FaultPoint::AfterCompactionComplete)

@@ -98,6 +98,8 @@ pub struct Compactor {
     /// The pool of background workers: a claimed row's task summarises
     /// holding one (see [`Background::workers`]).
     workers: Arc<tokio::sync::Semaphore>,
+    /// Its size.
+    pool_size: usize,
 }
 
 impl std::fmt::Debug for Compactor {
@@ -156,6 +158,7 @@ impl Compactor {
             .max(1);
         Ok(Compactor {
             workers: Arc::new(tokio::sync::Semaphore::new(workers)),
+            pool_size: workers,
             renewals,
             store,
             summariser,
@@ -186,11 +189,18 @@ impl Compactor {
     /// The size of this compactor's pool of background workers (see
     /// [`Background::workers`]).
     pub fn background_workers(&self) -> usize {
-        self.config
-            .background
-            .and_then(|b| b.workers)
-            .unwrap_or_else(|| self.summariser.parallelism())
-            .max(1)
+        self.pool_size
+    }
+
+    /// Renews the lease `claim` holds on `row` until the guard is dropped
+    /// (nothing when the heartbeat is off for a test).
+    fn keep_lease(&self, row: &CompactionRow, claim: &ClaimGuard) -> Option<crate::lease::Kept> {
+        self.heartbeat.then(|| {
+            let owner = claim.holder().to_string();
+            let (id, ms) = (row.id, self.config.lease_ttl.as_millis() as i64);
+            self.renewals
+                .keep(move |c| store::renew_compaction_lease(c, id, &owner, ms))
+        })
     }
 
     fn warn_once(&self, subject: &Subject, key: String, message: String) {

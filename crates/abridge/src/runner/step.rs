@@ -384,14 +384,10 @@ impl Runner {
             elided: ctx.elided(),
             ..Remedies::default()
         };
-        let request = ctx.request(&session.model, self.inner.tools.specs());
-        slot.release();
-        let mut request = Some(request);
         let mut response = loop {
-            let request = match request.take() {
-                Some(r) => r,
-                None => ctx.request(&session.model, self.inner.tools.specs()),
-            };
+            // Built holding the slot; the model is called without it.
+            let request = ctx.request(&session.model, self.inner.tools.specs());
+            slot.release();
             match self
                 .call_model(request, session, turn.idx, (step_id, step_idx))
                 .await
