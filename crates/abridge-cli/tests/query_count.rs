@@ -3,6 +3,10 @@
 //! stable on any machine), and no statement of a step scans a history table;
 //! ensure() below the threshold only reads, in at most three statements.
 //!
+//! The adaptive soft threshold's read of a session's pace visits a fixed
+//! number of rows (SQLite's virtual-machine steps), however many
+//! compactions the session has had.
+//!
 //! This file holds a single test so the process-wide counters (fed by SQLite's
 //! trace hook on the store's one connection) see only its statements.
 
@@ -57,6 +61,28 @@ struct Cost {
     rows_written: u64,
     /// Pages appended to the WAL (its checkpoints off for the measure).
     pages_written: u64,
+}
+
+/// The adaptive soft threshold's read of a session's pace
+/// (`store::session_pace`): its runs, and SQLite's virtual-machine steps
+/// over them (each run's share of the statement's cumulative counter).
+const PACE_SQL: &str = "SELECT (SELECT max(m - prev)";
+static PACE_RUNS: AtomicU64 = AtomicU64::new(0);
+static PACE_VM_STEPS: AtomicU64 = AtomicU64::new(0);
+static PACE_VM_LAST: AtomicU64 = AtomicU64::new(0);
+
+fn pace_hook(event: TraceEvent<'_>) {
+    if let TraceEvent::Profile(stmt, _) = event {
+        if stmt.sql().starts_with(PACE_SQL) {
+            // Cumulative over the cached statement's runs; a statement
+            // prepared afresh starts again from zero.
+            let now = stmt.get_status(rusqlite::StatementStatus::VmStep) as u64;
+            let last = PACE_VM_LAST.swap(now, Ordering::SeqCst);
+            let run = if now >= last { now - last } else { now };
+            PACE_VM_STEPS.fetch_add(run, Ordering::SeqCst);
+            PACE_RUNS.fetch_add(1, Ordering::SeqCst);
+        }
+    }
 }
 
 fn counters() -> [u64; 3] {
@@ -236,8 +262,99 @@ fn assert_no_history_scan(store: &Store) {
         .unwrap();
 }
 
+/// Answers every step at once, with no usage: the context's measure is the
+/// estimate of the bytes sent, so it grows turn by turn and background
+/// compactions follow.
+struct Growing;
+
+#[abridge::async_trait]
+impl ModelClient for Growing {
+    async fn complete(&self, _req: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        Ok(ModelResponse {
+            blocks: vec![ResponseBlock::Text {
+                text: "Your order ORD-1 left the warehouse on Monday and arrives on Friday.".into(),
+            }],
+            ..Default::default()
+        })
+    }
+}
+
+/// Runs `h` turns with background compaction (adaptive, the default) on a
+/// small threshold, then `measured` more: the pace reads of the measured
+/// turns, SQLite's virtual-machine steps per read, and the compactions
+/// completed before them.
+async fn pace_read_cost_at(h: i64, measured: i64) -> (u64, u64, i64) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_with(
+        dir.path().join("p.db"),
+        StoreOptions::default().with_max_connections(1),
+    )
+    .unwrap();
+    store
+        .with_conn(|c| {
+            c.as_sqlite()
+                .unwrap()
+                .trace_v2(TraceEventCodes::SQLITE_TRACE_PROFILE, Some(pace_hook));
+            Ok(())
+        })
+        .unwrap();
+    let mut cfg = RunnerConfig::default().with_owner("p");
+    cfg.testing.heartbeat = false;
+    cfg.compaction.compact_at = Threshold::Tokens(1_000);
+    let runner = Runner::builder(store.clone(), Arc::new(Growing))
+        .config(cfg)
+        .build()
+        .unwrap();
+    let s = runner.create_session("s", "gpt-4o", "sys").await.unwrap();
+    let turn = |t: i64| format!("Turn {t}: where is my order ORD-1, and when does it arrive?");
+    for t in 0..h {
+        runner.run_turn(s.id, &turn(t)).await.unwrap();
+        runner.finish_background().await;
+    }
+    let compactions: i64 = store
+        .with_conn(|c| {
+            c.query_row(
+                "SELECT count(*) FROM compactions WHERE status = 'completed'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+        })
+        .unwrap();
+    let (runs0, vm0) = (
+        PACE_RUNS.load(Ordering::SeqCst),
+        PACE_VM_STEPS.load(Ordering::SeqCst),
+    );
+    for t in h..h + measured {
+        runner.run_turn(s.id, &turn(t)).await.unwrap();
+        runner.finish_background().await;
+    }
+    let runs = PACE_RUNS.load(Ordering::SeqCst) - runs0;
+    let vm = PACE_VM_STEPS.load(Ordering::SeqCst) - vm0;
+    (runs, vm / runs.max(1), compactions)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statements_and_rows_read_per_step_are_fixed_and_independent_of_history() {
+    // The adaptive soft threshold's pace read visits a fixed number of rows:
+    // it once looked through every compaction of the session for the newest
+    // background one (and sorted them), a cost that grew with the history.
+    let (runs_small, vm_small, done_small) = pace_read_cost_at(30, 20).await;
+    let (runs_large, vm_large, done_large) = pace_read_cost_at(240, 20).await;
+    println!(
+        "pace read: {vm_small} VM steps a read after {done_small} compactions \
+         ({runs_small} reads), {vm_large} after {done_large} ({runs_large} reads)"
+    );
+    assert!(runs_small > 0 && runs_large > 0, "the pace read never ran");
+    assert!(
+        done_large >= 4 * done_small.max(1),
+        "{done_small} / {done_large}"
+    );
+    assert!(
+        vm_large <= vm_small + vm_small / 10,
+        "the pace read grew with the history: {vm_small} VM steps a read after \
+         {done_small} compactions, {vm_large} after {done_large}"
+    );
+
     for compact_at in [Threshold::Off, Threshold::Tokens(1_000_000)] {
         let small = cost_of_turn_at(10, compact_at).await;
         let large = cost_of_turn_at(120, compact_at).await;

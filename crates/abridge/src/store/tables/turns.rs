@@ -469,7 +469,9 @@ mod tests {
 /// (`compaction::Background::adaptive`): how much its context grew in one
 /// turn at most among its last [`PACE_TURNS`] turns (the largest measure of
 /// a turn's steps against the previous turn's; a compaction's fall is no
-/// growth), its newest background summary's time from claim to completion,
+/// growth), its newest background summary's time from claim to completion
+/// (among its [`PACE_TURNS`] newest compaction rows: the read visits a fixed
+/// number of rows however many compactions the session has had),
 /// and its recent turns' mean time. Each None when there is nothing to say.
 /// Finished rows only: every step of a turn reads the same answer unless a
 /// summary completes between them.
@@ -484,9 +486,12 @@ pub(crate) fn session_pace(
              JOIN steps s ON s.turn_id = t.id \
              WHERE t.session_id = ?1 AND t.idx < ?2 AND t.idx >= ?2 - ?3 \
              AND s.context_tokens IS NOT NULL GROUP BY t.idx) per_turn) growth), \
-        (SELECT c.completed_at - c.created_at FROM compactions c \
-         WHERE c.session_id = ?1 AND c.status = 'completed' AND c.background = 1 \
-         ORDER BY c.id DESC LIMIT 1), \
+        (SELECT done - claimed FROM \
+            (SELECT c.up_to_turn_index AS upto, c.status AS st, c.background AS bg, \
+                    c.completed_at AS done, c.created_at AS claimed \
+             FROM compactions c WHERE c.session_id = ?1 \
+             ORDER BY c.up_to_turn_index DESC LIMIT ?3) recent \
+         WHERE st = 'completed' AND bg = 1 ORDER BY upto DESC LIMIT 1), \
         (SELECT CAST(avg(t.finished_at - t.created_at) AS BIGINT) FROM turns t \
          WHERE t.session_id = ?1 AND t.idx < ?2 AND t.idx >= ?2 - ?3 \
          AND t.status = 'completed')";
