@@ -553,6 +553,14 @@ fn shipped_migrations_are_never_edited() {
             "a0619154e731e4d0c7acc3004f6c5854b51be16236732de5d260ad6e663a7e17",
         ),
         (
+            "v13",
+            "74f25b4b2c64386a762da98715345e6a4dc0d72235ba15fc3d6c4aa9d35678fb",
+        ),
+        (
+            "v13 (PostgreSQL)",
+            "c6ffd94e21444b491813f5351cec8d580066f5973fb4620a4517eae8999c60a7",
+        ),
+        (
             "schema_pg.sql (PostgreSQL baseline)",
             "519649a80dc5008c7aaf8accd7cbd44adef54017a733e0f51b46d9e4e4fdfcaa",
         ),

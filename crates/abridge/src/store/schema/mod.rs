@@ -99,6 +99,12 @@ pub const MIGRATIONS: &[Migration] = &[
         postgres: Some(include_str!("migrations/postgres/0012_verified_points.sql")),
         hook: None,
     },
+    Migration {
+        version: 13,
+        sqlite: include_str!("migrations/0013_pending_index.sql"),
+        postgres: Some(include_str!("migrations/postgres/0013_pending_index.sql")),
+        hook: None,
+    },
 ];
 
 /// The schema version this build writes (`PRAGMA user_version`; the
