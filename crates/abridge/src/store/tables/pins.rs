@@ -55,13 +55,22 @@ pub(crate) fn record_facts(
 /// Who holds a value a fact without a slot states: a slotted pin first (any
 /// of its values, superseded or not), else the value's pin not superseded,
 /// and whether a pin of its window was stated after it (through `pins_live`,
-/// stopping at the first).
-const HELD_SQL: &str = "SELECT p.slot IS NOT NULL, p.id, p.turn_index, p.windowed, p.kind, \
-     p.sentence, p.source, EXISTS (SELECT 1 FROM pins n WHERE n.session_id = p.session_id \
-     AND n.windowed = p.windowed AND n.superseded_at IS NULL AND n.turn_index > p.turn_index) \
+/// stopping at the first). Each half looks in a partial index of its own
+/// (`pins_slotted_by_value`, `pins_held_by_value`, schema 13) and visits at
+/// most one row: a value restated every turn has a pin a turn, superseded
+/// but kept, which a look through all of them would visit at every step.
+const HELD_SQL: &str = "SELECT * FROM (\
+     SELECT * FROM (SELECT p.slot IS NOT NULL AS slotted, p.id, p.turn_index, p.windowed, \
+     p.kind, p.sentence, p.source, 0 = 1 AS overtaken FROM pins p \
+     WHERE p.session_id = ?1 AND p.value = ?2 AND p.slot IS NOT NULL LIMIT 1) slotted \
+     UNION ALL SELECT * FROM (SELECT p.slot IS NOT NULL AS slotted, p.id, p.turn_index, \
+     p.windowed, p.kind, p.sentence, p.source, EXISTS (SELECT 1 FROM pins n \
+     WHERE n.session_id = p.session_id AND n.windowed = p.windowed \
+     AND n.superseded_at IS NULL AND n.turn_index > p.turn_index) AS overtaken \
      FROM pins p WHERE p.session_id = ?1 AND p.value = ?2 \
-     AND (p.slot IS NOT NULL OR p.superseded_by IS NULL) \
-     ORDER BY p.slot IS NULL, p.id DESC LIMIT 1";
+     AND p.slot IS NULL AND p.superseded_by IS NULL \
+     ORDER BY p.turn_index DESC, p.id DESC LIMIT 1) held\
+     ) holders ORDER BY 1 DESC LIMIT 1";
 
 /// The pin that holds a value a fact without a slot states.
 #[derive(Clone)]
