@@ -753,7 +753,7 @@ fn a_pool_of_no_background_workers_is_refused() {
 /// `adaptive` off the claim waits for 960.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_of_large_turns_claims_its_background_summary_earlier() {
-    async fn claimed_at(adaptive: bool) -> (i64, i64) {
+    async fn claimed_at(adaptive: bool) -> (i64, i64, i64) {
         let (_dir, path) = common::temp_db();
         let store = Store::open(common::db_for(&path)).unwrap();
         let mut cfg = compaction(BackgroundWorker::Task);
@@ -774,22 +774,30 @@ async fn a_session_of_large_turns_claims_its_background_summary_earlier() {
         let measures = steps(&store, s.id);
         // The measure the claiming step read (its turn's previous step's),
         // and the largest growth of one turn before it.
-        let claimed: i64 = store
+        // And the soft threshold the row records it was claimed under.
+        let (claimed, soft): (i64, i64) = store
             .with_conn(move |c| {
                 c.query_row(
-                    "SELECT trigger_tokens FROM compactions WHERE session_id = ?1 \
-                     ORDER BY id LIMIT 1",
+                    "SELECT trigger_tokens, soft_threshold_tokens FROM compactions \
+                     WHERE session_id = ?1 ORDER BY id LIMIT 1",
                     [s.id],
-                    |r| r.get(0),
+                    |r| Ok((r.get(0)?, r.get(1)?)),
                 )
             })
             .unwrap();
         let growth = measures.windows(2).map(|w| w[1].0 - w[0].0).max().unwrap();
-        (claimed, growth)
+        (claimed, growth, soft)
     }
-    let (fixed, _) = claimed_at(false).await;
-    let (adaptive, growth) = claimed_at(true).await;
+    let (fixed, _, fixed_soft) = claimed_at(false).await;
+    let (adaptive, growth, adaptive_soft) = claimed_at(true).await;
     assert!(fixed >= SOFT, "{fixed}");
+    // The row records the threshold in force: the configured one, or the
+    // one the session's pace brought down, at or below the measure claimed.
+    assert_eq!(fixed_soft, SOFT);
+    assert!(
+        adaptive_soft < SOFT && adaptive_soft <= adaptive,
+        "recorded {adaptive_soft}, claimed at {adaptive}"
+    );
     assert!(
         growth > 120,
         "turns this large leave the soft threshold too little room: {growth}"

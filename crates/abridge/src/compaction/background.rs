@@ -7,16 +7,22 @@ impl Compactor {
     /// Starts the background compaction of `boundary`: a task of this
     /// compactor claims and summarises it ([`BackgroundWorker::Task`]; at most
     /// one task per session in this process), or the pending row is recorded
-    /// for another process to serve ([`BackgroundWorker::Elsewhere`]).
+    /// for another process to serve ([`BackgroundWorker::Elsewhere`]). A new
+    /// row records `soft`, the soft threshold it was claimed under (the
+    /// configured one, or lower for the session's pace), when given.
     pub(super) async fn background(
         &self,
         subject: &Subject,
         boundary: i64,
         measure: Option<i64>,
+        soft: Option<i64>,
         latest: Option<&CompactionRow>,
     ) -> Result<()> {
         let (this, sid) = (self.clone(), subject.session_id);
-        let thresholds = self.thresholds(&subject.model);
+        let mut thresholds = self.thresholds(&subject.model);
+        if soft.is_some() {
+            thresholds.soft = soft;
+        }
         // A short write transaction, as a step's: on the calling worker
         // when the store allows it (no thread hand-off before the summary's
         // task is spawned).

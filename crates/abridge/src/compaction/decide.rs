@@ -24,10 +24,13 @@ pub(crate) enum Decision {
         latest: Option<CompactionRow>,
     },
     /// The step reads `read`; the row at `boundary` is claimed (or an
-    /// abandoned one finished) in the background.
+    /// abandoned one finished) in the background. `soft`: the soft
+    /// threshold a new row is claimed under (the session's pace may have
+    /// brought it down), recorded on the row; None for a row already there.
     Background {
         boundary: i64,
         measure: Option<i64>,
+        soft: Option<i64>,
         read: Option<CompactionRow>,
     },
 }
@@ -159,6 +162,7 @@ pub(crate) fn decide(p: &Policy, f: &mut impl Facts) -> Result<Decision> {
                 Ok(Decision::Background {
                     boundary: b,
                     measure: None,
+                    soft: None,
                     read: base,
                 })
             }
@@ -205,16 +209,17 @@ pub(crate) fn decide(p: &Policy, f: &mut impl Facts) -> Result<Decision> {
             // One background summary of a session at a time: one still
             // pending at an earlier boundary is let finish (taken over when
             // abandoned), not overtaken by a second summariser call.
-            let (boundary, m) = match f.newest_pending()? {
-                None => (b, m),
+            let (boundary, m, soft) = match f.newest_pending()? {
+                None => (b, m, Some(i64::try_from(soft).unwrap_or(i64::MAX))),
                 Some(pending) if held_or_elsewhere(f, &pending, bg) => {
                     return Ok(Decision::Read(base))
                 }
-                Some(pending) => (pending.up_to_turn_index, None),
+                Some(pending) => (pending.up_to_turn_index, None, None),
             };
             Ok(Decision::Background {
                 boundary,
                 measure: m,
+                soft,
                 read: base,
             })
         }
@@ -410,10 +415,16 @@ mod tests {
         }
     }
 
-    fn background(boundary: i64, measure: Option<i64>, read: Option<CompactionRow>) -> Decision {
+    fn background(
+        boundary: i64,
+        measure: Option<i64>,
+        soft: Option<i64>,
+        read: Option<CompactionRow>,
+    ) -> Decision {
         Decision::Background {
             boundary,
             measure,
+            soft,
             read,
         }
     }
@@ -545,7 +556,7 @@ mod tests {
                 "a pending row below the hard threshold, abandoned: taken over in the background",
                 policy(),
                 with_at(measured(900), row(9, 9, Pending)),
-                background(9, None, None),
+                background(9, None, None, None),
             ),
             (
                 "a pending row below the hard threshold, served elsewhere: left to the server",
@@ -645,7 +656,12 @@ mod tests {
                 "at the soft threshold, nothing pending: claim in the background",
                 policy(),
                 measured(800),
-                background(9, Some(800), None),
+                background(
+                    9,
+                    Some(800),
+                    Some(Background::default().soft_tokens(1_000) as i64),
+                    None,
+                ),
             ),
             (
                 "at the soft threshold, an earlier summary held by a live other: let it finish",
@@ -665,7 +681,7 @@ mod tests {
                     pending: Some(row(6, 6, Pending)),
                     ..measured(800)
                 },
-                background(6, None, None),
+                background(6, None, None, None),
             ),
         ];
         let n = cases.len();

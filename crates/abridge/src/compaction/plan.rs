@@ -109,9 +109,10 @@ impl Compactor {
             Decision::Background {
                 boundary,
                 measure,
+                soft,
                 read,
             } => {
-                self.background(subject, boundary, measure, read.as_ref())
+                self.background(subject, boundary, measure, soft, read.as_ref())
                     .await?;
                 Ok(Resolved {
                     row: read,
