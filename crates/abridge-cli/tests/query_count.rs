@@ -326,21 +326,13 @@ async fn vm_steps_at(h: i64, measured: i64) -> (BTreeMap<String, (u64, u64)>, i6
         runner.run_turn(s.id, &turn(t)).await.unwrap();
         runner.finish_background().await;
     }
-    let compactions: i64 = store
+    let (compactions, live): (i64, i64) = store
         .with_conn(|c| {
             c.query_row(
-                "SELECT count(*) FROM compactions WHERE status = 'completed'",
+                "SELECT (SELECT count(*) FROM compactions WHERE status = 'completed'), \
+                 (SELECT count(*) FROM pins WHERE superseded_at IS NULL)",
                 [],
-                |r| r.get::<_, i64>(0),
-            )
-        })
-        .unwrap();
-    let live: i64 = store
-        .with_conn(|c| {
-            c.query_row(
-                "SELECT count(*) FROM pins WHERE superseded_at IS NULL",
-                [],
-                |r| r.get::<_, i64>(0),
+                |r| Ok((r.get(0)?, r.get(1)?)),
             )
         })
         .unwrap();
