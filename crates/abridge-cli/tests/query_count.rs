@@ -132,24 +132,27 @@ impl ModelClient for TwoSteps {
     }
 }
 
-/// The cost of one two-step turn after `h` turns.
-async fn cost_of_turn_at(h: i64, compact_at: Threshold) -> Cost {
-    let dir = tempfile::tempdir().unwrap();
-    // One connection, so the trace hook set on it sees every statement.
-    let store = Store::open_with(
-        dir.path().join("q.db"),
-        StoreOptions::default().with_max_connections(1),
-    )
-    .unwrap();
+/// A store of one connection, so that the trace `hook` set on it sees every
+/// statement.
+fn traced_store(path: &std::path::Path, mask: TraceEventCodes, hook: fn(TraceEvent<'_>)) -> Store {
+    let store = Store::open_with(path, StoreOptions::default().with_max_connections(1)).unwrap();
     store
         .with_conn(|c| {
-            c.as_sqlite().unwrap().trace_v2(
-                TraceEventCodes::SQLITE_TRACE_STMT | TraceEventCodes::SQLITE_TRACE_ROW,
-                Some(count),
-            );
+            c.as_sqlite().unwrap().trace_v2(mask, Some(hook));
             Ok(())
         })
         .unwrap();
+    store
+}
+
+/// The cost of one two-step turn after `h` turns.
+async fn cost_of_turn_at(h: i64, compact_at: Threshold) -> Cost {
+    let dir = tempfile::tempdir().unwrap();
+    let store = traced_store(
+        &dir.path().join("q.db"),
+        TraceEventCodes::SQLITE_TRACE_STMT | TraceEventCodes::SQLITE_TRACE_ROW,
+        count,
+    );
     store
         .with_conn(abridge_testkit::demo_tables::create_demo_tables)
         .unwrap();
@@ -297,19 +300,11 @@ impl ModelClient for Growing {
 /// completed before them; the pins live then.
 async fn vm_steps_at(h: i64, measured: i64) -> (BTreeMap<String, (u64, u64)>, i64, i64) {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open_with(
-        dir.path().join("p.db"),
-        StoreOptions::default().with_max_connections(1),
-    )
-    .unwrap();
-    store
-        .with_conn(|c| {
-            c.as_sqlite()
-                .unwrap()
-                .trace_v2(TraceEventCodes::SQLITE_TRACE_PROFILE, Some(vm_hook));
-            Ok(())
-        })
-        .unwrap();
+    let store = traced_store(
+        &dir.path().join("p.db"),
+        TraceEventCodes::SQLITE_TRACE_PROFILE,
+        vm_hook,
+    );
     let mut cfg = RunnerConfig::default().with_owner("p");
     cfg.testing.heartbeat = false;
     cfg.compaction.compact_at = Threshold::Tokens(1_000);

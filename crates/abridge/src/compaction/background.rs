@@ -20,9 +20,7 @@ impl Compactor {
     ) -> Result<()> {
         let (this, sid) = (self.clone(), subject.session_id);
         let mut thresholds = self.thresholds(&subject.model);
-        if soft.is_some() {
-            thresholds.soft = soft;
-        }
+        thresholds.soft = soft.or(thresholds.soft);
         // A short write transaction, as a step's: on the calling worker
         // when the store allows it (no thread hand-off before the summary's
         // task is spawned).
