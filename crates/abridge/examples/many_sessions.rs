@@ -103,10 +103,17 @@ struct Opts {
     slots: Option<usize>,
     /// A child process: its index (its sessions are named after it).
     child: Option<usize>,
+    /// This run's name, in every session's: a run on a store that earlier
+    /// runs used makes sessions of its own (an earlier run's turns would be
+    /// answered from the store, not run).
+    run: String,
+    /// Seconds of the same workload, on sessions of their own, before the
+    /// measured run (default: 3 on PostgreSQL, 0 on a file); see `main`.
+    warmup: Option<f64>,
 }
 
 const USAGE: &str = "usage: many_sessions [--sessions N] [--procs P] [--db PATH|URL] \
-[--seconds S] [--slots K] [--json]";
+[--seconds S] [--slots K] [--warmup S] [--json]";
 
 fn parse() -> Opts {
     let mut o = Opts {
@@ -117,6 +124,13 @@ fn parse() -> Opts {
         json: false,
         slots: None,
         child: None,
+        run: format!(
+            "{:x}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis())
+        ),
+        warmup: None,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -133,6 +147,8 @@ fn parse() -> Opts {
             "--seconds" => o.seconds = value(i).parse().expect("--seconds S"),
             "--child" => o.child = Some(value(i).parse().expect("--child I")),
             "--slots" => o.slots = Some(value(i).parse().expect("--slots K")),
+            "--run" => o.run = value(i),
+            "--warmup" => o.warmup = Some(value(i).parse().expect("--warmup S")),
             "--help" | "-h" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -252,7 +268,7 @@ async fn run_sessions(
     db: &str,
     sessions: usize,
     seconds: f64,
-    tag: usize,
+    tag: &str,
     slots: Option<usize>,
 ) -> Measured {
     let store = Store::open(db).expect("open the store");
@@ -313,7 +329,7 @@ async fn run_sessions(
     for i in 0..sessions {
         let s = runner
             .create_session(
-                &format!("many-{tag}-{i}"),
+                &format!("many-{tag}-s{i}"),
                 "scripted",
                 "You help with orders.",
             )
@@ -419,16 +435,44 @@ fn main() {
         .enable_all()
         .build()
         .expect("a runtime");
-    if let Some(tag) = o.child {
-        let m = rt.block_on(run_sessions(&db, o.sessions, o.seconds, tag, o.slots));
+    if let Some(child) = o.child {
+        let tag = format!("{}-p{child}", o.run);
+        let m = rt.block_on(run_sessions(&db, o.sessions, o.seconds, &tag, o.slots));
         println!("{}", m.to_json());
         return;
     }
     // Open once first: the schema exists before the children race to it.
-    drop(Store::open(&db).expect("open the store"));
+    let store = Store::open(&db).expect("open the store");
+    // A server plans a prepared statement from the statistics it has of
+    // the tables, and keeps the plan until they change: a store made a
+    // moment ago has those of empty tables until autovacuum's first ANALYZE
+    // (within a minute of its first rows), and its plans read whole tables.
+    // The warm-up runs the same workload on sessions of its own, then the
+    // ANALYZE autovacuum would run: the measured run is a store's steady
+    // state, not its first minute.
+    let warmup = o.warmup.unwrap_or(match store.backend() {
+        abridge::store::BackendKind::Postgres => 3.0,
+        _ => 0.0,
+    });
+    if warmup > 0.0 {
+        let tag = format!("{}-warmup", o.run);
+        rt.block_on(run_sessions(&db, o.sessions, warmup, &tag, o.slots));
+        if store.backend() == abridge::store::BackendKind::Postgres {
+            store
+                .with_conn(|c| {
+                    c.execute_batch(
+                        "ANALYZE sessions, turns, steps, tool_invocations, compactions, pins, \
+                         session_lineage",
+                    )
+                })
+                .expect("ANALYZE");
+        }
+    }
+    drop(store);
     let mut m = Measured::default();
     if o.procs == 1 {
-        m = rt.block_on(run_sessions(&db, o.sessions, o.seconds, 0, o.slots));
+        let tag = format!("{}-p0", o.run);
+        m = rt.block_on(run_sessions(&db, o.sessions, o.seconds, &tag, o.slots));
     } else {
         let me = std::env::current_exe().expect("this program");
         let per = o.sessions.div_ceil(o.procs);
@@ -441,7 +485,7 @@ fn main() {
                         "--seconds",
                         &o.seconds.to_string(),
                     ])
-                    .args(["--db", &db, "--child", &i.to_string()])
+                    .args(["--db", &db, "--child", &i.to_string(), "--run", &o.run])
                     .args(
                         o.slots
                             .map(|k| ["--slots".to_string(), k.to_string()])

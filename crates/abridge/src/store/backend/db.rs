@@ -33,8 +33,10 @@ pub struct Connection {
 
 pub(crate) enum Backend {
     Sqlite(rusqlite::Connection),
+    /// Boxed: a server connection (its client, caches and queue) is several
+    /// times an SQLite handle's size.
     #[cfg(feature = "postgres")]
-    Postgres(crate::store::pg::PgConn),
+    Postgres(Box<crate::store::pg::PgConn>),
 }
 
 impl std::fmt::Debug for Connection {
@@ -76,7 +78,7 @@ impl Connection {
 impl From<crate::store::pg::PgConn> for Connection {
     fn from(c: crate::store::pg::PgConn) -> Connection {
         Connection {
-            backend: Backend::Postgres(c),
+            backend: Backend::Postgres(Box::new(c)),
             clock: crate::clock::default_clock(),
         }
     }
@@ -309,6 +311,56 @@ impl Connection {
             conn: self,
             open: true,
         })
+    }
+
+    /// Begins a write transaction of a leased turn's own rows (its fenced
+    /// transactions): on SQLite the same `BEGIN IMMEDIATE`; on PostgreSQL
+    /// one that excludes the turn's other writers and every store-wide one,
+    /// not the turns of other sessions (see `store::pg`).
+    pub(crate) fn write_tx_for_turn(
+        &mut self,
+        turn: crate::ids::TurnId,
+    ) -> Result<Transaction<'_>> {
+        #[cfg(feature = "postgres")]
+        if let Backend::Postgres(c) = &self.backend {
+            c.begin_write_for_turn(turn.0)?;
+            return Ok(Transaction {
+                conn: self,
+                open: true,
+            });
+        }
+        let _ = turn;
+        self.write_tx()
+    }
+
+    /// Begins a write transaction that starts a session's next turn: on
+    /// SQLite `BEGIN IMMEDIATE`; on PostgreSQL one that excludes the
+    /// session's other starts and every store-wide writer (see `store::pg`).
+    pub(crate) fn write_tx_for_session(
+        &mut self,
+        session: crate::ids::SessionId,
+    ) -> Result<Transaction<'_>> {
+        #[cfg(feature = "postgres")]
+        if let Backend::Postgres(c) = &self.backend {
+            c.begin_write_for_session(session.0)?;
+            return Ok(Transaction {
+                conn: self,
+                open: true,
+            });
+        }
+        let _ = session;
+        self.write_tx()
+    }
+
+    /// In a session's write transaction on PostgreSQL, the lock of one of
+    /// its turns, before its row is read again and its lease taken; nothing
+    /// elsewhere (SQLite's writer holds every lock).
+    pub(crate) fn lock_turn(&self, turn: crate::ids::TurnId) {
+        #[cfg(feature = "postgres")]
+        if let Backend::Postgres(c) = &self.backend {
+            c.lock_turn(turn.0);
+        }
+        let _ = turn;
     }
 
     fn begin_plain(&self) -> Result<()> {

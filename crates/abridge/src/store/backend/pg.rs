@@ -14,6 +14,19 @@
 //!   SQLite's `BEGIN IMMEDIATE` makes them, and each of its statements reads
 //!   the latest committed rows (READ COMMITTED). A read transaction is
 //!   `REPEATABLE READ, READ ONLY`: one snapshot, as SQLite's read transaction.
+//! - A leased turn's own writes (its steps, tool calls, end: the fenced
+//!   transactions, most of a step's) take the store's lock shared and the
+//!   turn's exclusively ([`PgConn::begin_write_for_turn`]), so the turns of
+//!   different sessions commit side by side (and the server flushes their
+//!   commits together) while every other writer still excludes them all.
+//!   Such a transaction touches only its turn's rows; what is store-wide in
+//!   it (a new store-wide id, taken as `max(id) + 1`, and a transactional
+//!   tool's own statements on the host's tables) first takes the store's
+//!   serial lock, so those parts still run one at a time, as before. A
+//!   session's next turn starts the same way under the session's lock (and
+//!   takes a turn's before it leases that turn again). The locks are always
+//!   taken in that order (store, session, turn, serial), so these
+//!   transactions never wait for each other in a cycle.
 
 use crate::error::{Error, Result};
 use rusqlite::types::{FromSql, ToSql, ToSqlOutput, Value, ValueRef};
@@ -95,7 +108,31 @@ pub(crate) struct PgConn {
     trips: Cell<u64>,
     /// The key of the store's advisory write lock.
     lock_key: i64,
+    /// Which of the store's locks the open write transaction holds.
+    scope: Cell<Scope>,
 }
+
+/// The store's locks a write transaction holds (see the module's notes).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Scope {
+    /// No write transaction, or one holding the store's lock exclusively.
+    Store,
+    /// A leased turn's (or a session's, when it starts a turn): the
+    /// store's lock shared, the turn's (the session's) exclusively;
+    /// `serial` once it took the store's serial lock too.
+    Turn { serial: bool },
+}
+
+/// The classes of the two-part advisory keys (xor the store's): a turn's
+/// lock, the store's serial lock, a session's lock.
+const TURN: i32 = 0;
+const SERIAL: i32 = 1;
+const SESSION: i32 = 2;
+
+/// Marks a statement that takes a new store-wide id as `max(id) + 1`
+/// (`store::next_id!`): in a turn's transaction it waits for the serial
+/// lock first.
+pub(crate) const NEXT_ID_MARK: &str = "_id_floor FROM erasures";
 
 /// A request that waits to be sent with the next one.
 enum Queued {
@@ -224,6 +261,29 @@ impl PgConn {
             prefetched: RefCell::default(),
             trips: Cell::new(0),
             lock_key,
+            scope: Cell::new(Scope::Store),
+        }
+    }
+
+    /// The class of the two-part advisory keys of this store's turn and
+    /// serial locks (apart from the one-part key of its store lock).
+    fn lock_class(&self) -> i32 {
+        (self.lock_key ^ (self.lock_key >> 32)) as i32
+    }
+
+    /// In a turn's transaction, a statement that is store-wide (a new
+    /// store-wide id, or a host's own statement) first takes the store's
+    /// serial lock: queued, so it goes ahead of that statement.
+    fn serialise_if_store_wide(&self, sql: &str) {
+        if self.scope.get() != (Scope::Turn { serial: false }) || !self.in_tx.get() {
+            return;
+        }
+        if self.host_sql.get() || sql.contains(NEXT_ID_MARK) {
+            self.queue(Queued::Batch(format!(
+                "SELECT pg_advisory_xact_lock({}, 0)",
+                self.lock_class() ^ SERIAL
+            )));
+            self.scope.set(Scope::Turn { serial: true });
         }
     }
 
@@ -352,6 +412,7 @@ impl PgConn {
     }
 
     pub(crate) fn prepare(&self, sql: &str, cached: bool) -> Result<PgStatement<'_>> {
+        self.serialise_if_store_wide(sql);
         let cache = match self.host_sql.get() {
             true => &self.host_cache,
             false => &self.cache,
@@ -398,6 +459,7 @@ impl PgConn {
             self.queue(Queued::Batch(sql.to_string()));
             return Ok(());
         }
+        self.serialise_if_store_wide(sql);
         self.wrote();
         let r = self.send(self.client.batch_execute(&self.server_text(sql)));
         if head.starts_with("BEGIN") || head.starts_with("START TRANSACTION") {
@@ -407,6 +469,7 @@ impl PgConn {
             || (head.starts_with("ROLLBACK") && !head.starts_with("ROLLBACK TO"))
         {
             self.in_tx.set(false);
+            self.scope.set(Scope::Store);
         }
         r
     }
@@ -423,6 +486,49 @@ impl PgConn {
         ))
     }
 
+    /// Begins a write transaction of a leased turn's own rows: READ
+    /// COMMITTED, holding the store's lock shared and the turn's
+    /// exclusively until it ends (see the module's notes). Queued, as
+    /// [`PgConn::begin_write`]'s.
+    pub(crate) fn begin_write_for_turn(&self, turn_id: i64) -> Result<()> {
+        self.begin_write_for(TURN, turn_id)
+    }
+
+    /// Begins a write transaction of one session's turns (the start of its
+    /// next turn): as [`PgConn::begin_write_for_turn`]'s, with the
+    /// session's lock in place of a turn's. A turn it goes on to lease is
+    /// locked first ([`PgConn::lock_turn`]).
+    pub(crate) fn begin_write_for_session(&self, session_id: i64) -> Result<()> {
+        self.begin_write_for(SESSION, session_id)
+    }
+
+    fn begin_write_for(&self, kind: i32, id: i64) -> Result<()> {
+        self.read_only.set(false);
+        self.begin(format!(
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock_shared({}); \
+             SELECT pg_advisory_xact_lock({}, {})",
+            self.lock_key,
+            self.lock_class() ^ kind,
+            id as i32
+        ))?;
+        self.scope.set(Scope::Turn { serial: false });
+        Ok(())
+    }
+
+    /// In a session's transaction, takes the lock of one of its turns
+    /// (queued: it goes ahead of the next statement), before that turn's
+    /// row is read again and its lease taken. Elsewhere nothing: a
+    /// transaction holding the store's lock holds every turn's.
+    pub(crate) fn lock_turn(&self, turn_id: i64) {
+        if matches!(self.scope.get(), Scope::Turn { serial: false }) && self.in_tx.get() {
+            self.queue(Queued::Batch(format!(
+                "SELECT pg_advisory_xact_lock({}, {})",
+                self.lock_class() ^ TURN,
+                turn_id as i32
+            )));
+        }
+    }
+
     /// Begins a read transaction: one snapshot for all its reads. Queued,
     /// as a write transaction's.
     pub(crate) fn begin_read(&self) -> Result<()> {
@@ -433,6 +539,7 @@ impl PgConn {
         // Outside a transaction the queue holds at most the previous one's
         // end (`end_later`): it goes first, in the same round trip.
         self.read_only.set(sql.ends_with("READ ONLY"));
+        self.scope.set(Scope::Store);
         self.queue(Queued::Batch(sql));
         self.in_tx.set(true);
         Ok(())
@@ -502,6 +609,7 @@ impl PgConn {
         // A failed COMMIT ends the transaction too (the server rolled it back).
         self.in_tx.set(false);
         self.read_only.set(false);
+        self.scope.set(Scope::Store);
         self.refused.borrow_mut().take();
         self.prefetched.borrow_mut().clear();
         r
@@ -530,6 +638,7 @@ impl PgConn {
         self.queue(Queued::Commit);
         self.deferred.set(Deferred::Queued);
         self.in_tx.set(false);
+        self.scope.set(Scope::Store);
         self.prefetched.borrow_mut().clear();
         Ok(())
     }
@@ -1237,8 +1346,17 @@ impl std::fmt::Debug for Manager {
 }
 
 impl Manager {
-    pub(crate) fn is_valid(&self, c: &PgConn) -> Result<()> {
-        wait(c.client.simple_query(""))?;
+    /// Whether a pooled connection is fit to hand out: its client saw no
+    /// end of it, and (unless it was `recent`ly in use) the server answers
+    /// an empty query (a round trip, counted).
+    pub(crate) fn is_valid(&self, c: &PgConn, recent: bool) -> Result<()> {
+        if c.is_closed() {
+            return Err(Error::Task("the server ended the connection".into()));
+        }
+        if !recent {
+            c.trips.set(c.trips.get() + 1);
+            wait(c.client.simple_query(""))?;
+        }
         Ok(())
     }
 }
@@ -1246,6 +1364,14 @@ impl Manager {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A turn's transaction knows a store-wide id's statement by its mark:
+    /// the expression every such statement is written with carries it.
+    #[test]
+    fn the_store_wide_id_expression_carries_its_mark() {
+        assert!(crate::store::next_id!("turns").contains(NEXT_ID_MARK));
+        assert!(crate::store::next_id!("sessions").contains(NEXT_ID_MARK));
+    }
 
     #[test]
     fn a_schema_with_capitals_is_refused_naming_its_lower_case_form() {
@@ -1501,6 +1627,150 @@ mod pipeline_tests {
                 holder.join().unwrap();
                 assert!(c.is_autocommit());
                 assert_eq!(count(c), 1);
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    /// A connection back in the pool a moment ago is handed out without a
+    /// round trip to check it; one idle for longer is checked (a counted
+    /// round trip), and one the server ended while idle is replaced.
+    #[test]
+    fn a_recently_used_connection_is_not_checked_again_an_idle_one_is() {
+        let Some((store, url)) = store_at("bypass") else {
+            return;
+        };
+        let trips_now = || store.with_conn(|c| Ok(trips(c))).unwrap();
+        let first = trips_now();
+        assert_eq!(
+            trips_now(),
+            first,
+            "a checkout right after a return costs no round trip"
+        );
+        std::thread::sleep(
+            super::super::pool::CHECKED_RECENTLY + std::time::Duration::from_millis(100),
+        );
+        assert_eq!(
+            trips_now(),
+            first + 1,
+            "an idle connection is checked: one round trip"
+        );
+        // Ended by the server while idle: the check finds it, a new one is made.
+        let pid: i64 = store
+            .with_conn(|c| c.query_row("SELECT pg_backend_pid()::bigint", [], |r| r.get(0)))
+            .unwrap();
+        let admin =
+            Store::open_with(&url, StoreOptions::default().with_max_connections(1)).unwrap();
+        admin
+            .with_conn(|c| {
+                c.query_row("SELECT pg_terminate_backend(?1::int)", [pid], |r| {
+                    r.get::<_, bool>(0)
+                })
+            })
+            .unwrap();
+        std::thread::sleep(
+            super::super::pool::CHECKED_RECENTLY + std::time::Duration::from_millis(100),
+        );
+        let now: i64 = store
+            .with_conn(|c| c.query_row("SELECT pg_backend_pid()::bigint", [], |r| r.get(0)))
+            .unwrap();
+        assert_ne!(now, pid, "the ended connection was replaced");
+    }
+
+    /// The write locks' scopes: a leased turn's transaction excludes that
+    /// turn's other writers, the store-wide writers, and (once it takes a
+    /// store-wide id) the other turns' store-wide parts; the turns of other
+    /// sessions write beside it. Each "waits" is a lock not granted within
+    /// the connection's lock timeout.
+    #[test]
+    fn a_turns_writes_exclude_its_turn_and_the_store_not_other_turns() {
+        use crate::ids::{SessionId, TurnId};
+        let Some((store, url)) = store_at("scopes") else {
+            return;
+        };
+        let other =
+            Store::open_with(&url, StoreOptions::default().with_max_connections(1)).unwrap();
+        let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            other
+                .with_conn(|o| {
+                    let tx = o.write_tx_for_turn(TurnId(7))?;
+                    tx.execute("INSERT INTO pipe (id, v) VALUES (70, 'seven')", [])?;
+                    ready_tx.send(()).unwrap();
+                    // Then a store-wide id (the serial lock), on request.
+                    hold_rx.recv().unwrap();
+                    tx.query_row(
+                        concat!("SELECT ", crate::store::next_id!("turns")),
+                        [],
+                        |r| r.get::<_, i64>(0),
+                    )?;
+                    ready_tx.send(()).unwrap();
+                    hold_rx.recv().unwrap();
+                    tx.commit()
+                })
+                .unwrap();
+        });
+        let waits = |r: crate::error::Result<()>| match r {
+            Err(e) => {
+                assert!(e.is_resumable(), "{e}");
+                true
+            }
+            Ok(()) => false,
+        };
+        store
+            .with_conn(|c| {
+                c.execute_batch("SET lock_timeout = '200ms'")?;
+                ready_rx.recv().unwrap();
+                let write = |c: &mut Connection,
+                             tx: fn(
+                    &mut Connection,
+                )
+                    -> crate::error::Result<crate::store::Transaction<'_>>,
+                             id: i64| {
+                    let tx = tx(c)?;
+                    tx.execute("INSERT INTO pipe (id, v) VALUES (?1, 'x')", [id])?;
+                    tx.commit()
+                };
+                // Another session's turn and another session's start: beside it.
+                assert!(!waits(write(c, |c| c.write_tx_for_turn(TurnId(8)), 80)));
+                assert!(!waits(write(
+                    c,
+                    |c| c.write_tx_for_session(SessionId(3)),
+                    81
+                )));
+                // The same turn, and a store-wide writer: they wait.
+                assert!(waits(write(c, |c| c.write_tx_for_turn(TurnId(7)), 82)));
+                assert!(waits(write(c, |c| c.write_tx(), 83)));
+                // A session's start that leases the held turn waits for it.
+                let leasing = (|| {
+                    let tx = c.write_tx_for_session(SessionId(3))?;
+                    tx.lock_turn(TurnId(7));
+                    tx.execute("INSERT INTO pipe (id, v) VALUES (84, 'x')", [])?;
+                    tx.commit()
+                })();
+                assert!(waits(leasing));
+                // Once the holder took a store-wide id, another turn's
+                // store-wide id waits for it; its own rows still do not.
+                hold_tx.send(()).unwrap();
+                ready_rx.recv().unwrap();
+                let id = (|| {
+                    let tx = c.write_tx_for_turn(TurnId(8))?;
+                    tx.query_row(
+                        concat!("SELECT ", crate::store::next_id!("turns")),
+                        [],
+                        |r| r.get::<_, i64>(0),
+                    )?;
+                    tx.commit()
+                })();
+                assert!(waits(id));
+                assert!(!waits(write(c, |c| c.write_tx_for_turn(TurnId(8)), 85)));
+                hold_tx.send(()).unwrap();
+                holder.join().unwrap();
+                // Once it ended, every one of them writes.
+                assert!(!waits(write(c, |c| c.write_tx_for_turn(TurnId(7)), 86)));
+                assert!(!waits(write(c, |c| c.write_tx(), 87)));
+                assert_eq!(count(c), 7);
                 Ok(())
             })
             .unwrap();

@@ -196,7 +196,10 @@ impl Pool {
     /// `conn` checked out, or None (and its slot freed) when the check at
     /// checkout finds it dead.
     fn checked(&self, mut conn: Pooled) -> Option<Checkout> {
-        if self.0.check_on_checkout && self.0.maker.is_valid(&mut conn).is_err() {
+        let recent = conn
+            .returned
+            .is_some_and(|t| t.elapsed() < CHECKED_RECENTLY);
+        if self.0.check_on_checkout && self.0.maker.is_valid(&mut conn, recent).is_err() {
             drop(conn);
             self.release_slot();
             return None;
@@ -248,6 +251,7 @@ impl Drop for Checkout {
             self.pool.release_slot();
             return;
         }
+        conn.returned = Some(Instant::now());
         shared.state().idle.push(conn);
         shared.returned.notify_one();
     }
@@ -333,7 +337,16 @@ struct Maker {
 struct Pooled {
     conn: Connection,
     _held: Token,
+    /// When it last came back to the pool (None: never checked out).
+    returned: Option<Instant>,
 }
+
+/// A server's connection that came back this recently, and whose client
+/// saw no end of it, is handed out without a round trip to check it (a
+/// connection pool's usual bypass window): one used a moment ago answered
+/// then, and one that breaks in between fails its first request as one
+/// broken mid-transaction does, resumable.
+pub(crate) const CHECKED_RECENTLY: Duration = Duration::from_millis(500);
 
 impl Maker {
     fn connect(&self) -> Result<Pooled> {
@@ -352,13 +365,15 @@ impl Maker {
         Ok(Pooled {
             conn,
             _held: Token::new(&self.held),
+            returned: None,
         })
     }
 
-    fn is_valid(&self, conn: &mut Pooled) -> Result<()> {
+    fn is_valid(&self, conn: &mut Pooled, recent: bool) -> Result<()> {
+        let _ = recent;
         match (&self.connect, &mut conn.conn.backend) {
             #[cfg(feature = "postgres")]
-            (Connect::Postgres(m), db::Backend::Postgres(c)) => m.is_valid(c),
+            (Connect::Postgres(m), db::Backend::Postgres(c)) => m.is_valid(c, recent),
             #[allow(unreachable_patterns)]
             _ => Ok(()),
         }

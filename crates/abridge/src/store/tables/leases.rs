@@ -5,7 +5,6 @@ use crate::error::{Error, Result};
 use crate::ids::TurnId;
 use crate::store::db::{Connection, OptionalExtension, Transaction};
 use crate::store::rows::*;
-use crate::store::write_tx;
 use rusqlite::params;
 
 /// A held turn lease: the right to write one turn's steps while `epoch` is current.
@@ -140,7 +139,7 @@ pub(crate) fn take_lease(
 /// Renews the lease to its full time (heartbeat). Returns false when it was lost.
 pub(crate) fn renew_lease(conn: &mut Connection, lease: &Lease) -> Result<bool> {
     let renewed = (|| {
-        let tx = write_tx(conn)?;
+        let tx = conn.write_tx_for_turn(lease.turn_id)?;
         check_lease(&tx, lease, i64::MAX)?;
         tx.commit()
     })();
@@ -169,8 +168,12 @@ pub(crate) fn explain_lost(conn: &Connection, e: Error) -> Error {
 
 /// Opens a fenced IMMEDIATE transaction: every write of a leased turn runs in
 /// one. The caller commits it.
+///
+/// Its writes are the leased turn's own rows (its steps, tool calls and end,
+/// its session's pins): on PostgreSQL it excludes the turn's other writers
+/// and every store-wide one, not the turns of other sessions.
 pub(crate) fn fenced_tx<'c>(conn: &'c mut Connection, lease: &Lease) -> Result<Transaction<'c>> {
-    let tx = write_tx(conn)?;
+    let tx = conn.write_tx_for_turn(lease.turn_id)?;
     fence(&tx, lease)?;
     Ok(tx)
 }

@@ -6,7 +6,6 @@ use crate::store::db::{Connection, OptionalExtension, Transaction};
 use crate::store::leases::*;
 use crate::store::rows::*;
 use crate::store::turns::*;
-use crate::store::write_tx;
 use rusqlite::params;
 
 /// What step `idx` of `turn_id` read: the compaction (None: none, or no such
@@ -68,7 +67,7 @@ pub(crate) fn claim_step(conn: &mut Connection, lease: &Lease) -> Result<StepRow
         }
     }
     let claimed = (|| {
-        let tx = write_tx(conn)?;
+        let tx = conn.write_tx_for_turn(lease.turn_id)?;
         fence(&tx, lease)?;
         let row = match last_step(&tx, lease.turn_id)? {
             Some(s) if s.status != StepStatus::Completed => s,

@@ -85,7 +85,7 @@ pub(crate) fn begin_turn<R>(
     owner_is_dead: &dyn Fn(&str) -> bool,
     then: impl FnOnce(&mut Connection, TurnRow, Option<Lease>, SessionRow) -> Result<R>,
 ) -> Result<R> {
-    let tx = write_tx(conn)?;
+    let tx = conn.write_tx_for_session(session_id)?;
     // Read together (one round trip on PostgreSQL): none depends on another.
     tx.prefetch(NEXT_TURN_SQL, [session_id])?;
     tx.prefetch(RUNNING_TURN_SQL, [session_id])?;
@@ -124,6 +124,15 @@ pub(crate) fn begin_turn<R>(
                 reason: "exists with a different input".into(),
             });
         }
+        if existing.status != TurnStatus::Running {
+            tx.commit()?;
+            return then(conn, existing, None, session);
+        }
+        // Its fenced writers may be at work (on PostgreSQL this transaction
+        // holds the session's lock, not the turn's): the turn's lock first,
+        // then its row as it is now.
+        tx.lock_turn(existing.id);
+        let existing = get_turn(&tx, existing.id)?;
         if existing.status != TurnStatus::Running {
             tx.commit()?;
             return then(conn, existing, None, session);
