@@ -237,6 +237,26 @@ async fn cost_of_turn_at(h: i64, compact_at: Threshold) -> Cost {
 fn assert_no_history_scan(store: &Store) {
     let seen: std::collections::BTreeSet<String> = SEEN.lock().unwrap().drain(..).collect();
     assert!(seen.len() > 5, "{seen:?}");
+    // The session is no fork: the turns, steps and results it reads to
+    // extend its context are read without the half over a fork's ancestors
+    // (a lookup that finds nothing, which a server may plan as a read of
+    // every step of a new store).
+    let ranges: Vec<&String> = seen
+        .iter()
+        .filter(|sql| {
+            [
+                "SELECT s.id, s.turn_id, s.idx, s.response",
+                "SELECT i.step_id, i.tool_call_id",
+                "SELECT t.id, t.idx, t.input",
+            ]
+            .iter()
+            .any(|r| sql.trim_start().starts_with(r))
+        })
+        .collect();
+    assert!(!ranges.is_empty(), "no range read ran: {seen:?}");
+    for sql in ranges {
+        assert!(!sql.contains("session_lineage"), "{sql}");
+    }
     let history = [
         "sessions",
         "turns",

@@ -33,6 +33,9 @@ const LONG_BUILD_TURNS: i64 = 32;
 /// A session's message array up to a position, serialised and hashed.
 pub(crate) struct Context {
     session_id: SessionId,
+    /// The session's first own turn (0 unless it is a fork): a range read
+    /// from there on reads no ancestor's turns.
+    own_from: i64,
     /// The session's newest redaction when it was built: a newer one
     /// changed rows it holds, so it is built again.
     redaction: i64,
@@ -77,6 +80,7 @@ impl Context {
         };
         let mut ctx = Context {
             session_id: session.id,
+            own_from: session.first_own_turn(),
             redaction: session.redaction,
             compaction_id: compaction.map(|c| c.id),
             at,
@@ -167,7 +171,7 @@ impl Context {
             0
         };
         if ctx.at < (turn_idx, next) {
-            store::prefetch_range(conn, session_id, ctx.at, (turn_idx, next))?;
+            store::prefetch_range(conn, session_id, ctx.at, (turn_idx, next), ctx.own_from)?;
         }
         Ok(next)
     }
@@ -176,7 +180,7 @@ impl Context {
         if to == self.at {
             return Ok(());
         }
-        let read = || store::load_range(conn, self.session_id, self.at, to);
+        let read = || store::load_range_from(conn, self.session_id, self.at, to, self.own_from);
         let turns = if to.0 - self.at.0 > LONG_BUILD_TURNS {
             crate::store::may_block(read)?
         } else {
@@ -335,6 +339,7 @@ mod tests {
         use crate::message::{to_bytes, Role};
         let mut ctx = Context {
             session_id: SessionId(1),
+            own_from: 0,
             redaction: 0,
             compaction_id: None,
             at: (0, 0),
@@ -367,6 +372,7 @@ mod tests {
     fn the_cache_keeps_the_budget_and_evicts_the_least_recently_used() {
         let ctx = |session_id: i64, n: usize| Context {
             session_id: SessionId(session_id),
+            own_from: 0,
             redaction: 0,
             compaction_id: None,
             at: (0, 0),

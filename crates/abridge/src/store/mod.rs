@@ -89,7 +89,7 @@ pub(crate) use tables::compactions::{
 };
 pub use tables::compactions::{ClaimOutcome, CompactionStats};
 pub(crate) use tables::erasures::{checkpoint, deletions_left_behind, next_id, was_deleted};
-pub(crate) use tables::history::{load_history, load_range, prefetch_range};
+pub(crate) use tables::history::{load_history, load_range, load_range_from, prefetch_range};
 pub use tables::history::{HistoryStep, HistoryTurn};
 pub(crate) use tables::invocations::{
     finish_invocation, invocation_exists, list_invocations, run_transactional, start_invocation,

@@ -133,19 +133,38 @@ fn range_turns_sql(lineage: bool) -> &'static str {
     })
 }
 
-/// Queues [`load_range`]'s three reads (see [`Connection::prefetch`]): a
-/// caller that knows the range before its read transaction's first request
-/// sends them with it.
+/// Queues [`load_range_from`]'s three reads (see [`Connection::prefetch`]):
+/// a caller that knows the range before its read transaction's first
+/// request sends them with it. `own_from` as there.
 pub(crate) fn prefetch_range(
     conn: &Connection,
     session_id: SessionId,
     from: (i64, i64),
     to: (i64, i64),
+    own_from: i64,
 ) -> Result<()> {
+    let lineage = from.0 < own_from;
     let bounds = params![session_id, from.0, to.0, to.1, from.1];
-    conn.prefetch(range_steps_sql(true), bounds)?;
-    conn.prefetch(range_results_sql(true), bounds)?;
-    conn.prefetch(range_turns_sql(true), params![session_id, from.0, to.0])
+    conn.prefetch(range_steps_sql(lineage), bounds)?;
+    conn.prefetch(range_results_sql(lineage), bounds)?;
+    conn.prefetch(range_turns_sql(lineage), params![session_id, from.0, to.0])
+}
+
+/// [`load_range`] for a caller that knows the session's first own turn
+/// (`SessionRow::first_own_turn`: 0 unless it is a fork): a range that
+/// starts there or later holds only the session's own turns, and is read
+/// without the query's half over a fork's ancestors. That half costs a
+/// lookup that finds nothing, and a server that plans it from the
+/// statistics of a new store's empty tables reads every step of the store
+/// for it.
+pub(crate) fn load_range_from(
+    conn: &Connection,
+    session_id: SessionId,
+    from: (i64, i64),
+    to: (i64, i64),
+    own_from: i64,
+) -> Result<Vec<HistoryTurn>> {
+    load_range_of(conn, session_id, from, to, from.0 < own_from)
 }
 
 /// Loads the rows between two positions `(turn idx, step idx)` of a session:
