@@ -31,6 +31,13 @@ pub struct Connection {
     pub(crate) clock: std::sync::Arc<dyn crate::clock::Clock>,
 }
 
+/// Whose rows a write transaction of [`Connection::write_tx_of`] writes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Owner {
+    Turn(crate::ids::TurnId),
+    Session(crate::ids::SessionId),
+}
+
 pub(crate) enum Backend {
     Sqlite(rusqlite::Connection),
     /// Boxed: a server connection (its client, caches and queue) is several
@@ -313,42 +320,21 @@ impl Connection {
         })
     }
 
-    /// Begins a write transaction of a leased turn's own rows (its fenced
-    /// transactions): on SQLite the same `BEGIN IMMEDIATE`; on PostgreSQL
-    /// one that excludes the turn's other writers and every store-wide one,
-    /// not the turns of other sessions (see `store::pg`).
-    pub(crate) fn write_tx_for_turn(
-        &mut self,
-        turn: crate::ids::TurnId,
-    ) -> Result<Transaction<'_>> {
+    /// Begins a write transaction of `owner`'s rows only: a leased turn's
+    /// (its fenced transactions) or a session's (the start of its next
+    /// turn). On SQLite the same `BEGIN IMMEDIATE`; on PostgreSQL one that
+    /// excludes the owner's other writers and every store-wide one, not the
+    /// turns of other sessions (see `store::pg`).
+    pub(crate) fn write_tx_of(&mut self, owner: Owner) -> Result<Transaction<'_>> {
         #[cfg(feature = "postgres")]
         if let Backend::Postgres(c) = &self.backend {
-            c.begin_write_for_turn(turn.0)?;
+            c.begin_write_of(owner)?;
             return Ok(Transaction {
                 conn: self,
                 open: true,
             });
         }
-        let _ = turn;
-        self.write_tx()
-    }
-
-    /// Begins a write transaction that starts a session's next turn: on
-    /// SQLite `BEGIN IMMEDIATE`; on PostgreSQL one that excludes the
-    /// session's other starts and every store-wide writer (see `store::pg`).
-    pub(crate) fn write_tx_for_session(
-        &mut self,
-        session: crate::ids::SessionId,
-    ) -> Result<Transaction<'_>> {
-        #[cfg(feature = "postgres")]
-        if let Backend::Postgres(c) = &self.backend {
-            c.begin_write_for_session(session.0)?;
-            return Ok(Transaction {
-                conn: self,
-                open: true,
-            });
-        }
-        let _ = session;
+        let _ = owner;
         self.write_tx()
     }
 

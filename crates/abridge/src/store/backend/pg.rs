@@ -16,7 +16,7 @@
 //!   `REPEATABLE READ, READ ONLY`: one snapshot, as SQLite's read transaction.
 //! - A leased turn's own writes (its steps, tool calls, end: the fenced
 //!   transactions, most of a step's) take the store's lock shared and the
-//!   turn's exclusively ([`PgConn::begin_write_for_turn`]), so the turns of
+//!   turn's exclusively ([`PgConn::begin_write_of`]), so the turns of
 //!   different sessions commit side by side (and the server flushes their
 //!   commits together) while every other writer still excludes them all.
 //!   Such a transaction touches only its turn's rows; what is store-wide in
@@ -275,7 +275,7 @@ impl PgConn {
     /// store-wide id, or a host's own statement) first takes the store's
     /// serial lock: queued, so it goes ahead of that statement.
     fn serialise_if_store_wide(&self, sql: &str) {
-        if self.scope.get() != (Scope::Turn { serial: false }) || !self.in_tx.get() {
+        if self.scope.get() != (Scope::Turn { serial: false }) {
             return;
         }
         if self.host_sql.get() || sql.contains(NEXT_ID_MARK) {
@@ -486,23 +486,18 @@ impl PgConn {
         ))
     }
 
-    /// Begins a write transaction of a leased turn's own rows: READ
-    /// COMMITTED, holding the store's lock shared and the turn's
-    /// exclusively until it ends (see the module's notes). Queued, as
-    /// [`PgConn::begin_write`]'s.
-    pub(crate) fn begin_write_for_turn(&self, turn_id: i64) -> Result<()> {
-        self.begin_write_for(TURN, turn_id)
-    }
-
-    /// Begins a write transaction of one session's turns (the start of its
-    /// next turn): as [`PgConn::begin_write_for_turn`]'s, with the
-    /// session's lock in place of a turn's. A turn it goes on to lease is
-    /// locked first ([`PgConn::lock_turn`]).
-    pub(crate) fn begin_write_for_session(&self, session_id: i64) -> Result<()> {
-        self.begin_write_for(SESSION, session_id)
-    }
-
-    fn begin_write_for(&self, kind: i32, id: i64) -> Result<()> {
+    /// Begins a write transaction of a leased turn's own rows, or of one
+    /// session's (the start of its next turn): READ COMMITTED, holding the
+    /// store's lock shared and the turn's (the session's) exclusively until
+    /// it ends (see the module's notes). Queued, as [`PgConn::begin_write`]'s.
+    /// A turn a session's transaction goes on to lease is locked first
+    /// ([`PgConn::lock_turn`]).
+    pub(crate) fn begin_write_of(&self, owner: crate::store::db::Owner) -> Result<()> {
+        use crate::store::db::Owner;
+        let (kind, id) = match owner {
+            Owner::Turn(t) => (TURN, t.0),
+            Owner::Session(s) => (SESSION, s.0),
+        };
         self.read_only.set(false);
         self.begin(format!(
             "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock_shared({}); \
@@ -520,7 +515,7 @@ impl PgConn {
     /// row is read again and its lease taken. Elsewhere nothing: a
     /// transaction holding the store's lock holds every turn's.
     pub(crate) fn lock_turn(&self, turn_id: i64) {
-        if matches!(self.scope.get(), Scope::Turn { serial: false }) && self.in_tx.get() {
+        if self.scope.get() == (Scope::Turn { serial: false }) {
             self.queue(Queued::Batch(format!(
                 "SELECT pg_advisory_xact_lock({}, {})",
                 self.lock_class() ^ TURN,
@@ -1685,6 +1680,7 @@ mod pipeline_tests {
     #[test]
     fn a_turns_writes_exclude_its_turn_and_the_store_not_other_turns() {
         use crate::ids::{SessionId, TurnId};
+        use crate::store::db::Owner;
         let Some((store, url)) = store_at("scopes") else {
             return;
         };
@@ -1695,7 +1691,7 @@ mod pipeline_tests {
         let holder = std::thread::spawn(move || {
             other
                 .with_conn(|o| {
-                    let tx = o.write_tx_for_turn(TurnId(7))?;
+                    let tx = o.write_tx_of(Owner::Turn(TurnId(7)))?;
                     tx.execute("INSERT INTO pipe (id, v) VALUES (70, 'seven')", [])?;
                     ready_tx.send(()).unwrap();
                     // Then a store-wide id (the serial lock), on request.
@@ -1733,18 +1729,26 @@ mod pipeline_tests {
                     tx.commit()
                 };
                 // Another session's turn and another session's start: beside it.
-                assert!(!waits(write(c, |c| c.write_tx_for_turn(TurnId(8)), 80)));
                 assert!(!waits(write(
                     c,
-                    |c| c.write_tx_for_session(SessionId(3)),
+                    |c| c.write_tx_of(Owner::Turn(TurnId(8))),
+                    80
+                )));
+                assert!(!waits(write(
+                    c,
+                    |c| c.write_tx_of(Owner::Session(SessionId(3))),
                     81
                 )));
                 // The same turn, and a store-wide writer: they wait.
-                assert!(waits(write(c, |c| c.write_tx_for_turn(TurnId(7)), 82)));
+                assert!(waits(write(
+                    c,
+                    |c| c.write_tx_of(Owner::Turn(TurnId(7))),
+                    82
+                )));
                 assert!(waits(write(c, |c| c.write_tx(), 83)));
                 // A session's start that leases the held turn waits for it.
                 let leasing = (|| {
-                    let tx = c.write_tx_for_session(SessionId(3))?;
+                    let tx = c.write_tx_of(Owner::Session(SessionId(3)))?;
                     tx.lock_turn(TurnId(7));
                     tx.execute("INSERT INTO pipe (id, v) VALUES (84, 'x')", [])?;
                     tx.commit()
@@ -1755,7 +1759,7 @@ mod pipeline_tests {
                 hold_tx.send(()).unwrap();
                 ready_rx.recv().unwrap();
                 let id = (|| {
-                    let tx = c.write_tx_for_turn(TurnId(8))?;
+                    let tx = c.write_tx_of(Owner::Turn(TurnId(8)))?;
                     tx.query_row(
                         concat!("SELECT ", crate::store::next_id!("turns")),
                         [],
@@ -1764,11 +1768,19 @@ mod pipeline_tests {
                     tx.commit()
                 })();
                 assert!(waits(id));
-                assert!(!waits(write(c, |c| c.write_tx_for_turn(TurnId(8)), 85)));
+                assert!(!waits(write(
+                    c,
+                    |c| c.write_tx_of(Owner::Turn(TurnId(8))),
+                    85
+                )));
                 hold_tx.send(()).unwrap();
                 holder.join().unwrap();
                 // Once it ended, every one of them writes.
-                assert!(!waits(write(c, |c| c.write_tx_for_turn(TurnId(7)), 86)));
+                assert!(!waits(write(
+                    c,
+                    |c| c.write_tx_of(Owner::Turn(TurnId(7))),
+                    86
+                )));
                 assert!(!waits(write(c, |c| c.write_tx(), 87)));
                 assert_eq!(count(c), 7);
                 Ok(())

@@ -139,7 +139,7 @@ pub(crate) fn take_lease(
 /// Renews the lease to its full time (heartbeat). Returns false when it was lost.
 pub(crate) fn renew_lease(conn: &mut Connection, lease: &Lease) -> Result<bool> {
     let renewed = (|| {
-        let tx = conn.write_tx_for_turn(lease.turn_id)?;
+        let tx = conn.write_tx_of(crate::store::db::Owner::Turn(lease.turn_id))?;
         check_lease(&tx, lease, i64::MAX)?;
         tx.commit()
     })();
@@ -173,7 +173,7 @@ pub(crate) fn explain_lost(conn: &Connection, e: Error) -> Error {
 /// its session's pins): on PostgreSQL it excludes the turn's other writers
 /// and every store-wide one, not the turns of other sessions.
 pub(crate) fn fenced_tx<'c>(conn: &'c mut Connection, lease: &Lease) -> Result<Transaction<'c>> {
-    let tx = conn.write_tx_for_turn(lease.turn_id)?;
+    let tx = conn.write_tx_of(crate::store::db::Owner::Turn(lease.turn_id))?;
     fence(&tx, lease)?;
     Ok(tx)
 }

@@ -67,7 +67,7 @@ pub(crate) fn claim_step(conn: &mut Connection, lease: &Lease) -> Result<StepRow
         }
     }
     let claimed = (|| {
-        let tx = conn.write_tx_for_turn(lease.turn_id)?;
+        let tx = conn.write_tx_of(crate::store::db::Owner::Turn(lease.turn_id))?;
         fence(&tx, lease)?;
         let row = match last_step(&tx, lease.turn_id)? {
             Some(s) if s.status != StepStatus::Completed => s,

@@ -85,7 +85,7 @@ pub(crate) fn begin_turn<R>(
     owner_is_dead: &dyn Fn(&str) -> bool,
     then: impl FnOnce(&mut Connection, TurnRow, Option<Lease>, SessionRow) -> Result<R>,
 ) -> Result<R> {
-    let tx = conn.write_tx_for_session(session_id)?;
+    let tx = conn.write_tx_of(crate::store::db::Owner::Session(session_id))?;
     // Read together (one round trip on PostgreSQL): none depends on another.
     tx.prefetch(NEXT_TURN_SQL, [session_id])?;
     tx.prefetch(RUNNING_TURN_SQL, [session_id])?;
