@@ -32,7 +32,12 @@ pub struct Connection {
 }
 
 /// Whose rows a write transaction of [`Connection::write_tx_of`] writes.
+/// Only a server store locks by it: SQLite's one writer holds the whole file.
 #[derive(Clone, Copy, Debug)]
+#[cfg_attr(
+    not(feature = "postgres"),
+    expect(dead_code, reason = "read only by a server store's lock")
+)]
 pub(crate) enum Owner {
     Turn(crate::ids::TurnId),
     Session(crate::ids::SessionId),
