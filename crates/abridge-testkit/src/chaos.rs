@@ -448,6 +448,12 @@ struct Pass {
     failed_by_policy: u64,
 }
 
+/// Sessions a worker runs at once: each lane walks its share of them one
+/// after the other, on a task of its own, so that the turns of different
+/// sessions write at the same moment (their transactions share the store's
+/// group commits) while kills land.
+const LANES: usize = 2;
+
 async fn one_pass(runner: &Runner, w: &Workload, order_seed: u64, report: bool) -> Result<Pass> {
     let mut ids = w.session_ids();
     // Workers walk the sessions in different orders, so they meet on the same turns.
@@ -455,6 +461,28 @@ async fn one_pass(runner: &Runner, w: &Workload, order_seed: u64, report: bool) 
     for i in (1..ids.len()).rev() {
         ids.swap(i, rng.below(i as u64 + 1) as usize);
     }
+    let mut lanes = tokio::task::JoinSet::new();
+    for lane in 0..LANES {
+        let mine: Vec<_> = ids.iter().skip(lane).step_by(LANES).cloned().collect();
+        let (runner, w) = (runner.clone(), w.clone());
+        lanes.spawn(async move { lane_pass(&runner, &w, mine, report).await });
+    }
+    let mut pass = Pass::default();
+    while let Some(lane) = lanes.join_next().await {
+        let lane = lane.map_err(|e| Error::Task(e.to_string()))??;
+        pass.pending |= lane.pending;
+        pass.failed_by_policy += lane.failed_by_policy;
+    }
+    Ok(pass)
+}
+
+/// One lane of a pass: its sessions, one after the other.
+async fn lane_pass(
+    runner: &Runner,
+    w: &Workload,
+    ids: Vec<(String, u64, u64)>,
+    report: bool,
+) -> Result<Pass> {
     let mut pass = Pass::default();
     'sessions: for (ext, seed, i) in ids {
         let e = ext.clone();
@@ -531,6 +559,20 @@ pub async fn run_workload(
                 if let abridge::events::EventKind::CompactionClaimed { .. } = e.kind {
                     say("PHASE compacting");
                 }
+            }
+        });
+        // Every 200 ms in which a group commit held the parts of more than
+        // one turn (the batched path, under the kills), said once.
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut last = store.group_commits();
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let now = store.group_commits();
+                if now.1 - last.1 > now.0 - last.0 {
+                    say("RACE shared_commit");
+                }
+                last = now;
             }
         });
     }

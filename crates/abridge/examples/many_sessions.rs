@@ -21,8 +21,11 @@
 //! steps), `step_p50_ms`/`step_p99_ms` (from a step's start event to its
 //! completion event), `turn_p50_ms`/`turn_p99_ms` (one `run_turn_at`),
 //! `progressed_share` (sessions that finished a turn in every whole 10 s
-//! window; every session when the run is shorter than one), and the counts
-//! behind them. Machines are shared and noisy: read the ratios of one run.
+//! window; every session when the run is shorter than one),
+//! `group_commits_per_step` and `turn_writes_per_group_commit` (on an SQLite
+//! store: the group commits of the measured window over its steps, and the
+//! turns' write transactions each committed; `--no-group-commit` commits
+//! each alone), and the counts behind them. Machines are shared and noisy: read the ratios of one run.
 
 use abridge::events::EventKind;
 use abridge::{
@@ -110,10 +113,14 @@ struct Opts {
     /// Seconds of the same workload, on sessions of their own, before the
     /// measured run (default: 3 on PostgreSQL, 0 on a file); see `main`.
     warmup: Option<f64>,
+    /// `--no-group-commit`: each turn's write transaction commits alone.
+    group_commit: bool,
+    /// `--full`: every commit fsynced (`Synchronous::Full`).
+    full: bool,
 }
 
 const USAGE: &str = "usage: many_sessions [--sessions N] [--procs P] [--db PATH|URL] \
-[--seconds S] [--slots K] [--warmup S] [--json]";
+[--seconds S] [--slots K] [--warmup S] [--no-group-commit] [--full] [--json]";
 
 fn parse() -> Opts {
     let mut o = Opts {
@@ -131,6 +138,8 @@ fn parse() -> Opts {
                 .map_or(0, |d| d.as_millis())
         ),
         warmup: None,
+        group_commit: true,
+        full: false,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -155,6 +164,16 @@ fn parse() -> Opts {
             }
             "--json" => {
                 o.json = true;
+                i += 1;
+                continue;
+            }
+            "--full" => {
+                o.full = true;
+                i += 1;
+                continue;
+            }
+            "--no-group-commit" => {
+                o.group_commit = false;
                 i += 1;
                 continue;
             }
@@ -199,6 +218,10 @@ struct Measured {
     /// Steps that waited for a summary, and for how long.
     summary_waits: u64,
     summary_wait_ms: u64,
+    /// Group commits in the measured window, and the turns' write
+    /// transactions they committed.
+    group_commits: u64,
+    group_parts: u64,
 }
 
 impl Measured {
@@ -208,7 +231,8 @@ impl Measured {
                "lagged": self.lagged, "elapsed_s": self.elapsed_s,
                "busy_sleep_us": self.busy_sleep_us, "queue_waits": self.queue_waits,
                "queue_wait_us": self.queue_wait_us, "summary_waits": self.summary_waits,
-               "summary_wait_ms": self.summary_wait_ms})
+               "summary_wait_ms": self.summary_wait_ms,
+               "group_commits": self.group_commits, "group_parts": self.group_parts})
     }
 
     fn from_json(v: &Value) -> Measured {
@@ -242,6 +266,8 @@ impl Measured {
             queue_wait_us: v["queue_wait_us"].as_u64().unwrap_or(0),
             summary_waits: v["summary_waits"].as_u64().unwrap_or(0),
             summary_wait_ms: v["summary_wait_ms"].as_u64().unwrap_or(0),
+            group_commits: v["group_commits"].as_u64().unwrap_or(0),
+            group_parts: v["group_parts"].as_u64().unwrap_or(0),
         }
     }
 
@@ -259,6 +285,8 @@ impl Measured {
         self.queue_wait_us += other.queue_wait_us;
         self.summary_waits += other.summary_waits;
         self.summary_wait_ms += other.summary_wait_ms;
+        self.group_commits += other.group_commits;
+        self.group_parts += other.group_parts;
     }
 }
 
@@ -270,8 +298,20 @@ async fn run_sessions(
     seconds: f64,
     tag: &str,
     slots: Option<usize>,
+    (group_commit, full): (bool, bool),
 ) -> Measured {
-    let store = Store::open(db).expect("open the store");
+    let sync = if full {
+        abridge::store::Synchronous::Full
+    } else {
+        abridge::store::Synchronous::Normal
+    };
+    let store = Store::open_with(
+        db,
+        abridge::StoreOptions::default()
+            .with_group_commit(group_commit)
+            .with_synchronous(sync),
+    )
+    .expect("open the store");
     let tools = Tools::new().idempotent(
         ToolSpec {
             name: "lookup".into(),
@@ -338,6 +378,7 @@ async fn run_sessions(
         ids.push(s.id);
     }
     let cpu0 = cpu_time();
+    let commits0 = store.group_commits();
     let start = Instant::now();
     let until = start + Duration::from_secs_f64(seconds);
     let mut tasks = tokio::task::JoinSet::new();
@@ -380,6 +421,8 @@ async fn run_sessions(
         _ => 0,
     };
     m.busy_sleep_us = store.busy_sleep().as_micros() as u64;
+    let commits = store.group_commits();
+    (m.group_commits, m.group_parts) = (commits.0 - commits0.0, commits.1 - commits0.1);
     let q = runner.queue_stats();
     (m.queue_waits, m.queue_wait_us) = (q.waits, q.waited_us);
     runner.finish_background().await;
@@ -392,9 +435,15 @@ async fn run_sessions(
 }
 
 /// Bare one-row insert transactions per second on the same store, over
-/// `seconds`, one writer.
-fn floor_tx_per_s(db: &str, seconds: f64) -> f64 {
-    let store = Store::open(db).expect("open the store");
+/// `seconds`, one writer (each fsynced with `full`, as the steps' were).
+fn floor_tx_per_s(db: &str, seconds: f64, full: bool) -> f64 {
+    let sync = if full {
+        abridge::store::Synchronous::Full
+    } else {
+        abridge::store::Synchronous::Normal
+    };
+    let store = Store::open_with(db, abridge::StoreOptions::default().with_synchronous(sync))
+        .expect("open the store");
     store
         .with_conn(|c| {
             c.execute_batch(
@@ -437,7 +486,14 @@ fn main() {
         .expect("a runtime");
     if let Some(child) = o.child {
         let tag = format!("{}-p{child}", o.run);
-        let m = rt.block_on(run_sessions(&db, o.sessions, o.seconds, &tag, o.slots));
+        let m = rt.block_on(run_sessions(
+            &db,
+            o.sessions,
+            o.seconds,
+            &tag,
+            o.slots,
+            (o.group_commit, o.full),
+        ));
         println!("{}", m.to_json());
         return;
     }
@@ -456,7 +512,14 @@ fn main() {
     });
     if warmup > 0.0 {
         let tag = format!("{}-warmup", o.run);
-        rt.block_on(run_sessions(&db, o.sessions, warmup, &tag, o.slots));
+        rt.block_on(run_sessions(
+            &db,
+            o.sessions,
+            warmup,
+            &tag,
+            o.slots,
+            (o.group_commit, o.full),
+        ));
         if store.backend() == abridge::store::BackendKind::Postgres {
             store
                 .with_conn(|c| {
@@ -472,7 +535,14 @@ fn main() {
     let mut m = Measured::default();
     if o.procs == 1 {
         let tag = format!("{}-p0", o.run);
-        m = rt.block_on(run_sessions(&db, o.sessions, o.seconds, &tag, o.slots));
+        m = rt.block_on(run_sessions(
+            &db,
+            o.sessions,
+            o.seconds,
+            &tag,
+            o.slots,
+            (o.group_commit, o.full),
+        ));
     } else {
         let me = std::env::current_exe().expect("this program");
         let per = o.sessions.div_ceil(o.procs);
@@ -486,6 +556,8 @@ fn main() {
                         &o.seconds.to_string(),
                     ])
                     .args(["--db", &db, "--child", &i.to_string(), "--run", &o.run])
+                    .args((!o.group_commit).then_some("--no-group-commit"))
+                    .args(o.full.then_some("--full"))
                     .args(
                         o.slots
                             .map(|k| ["--slots".to_string(), k.to_string()])
@@ -504,7 +576,7 @@ fn main() {
             m.merge(Measured::from_json(&v));
         }
     }
-    let floor = floor_tx_per_s(&db, 2.0);
+    let floor = floor_tx_per_s(&db, 2.0, o.full);
     let whole_windows = (m.elapsed_s / 10.0).floor() as u64;
     let progressed = m
         .windows
@@ -534,6 +606,8 @@ fn main() {
         "queue_wait_s": m.queue_wait_us as f64 / 1e6,
         "summary_waits": m.summary_waits,
         "summary_wait_s": m.summary_wait_ms as f64 / 1e3,
+        "group_commits_per_step": m.group_commits as f64 / (m.steps.max(1)) as f64,
+        "turn_writes_per_group_commit": m.group_parts as f64 / (m.group_commits.max(1)) as f64,
     });
     if o.json {
         println!("{out}");

@@ -49,6 +49,9 @@ fn bounded_chaos_run_of_200_kills_holds_every_guarantee() {
         "kills landed at too few points: {points:?}"
     );
     assert!(r["races"]["turn_takeovers"].as_u64().unwrap() > 0, "{r}");
+    // Workers' turns of different sessions committed in shared batches
+    // while the kills landed (group commit, two lanes a worker).
+    assert!(r["races"]["shared_commit"].as_u64().unwrap_or(0) > 0, "{r}");
     assert!(r["compactions"].as_u64().unwrap() > 0, "{r}");
     // Background compaction is on (the default): summaries made by tasks
     // while other steps went on, under kills.

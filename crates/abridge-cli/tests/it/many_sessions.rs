@@ -422,3 +422,56 @@ async fn the_verify_command_records_a_point_and_runs_incrementally_from_it() {
         .unwrap();
     assert_eq!(points, 2);
 }
+
+/// Group commit: sessions whose turns write at the same moment share
+/// commits (a batch held more than one turn's write transaction), every
+/// turn finishes, and the store verifies (every executed step rebuilds to
+/// its hash, no effect twice, every summary whole).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn turns_of_sessions_writing_at_once_share_commits_and_the_store_verifies() {
+    let (_d, path) = common::temp_db();
+    let store = common::open(&path);
+    let runner = common::demo_runner(&store, 7, abridge::Threshold::Tokens(2_000), None);
+    let mut sessions = Vec::new();
+    for i in 0..12 {
+        sessions.push((i, common::demo_session(&runner, 7, i).await));
+    }
+    let mut turns = 0;
+    // Rounds until a batch held two parts (timing decides when; almost
+    // always in the first).
+    while store.group_commits().1 <= store.group_commits().0 && turns < 48 {
+        let mut tasks = tokio::task::JoinSet::new();
+        for &(i, s) in &sessions {
+            let runner = runner.clone();
+            tasks.spawn(async move {
+                for t in turns..turns + 6 {
+                    let input = abridge_testkit::demo::user_turn(7, i, t as u64);
+                    runner.run_turn_at(s, t, &input).await.unwrap();
+                }
+            });
+        }
+        while let Some(t) = tasks.join_next().await {
+            t.unwrap();
+        }
+        turns += 6;
+    }
+    runner.finish_background().await;
+    let (commits, parts) = store.group_commits();
+    assert!(
+        parts > commits,
+        "no batch held two parts: {commits} commits of {parts}"
+    );
+    println!("{turns} turns a session: {commits} group commits of {parts} parts");
+    let finished = store
+        .with_conn(|c| {
+            c.query_row(
+                "SELECT count(*) FROM turns WHERE status = 'completed'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+        })
+        .unwrap();
+    assert_eq!(finished, 12 * turns);
+    let report = store.with_conn(|c| abridge::verify::verify(c)).unwrap();
+    assert!(report.ok, "{report:#?}");
+}

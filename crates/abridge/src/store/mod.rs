@@ -39,7 +39,7 @@ mod snapshot;
 mod tables;
 
 // The rooms' modules, by the paths the engine names them with.
-pub(crate) use backend::{db, inline, key, pool, tx};
+pub(crate) use backend::{db, group, inline, key, pool, tx};
 #[cfg(feature = "postgres")]
 pub(crate) use backend::{dialect, pg};
 pub(crate) use tables::{history, leases, pins, rows, sessions, turns};
@@ -173,6 +173,13 @@ pub struct StoreOptions {
     /// sessions. Default: [`crate::SystemClock`]; a test of expiry gives a
     /// [`crate::ManualClock`] and moves it.
     pub clock: Arc<dyn crate::clock::Clock>,
+    /// Group commit on an SQLite store of more than one connection (the
+    /// default: on): the write transactions of different sessions' turns
+    /// that are ready at the same moment commit as one, each all or
+    /// nothing (see `docs/design.md`, "Group commit"). Off, each commits
+    /// alone on its caller's connection. No effect on PostgreSQL, whose
+    /// server commits different sessions' turns side by side.
+    pub group_commit: bool,
 }
 
 /// The WAL size past which a [`Checkpoints::OffTheStep`] checkpoint
@@ -246,6 +253,13 @@ impl StoreOptions {
         self.busy_timeout = t;
         self
     }
+    /// Turns group commit on or off (default on; see
+    /// [`StoreOptions::group_commit`]).
+    pub fn with_group_commit(mut self, on: bool) -> Self {
+        self.group_commit = on;
+        self
+    }
+
     /// Sets the pool size.
     pub fn with_max_connections(mut self, n: u32) -> Self {
         self.max_connections = n;
@@ -278,6 +292,7 @@ impl Default for StoreOptions {
             key: None,
             checkpoints: Checkpoints::default(),
             clock: crate::clock::default_clock(),
+            group_commit: true,
         }
     }
 }
@@ -582,6 +597,7 @@ impl Store {
             // Longer than busy_timeout, so a connection wait never fires first.
             busy + Duration::from_secs(5),
             busy,
+            (opts.group_commit && opts.max_connections > 1).then_some(busy),
         )?;
         let file = Arc::new(FileIdentity {
             opened: crate::platform::file_identity(&path),
@@ -650,6 +666,7 @@ impl Store {
                 opts.max_connections,
                 opts.busy_timeout + Duration::from_secs(5),
                 opts.busy_timeout,
+                None,
             )?;
             Ok(Store {
                 clock: opts.clock.clone(),
@@ -766,6 +783,15 @@ impl Store {
         self.wal.as_ref().map_or(0, |w| {
             w.checkpoints.load(std::sync::atomic::Ordering::Relaxed)
         })
+    }
+
+    /// The group commit's counts since the store was opened: the batches
+    /// it committed, and the turns' write transactions (parts) they held.
+    /// Both 0 without a group commit ([`StoreOptions::group_commit`] off, one
+    /// connection, or PostgreSQL).
+    #[doc(hidden)]
+    pub fn group_commits(&self) -> (u64, u64) {
+        self.pool.group().map_or((0, 0), |g| g.counts())
     }
 
     /// Runs `f` on a pooled connection off the async runtime's worker threads:

@@ -29,6 +29,9 @@ pub struct Connection {
     /// The store's clock (the system's for a connection opened outside a
     /// store: a read-only snapshot).
     pub(crate) clock: std::sync::Arc<dyn crate::clock::Clock>,
+    /// The store's group commit (an SQLite store of several connections):
+    /// a turn's write transactions run on its writer (see `store::group`).
+    pub(crate) group: Option<std::sync::Arc<crate::store::group::Group>>,
 }
 
 /// Whose rows a write transaction of [`Connection::write_tx_of`] writes.
@@ -92,6 +95,7 @@ impl From<crate::store::pg::PgConn> for Connection {
         Connection {
             backend: Backend::Postgres(Box::new(c)),
             clock: crate::clock::default_clock(),
+            group: None,
         }
     }
 }
@@ -101,6 +105,7 @@ impl From<rusqlite::Connection> for Connection {
         Connection {
             backend: Backend::Sqlite(c),
             clock: crate::clock::default_clock(),
+            group: None,
         }
     }
 }
@@ -322,6 +327,7 @@ impl Connection {
         Ok(Transaction {
             conn: self,
             open: true,
+            member: None,
         })
     }
 
@@ -329,7 +335,8 @@ impl Connection {
     /// (its fenced transactions) or a session's (the start of its next
     /// turn). On SQLite the same `BEGIN IMMEDIATE`; on PostgreSQL one that
     /// excludes the owner's other writers and every store-wide one, not the
-    /// turns of other sessions (see `store::pg`).
+    /// turns of other sessions (see `store::pg`). On an SQLite store with a
+    /// group commit, a part of the writer's batch (see `store::group`).
     pub(crate) fn write_tx_of(&mut self, owner: Owner) -> Result<Transaction<'_>> {
         #[cfg(feature = "postgres")]
         if let Backend::Postgres(c) = &self.backend {
@@ -337,9 +344,18 @@ impl Connection {
             return Ok(Transaction {
                 conn: self,
                 open: true,
+                member: None,
             });
         }
         let _ = owner;
+        if let Some(group) = &self.group {
+            let member = group.join()?;
+            return Ok(Transaction {
+                conn: self,
+                open: true,
+                member: Some(member),
+            });
+        }
         self.write_tx()
     }
 
@@ -402,24 +418,38 @@ impl Connection {
 pub struct Transaction<'c> {
     conn: &'c mut Connection,
     open: bool,
+    /// A part of the group commit's batch: its statements run on the
+    /// group's writer, not on `conn`.
+    member: Option<crate::store::group::Member>,
 }
 
 impl Deref for Transaction<'_> {
     type Target = Connection;
     fn deref(&self) -> &Connection {
-        self.conn
+        match &self.member {
+            Some(m) => m.conn(),
+            None => self.conn,
+        }
     }
 }
 
 impl DerefMut for Transaction<'_> {
     fn deref_mut(&mut self) -> &mut Connection {
-        self.conn
+        match &mut self.member {
+            Some(m) => m.conn_mut(),
+            None => self.conn,
+        }
     }
 }
 
 impl Transaction<'_> {
-    /// Commits. On failure the transaction is rolled back.
+    /// Commits. On failure the transaction is rolled back. A part of a
+    /// group commit returns once its batch has committed.
     pub fn commit(mut self) -> Result<()> {
+        if let Some(m) = self.member.take() {
+            self.open = false;
+            return m.leave(true);
+        }
         let r = self.conn.end(true);
         if r.is_ok() {
             self.open = false;
@@ -437,6 +467,11 @@ impl Transaction<'_> {
         mut self,
         next: impl FnOnce(&mut Connection) -> Result<R>,
     ) -> Result<Result<R>> {
+        if let Some(m) = self.member.take() {
+            self.open = false;
+            m.leave(true)?;
+            return Ok(next(self.conn));
+        }
         match &self.conn.backend {
             Backend::Sqlite(_) => {
                 self.conn.end(true)?;
@@ -465,22 +500,27 @@ impl Transaction<'_> {
     /// Rolls back.
     pub fn rollback(mut self) -> Result<()> {
         self.open = false;
+        if let Some(m) = self.member.take() {
+            return m.leave(false);
+        }
         self.conn.end(false)
     }
 
     /// A savepoint inside this transaction: released by
     /// [`Savepoint::commit`], rolled back to when dropped without it.
     pub fn savepoint(&mut self) -> Result<Savepoint<'_>> {
-        self.conn.execute_batch("SAVEPOINT abridge_sp")?;
-        Ok(Savepoint {
-            conn: self.conn,
-            open: true,
-        })
+        let conn: &Connection = self;
+        conn.execute_batch("SAVEPOINT abridge_sp")?;
+        Ok(Savepoint { conn, open: true })
     }
 }
 
 impl Drop for Transaction<'_> {
     fn drop(&mut self) {
+        if let Some(m) = self.member.take() {
+            let _ = m.leave(false);
+            return;
+        }
         if self.open && !self.conn.is_autocommit() {
             let _ = self.conn.end(false);
         }

@@ -120,6 +120,17 @@ fn busy_wait(count: i32) -> bool {
     true
 }
 
+/// Whether an inline call runs on this thread.
+pub(crate) fn in_inline_call() -> bool {
+    RUNNING.with(|r| r.borrow().is_some())
+}
+
+/// Gives `raw` the inline calls' busy handler (while an inline call runs on
+/// this thread, see [`busy_wait`]).
+pub(crate) fn install_busy_handler(raw: &rusqlite::Connection) -> rusqlite::Result<()> {
+    raw.busy_handler(Some(busy_wait))
+}
+
 /// A pooled connection an inline call runs on. While it is alive the
 /// connection waits for a lock with [`busy_wait`] and the store's `timeout`,
 /// and [`may_block`] counts its hand-offs in the store's `handoffs`. Dropped

@@ -92,6 +92,7 @@ pub(crate) fn build(
     max_size: u32,
     connection_timeout: Duration,
     patience: Duration,
+    group_commit: Option<Duration>,
 ) -> Result<(Pool, Arc<Closer>)> {
     if max_size == 0 {
         return Err(Error::Config(
@@ -105,12 +106,23 @@ pub(crate) fn build(
         patience,
     });
     let check_on_checkout = !matches!(connect, Connect::Sqlite { .. });
-    let maker = Maker {
+    let mut maker = Maker {
         connect,
         clock,
         _alive: Token::new(&held),
         held,
+        group: None,
     };
+    // An SQLite store's group commit keeps a connection of its own, the
+    // writer (made first, so that it is no member of its own group).
+    if let (Some(busy_timeout), Connect::Sqlite { .. }) = (group_commit, &maker.connect) {
+        let writer = maker.connect()?;
+        maker.group = Some(Arc::new(crate::store::group::Group::new(
+            writer.conn,
+            Box::new(writer._held),
+            busy_timeout,
+        )));
+    }
     let mut idle = Vec::with_capacity(max_size as usize);
     for _ in 0..max_size {
         idle.push(maker.connect()?);
@@ -185,6 +197,11 @@ impl Pool {
                 return Some(out);
             }
         }
+    }
+
+    /// The group commit of its connections, if it has one.
+    pub(crate) fn group(&self) -> Option<&Arc<crate::store::group::Group>> {
+        self.0.maker.group.as_ref()
     }
 
     /// Whether the pool checks a connection at each checkout.
@@ -331,6 +348,8 @@ struct Maker {
     clock: Arc<dyn crate::clock::Clock>,
     held: Arc<Held>,
     _alive: Token,
+    /// The group commit every connection it makes belongs to, if any.
+    group: Option<Arc<crate::store::group::Group>>,
 }
 
 /// A connection of the pool, counted while it is open.
@@ -362,6 +381,7 @@ impl Maker {
             Connect::Postgres(m) => Connection::from(m.0.connect()?),
         };
         conn.clock = self.clock.clone();
+        conn.group = self.group.clone();
         Ok(Pooled {
             conn,
             _held: Token::new(&self.held),
@@ -430,16 +450,17 @@ pub(crate) mod tests {
         let opts = StoreOptions::default().with_max_connections(2);
         let store = Store::open_with(dir.path().join("t.db"), opts).unwrap();
         let held = store._closer.held.clone();
-        // The maker, and the pool's two connections.
-        assert_eq!(held.hooks.connects.load(Ordering::SeqCst), 2);
-        assert_eq!(*held.count(), 3);
+        // The maker, the group commit's writer and the pool's two
+        // connections.
+        assert_eq!(held.hooks.connects.load(Ordering::SeqCst), 3);
+        assert_eq!(*held.count(), 4);
         held.hooks.broken_once.store(true, Ordering::SeqCst);
         store.with_conn(|_| Ok(())).unwrap();
-        assert_eq!(*held.count(), 2, "a broken connection was kept");
+        assert_eq!(*held.count(), 3, "a broken connection was kept");
         // Both slots in use at once: the closed one is opened again.
         store.with_conn(|_| store.with_conn(|_| Ok(()))).unwrap();
-        assert_eq!(held.hooks.connects.load(Ordering::SeqCst), 3);
-        assert_eq!(*held.count(), 3);
+        assert_eq!(held.hooks.connects.load(Ordering::SeqCst), 4);
+        assert_eq!(*held.count(), 4);
         let second = store.clone();
         drop(store);
         // Not the last handle: returns at once, the pool is still in use.
@@ -481,7 +502,8 @@ pub(crate) mod tests {
         for _ in 0..100 {
             store.with_conn(|_| Ok(())).unwrap();
         }
-        assert_eq!(held.hooks.connects.load(Ordering::SeqCst), 8);
+        // The pool's eight and the group commit's writer, once.
+        assert_eq!(held.hooks.connects.load(Ordering::SeqCst), 9);
     }
 
     /// Every connection out: a caller waits for the pool's timeout, then gets
@@ -501,6 +523,7 @@ pub(crate) mod tests {
             1,
             Duration::from_millis(100),
             Duration::from_secs(1),
+            None,
         )
         .unwrap();
         let out = pool.get().unwrap();

@@ -1,0 +1,579 @@
+//! Group commit: the turns' write transactions of different sessions that
+//! are ready at the same moment commit as one SQLite transaction.
+//!
+//! An SQLite store of more than one connection keeps one more, the writer.
+//! A turn's write transaction (its fenced ones: a step's claim, its
+//! response and tool records, its completion, a lease renewal; and the start
+//! of a session's turn) runs on the writer instead of on the caller's
+//! connection, as a member of the writer's open batch:
+//!
+//! - the first member begins the transaction (`BEGIN IMMEDIATE`, the
+//!   statements it always ran); a member that joins a batch already open runs
+//!   its part inside a savepoint of its own;
+//! - a member that ends its part hands the writer, the batch still open, to
+//!   the next member waiting for it (at most [`MAX_BATCH`] parts a batch),
+//!   and waits for the batch's end; the member that finds no one waiting
+//!   commits the batch, for every part in it;
+//! - a part that fails is rolled back to its savepoint (the first member's,
+//!   alone in the batch, with the transaction) and its member gets its own
+//!   error: its batch-mates' parts stay and commit;
+//! - a batch whose `COMMIT` fails fails every member whose part was in it,
+//!   with the same (resumable) error: none of them was told its part was
+//!   durable, as a single transaction's failed commit tells its caller.
+//!
+//! So each member's part is all or nothing and its fence is checked inside
+//! it, as before; a member returns from its commit only once its part is
+//! durable (or has failed); and the statements of one session's step, alone
+//! in the store, are the ones it ran without the group. What changes is only
+//! that parts of several sessions share one `COMMIT`: fewer commits (and
+//! locks, WAL frame headers and page writes) than steps when many sessions
+//! run. Waits for the writer and for a batch's end hand a runtime worker's
+//! other tasks off first ([`may_block`](crate::store::inline::may_block)).
+
+use crate::error::{Error, Result};
+use crate::store::db::Connection;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Parts a batch takes at most: a batch holds SQLite's write lock (other
+/// processes' writers and the store's other transactions wait on it) while
+/// its parts run one after the other.
+pub(crate) const MAX_BATCH: usize = 32;
+
+/// The savepoint of a part that joined an open batch (not `abridge_sp`, a
+/// transactional tool's own).
+const PART: &str = "abridge_group_part";
+
+/// A store's writer and its batches.
+pub(crate) struct Group {
+    state: Mutex<State>,
+    /// Notified when the writer is handed back.
+    free: Condvar,
+    /// Notified when a batch ends.
+    ended: Condvar,
+    /// How long a member waits for the writer: the store's busy timeout.
+    busy_timeout: Duration,
+    /// Batches ended with a `COMMIT`.
+    commits: AtomicU64,
+    /// Parts committed (in those batches).
+    parts_committed: AtomicU64,
+    /// The pool's count of the writer: dropped after it closes.
+    _held: Box<dyn std::any::Any + Send + Sync>,
+}
+
+struct State {
+    /// None while a member holds it.
+    writer: Option<Connection>,
+    /// Members waiting for the writer.
+    waiting: usize,
+    /// Parts in the open batch.
+    parts: usize,
+    /// The open batch, which members whose part is in it wait on.
+    batch: Arc<Batch>,
+}
+
+#[derive(Default)]
+struct Batch {
+    /// How it ended: set once, under the group's lock.
+    outcome: OnceLock<std::result::Result<(), Failed>>,
+}
+
+/// A batch's failed commit, for each member whose part was in it.
+#[derive(Clone, Debug)]
+struct Failed {
+    code: Option<rusqlite::ffi::Error>,
+    message: String,
+}
+
+impl Failed {
+    fn of(e: &Error) -> Failed {
+        let code = match e {
+            Error::Sqlite(rusqlite::Error::SqliteFailure(code, _)) => Some(*code),
+            _ => None,
+        };
+        Failed {
+            code,
+            message: format!("the group commit this write was part of failed: {e}"),
+        }
+    }
+
+    fn error(&self) -> Error {
+        let code = self.code.unwrap_or(rusqlite::ffi::Error {
+            code: rusqlite::ErrorCode::SystemIoFailure,
+            extended_code: rusqlite::ffi::SQLITE_IOERR,
+        });
+        Error::Sqlite(rusqlite::Error::SqliteFailure(
+            code,
+            Some(self.message.clone()),
+        ))
+    }
+}
+
+impl Group {
+    /// A group around `writer`, a connection of the store's kept for it.
+    /// `held` is the pool's count of it, dropped once it has closed.
+    pub(crate) fn new(
+        writer: Connection,
+        held: Box<dyn std::any::Any + Send + Sync>,
+        busy_timeout: Duration,
+    ) -> Group {
+        Group {
+            state: Mutex::new(State {
+                writer: Some(writer),
+                waiting: 0,
+                parts: 0,
+                batch: Arc::default(),
+            }),
+            free: Condvar::new(),
+            ended: Condvar::new(),
+            busy_timeout,
+            commits: AtomicU64::new(0),
+            parts_committed: AtomicU64::new(0),
+            _held: held,
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Batches committed, and the parts they committed.
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        (
+            self.commits.load(Ordering::Relaxed),
+            self.parts_committed.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Takes the writer (waiting, at most the busy timeout, while another
+    /// member holds it) and opens this member's part: the batch's
+    /// transaction, or a savepoint in the open one.
+    ///
+    /// Errors: [`Error::PoolTimeout`] when the writer was not handed back in
+    /// time (resumable); the `BEGIN`'s own (another process's writer held
+    /// the file past the busy timeout).
+    pub(crate) fn join(self: &Arc<Self>) -> Result<Member> {
+        let mut st = self.state();
+        if st.writer.is_none() {
+            st.waiting += 1;
+            let deadline = Instant::now() + self.busy_timeout;
+            let got;
+            (got, st) = wait(&self.free, st, deadline, |st| st.writer.is_some());
+            st.waiting -= 1;
+            if !got {
+                return Err(Error::PoolTimeout {
+                    waited: self.busy_timeout,
+                });
+            }
+        }
+        let writer = st.writer.take().expect("the writer is free");
+        let first = st.parts == 0;
+        drop(st);
+        let member = Member {
+            group: self.clone(),
+            writer: Some(writer),
+            first,
+        };
+        member.set_busy_handler();
+        let sql = if first {
+            "BEGIN IMMEDIATE"
+        } else {
+            "SAVEPOINT abridge_group_part"
+        };
+        let begun = member
+            .conn()
+            .as_sqlite()
+            .expect("an SQLite store's writer")
+            .prepare_cached(sql)
+            .and_then(|mut st| st.execute([]).map(drop));
+        if let Err(e) = begun {
+            // Nothing of this member's is in the batch: the writer goes on
+            // as it was.
+            let _ = member.leave(false);
+            return Err(e.into());
+        }
+        Ok(member)
+    }
+}
+
+/// How long a member waits on the calling thread itself before it hands a
+/// runtime worker's other tasks off (`may_block`): a part takes tens of
+/// microseconds, less than the hand-off's two thread wake-ups.
+const WAIT_IN_PLACE: Duration = Duration::from_millis(2);
+
+/// Waits on `cv` until `done` or `deadline`: up to [`WAIT_IN_PLACE`] on the
+/// thread as it is, the rest inside `may_block`. Returns whether `done`.
+fn wait<'a>(
+    cv: &Condvar,
+    mut st: MutexGuard<'a, State>,
+    deadline: Instant,
+    done: impl Fn(&State) -> bool,
+) -> (bool, MutexGuard<'a, State>) {
+    let wait_until = |mut st: MutexGuard<'a, State>, until: Instant| {
+        while !done(&st) {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return (false, st);
+            }
+            st = cv
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        (true, st)
+    };
+    let in_place = (Instant::now() + WAIT_IN_PLACE).min(deadline);
+    match wait_until(st, in_place) {
+        (true, back) => (true, back),
+        (false, back) => {
+            st = back;
+            crate::store::inline::may_block(|| wait_until(st, deadline))
+        }
+    }
+}
+
+/// A member's hold of the writer, from [`Group::join`] to its part's end.
+pub(crate) struct Member {
+    group: Arc<Group>,
+    writer: Option<Connection>,
+    /// Whether its part began the batch's transaction.
+    first: bool,
+}
+
+impl Member {
+    /// The writer, which this member's statements run on.
+    pub(crate) fn conn(&self) -> &Connection {
+        self.writer.as_ref().expect("held until the part ends")
+    }
+
+    pub(crate) fn conn_mut(&mut self) -> &mut Connection {
+        self.writer.as_mut().expect("held until the part ends")
+    }
+
+    /// An inline step call waits for another process's lock in short steps
+    /// (the calling thread's busy handler); any other in SQLite's own.
+    fn set_busy_handler(&self) {
+        let raw = self.conn().as_sqlite().expect("an SQLite store's writer");
+        let _ = if crate::store::inline::in_inline_call() {
+            crate::store::inline::install_busy_handler(raw)
+        } else {
+            raw.busy_timeout(self.group.busy_timeout)
+        };
+    }
+
+    /// Ends this member's part: kept (`keep`) or rolled back. A kept part
+    /// returns once its batch has committed (Ok) or failed (the commit's
+    /// error); a part rolled back returns at once (Ok once it is undone).
+    pub(crate) fn leave(mut self, keep: bool) -> Result<()> {
+        let writer = self.writer.take().expect("held until the part ends");
+        let group = self.group.clone();
+        group.end_part(writer, self.first, keep)
+    }
+}
+
+impl Drop for Member {
+    /// A member dropped before its part ended (a panic in it) rolls it back.
+    fn drop(&mut self) {
+        if let Some(writer) = self.writer.take() {
+            let _ = self.group.end_part(writer, self.first, false);
+        }
+    }
+}
+
+impl Group {
+    fn end_part(&self, writer: Connection, first: bool, keep: bool) -> Result<()> {
+        let raw = writer.as_sqlite().expect("an SQLite store's writer");
+        let exec = |sql: &str| -> Result<()> {
+            raw.prepare_cached(sql)?.execute([])?;
+            Ok(())
+        };
+        // Ends the part: whether it is in the batch, and what rolling it back
+        // returned.
+        let (kept, undone) = if keep {
+            if first {
+                (true, Ok(()))
+            } else {
+                match exec("RELEASE SAVEPOINT abridge_group_part") {
+                    Ok(()) => (true, Ok(())),
+                    Err(e) => {
+                        let _ = raw.execute_batch(&format!(
+                            "ROLLBACK TO SAVEPOINT {PART}; RELEASE SAVEPOINT {PART}"
+                        ));
+                        (false, Err(e))
+                    }
+                }
+            }
+        } else if raw.is_autocommit() {
+            (false, Ok(()))
+        } else if first {
+            (false, exec("ROLLBACK"))
+        } else {
+            (
+                false,
+                raw.execute_batch(&format!(
+                    "ROLLBACK TO SAVEPOINT {PART}; RELEASE SAVEPOINT {PART}"
+                ))
+                .map_err(Error::from),
+            )
+        };
+        let mut st = self.state();
+        if kept {
+            st.parts += 1;
+        }
+        let batch = st.batch.clone();
+        let open = !raw.is_autocommit();
+        if open && st.parts > 0 && st.waiting > 0 && st.parts < MAX_BATCH {
+            // The next member's part joins the batch; this one waits for
+            // its end.
+            st.writer = Some(writer);
+            self.free.notify_one();
+            if !kept {
+                return undone;
+            }
+            // No deadline: the batch ends once the parts that joined it end,
+            // as a transaction ends once its statements have run.
+            let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
+            let (_, st) = wait(&self.ended, st, far, |_| batch.outcome.get().is_some());
+            drop(st);
+            let outcome = batch.outcome.get().expect("the batch ended").clone();
+            return outcome.map_err(|f| f.error());
+        }
+        // This member ends the batch.
+        let parts = st.parts;
+        drop(st);
+        let committed = if !open {
+            Ok(())
+        } else if parts == 0 {
+            exec("ROLLBACK")
+        } else {
+            let r = exec("COMMIT");
+            if r.is_err() && !raw.is_autocommit() {
+                let _ = exec("ROLLBACK");
+            }
+            r
+        };
+        let mut st = self.state();
+        let outcome = committed.as_ref().map(|_| ()).map_err(Failed::of);
+        if open && parts > 0 && outcome.is_ok() {
+            self.commits.fetch_add(1, Ordering::Relaxed);
+            self.parts_committed
+                .fetch_add(parts as u64, Ordering::Relaxed);
+        }
+        let _ = batch.outcome.set(outcome);
+        st.parts = 0;
+        st.batch = Arc::default();
+        st.writer = Some(writer);
+        drop(st);
+        self.ended.notify_all();
+        self.free.notify_one();
+        match (kept, committed) {
+            (true, r) => r,
+            (false, Ok(())) => undone,
+            // A part rolled back: its own outcome, whatever its batch-mates'.
+            (false, Err(_)) => undone,
+        }
+    }
+}
+
+#[cfg(test)]
+impl Group {
+    /// Members waiting for the writer right now.
+    fn waiting(&self) -> usize {
+        self.state().waiting
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ids::TurnId;
+    use crate::store::db::Owner;
+    use crate::{Store, StoreOptions};
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    fn store(dir: &tempfile::TempDir) -> Store {
+        let store = Store::open(dir.path().join("g.db")).unwrap();
+        store
+            .with_conn(|c| {
+                // A deferred foreign key: a batch holding a row without its
+                // parent fails at its COMMIT, not at the row's insert.
+                c.execute_batch(
+                    "CREATE TABLE parent (id INTEGER PRIMARY KEY);
+                     CREATE TABLE t (x INTEGER NOT NULL,
+                        parent INTEGER REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED);",
+                )
+            })
+            .unwrap();
+        store
+    }
+
+    fn rows(store: &Store) -> Vec<i64> {
+        store
+            .with_conn(|c| {
+                let mut st = c.prepare("SELECT x FROM t ORDER BY x")?;
+                let xs = st.query_map([], |r| r.get(0))?;
+                Ok(xs.collect::<rusqlite::Result<Vec<i64>>>()?)
+            })
+            .unwrap()
+    }
+
+    fn wait_for(what: impl Fn() -> bool) {
+        let until = Instant::now() + Duration::from_secs(10);
+        while !what() {
+            assert!(Instant::now() < until, "timed out");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Runs one part per `(x, sql_after, keep)`: the first holds the writer
+    /// until every other one waits for it, so all of them end up in one
+    /// batch. Returns each part's commit result, in order.
+    fn batch_of(store: &Store, parts: Vec<(i64, Option<&'static str>, bool)>) -> Vec<bool> {
+        let group = store.pool.group().expect("a group commit").clone();
+        let n = parts.len();
+        let (joined, first_in) = mpsc::channel();
+        let mut threads = Vec::new();
+        for (i, (x, extra, keep)) in parts.into_iter().enumerate() {
+            let store = store.clone();
+            let group = group.clone();
+            let joined = joined.clone();
+            threads.push(std::thread::spawn(move || {
+                store
+                    .with_conn(|c| {
+                        let tx = c.write_tx_of(Owner::Turn(TurnId(x)))?;
+                        tx.execute("INSERT INTO t (x) VALUES (?1)", [x])?;
+                        if let Some(sql) = extra {
+                            tx.execute_batch(sql)?;
+                        }
+                        if i == 0 {
+                            joined.send(()).unwrap();
+                            wait_for(|| group.waiting() == n - 1);
+                        }
+                        if keep {
+                            tx.commit()
+                        } else {
+                            tx.rollback()
+                        }
+                    })
+                    .is_ok()
+            }));
+            if i == 0 {
+                first_in.recv().unwrap();
+            }
+        }
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    }
+
+    #[test]
+    fn parts_of_different_turns_ready_together_commit_as_one_transaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let ok = batch_of(
+            &store,
+            vec![(1, None, true), (2, None, true), (3, None, true)],
+        );
+        assert_eq!(ok, vec![true, true, true]);
+        assert_eq!(rows(&store), vec![1, 2, 3]);
+        assert_eq!(store.group_commits(), (1, 3), "one COMMIT for three parts");
+        // Alone, a part is a transaction of its own, as without the group.
+        store
+            .with_conn(|c| {
+                let tx = c.write_tx_of(Owner::Turn(TurnId(4)))?;
+                tx.execute("INSERT INTO t (x) VALUES (4)", [])?;
+                tx.commit()
+            })
+            .unwrap();
+        assert_eq!(store.group_commits(), (2, 4));
+    }
+
+    #[test]
+    fn a_failing_part_is_rolled_back_alone_and_its_batch_mates_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let ok = batch_of(
+            &store,
+            vec![
+                (1, None, true),
+                (2, None, false),
+                (3, Some("INSERT INTO nowhere VALUES (1)"), true),
+                (4, None, true),
+            ],
+        );
+        // The second rolled back, the third failed on its own statement.
+        assert_eq!(ok, vec![true, true, false, true]);
+        assert_eq!(rows(&store), vec![1, 4]);
+        assert_eq!(store.group_commits(), (1, 2));
+    }
+
+    #[test]
+    fn a_batch_whose_commit_fails_fails_every_part_in_it_and_the_writer_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let ok = batch_of(
+            &store,
+            vec![
+                (1, None, true),
+                (2, Some("UPDATE t SET parent = 99 WHERE x = 2"), true),
+                (3, None, true),
+            ],
+        );
+        assert_eq!(
+            ok,
+            vec![false, false, false],
+            "no part was told it was durable"
+        );
+        assert!(rows(&store).is_empty(), "{:?}", rows(&store));
+        assert_eq!(store.group_commits(), (0, 0));
+        // The writer is out of the failed transaction: the next part commits.
+        let ok = batch_of(&store, vec![(5, None, true), (6, None, true)]);
+        assert_eq!(ok, vec![true, true]);
+        assert_eq!(rows(&store), vec![5, 6]);
+    }
+
+    #[test]
+    fn a_part_that_panics_is_rolled_back_and_frees_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let s = store.clone();
+        let panicked = std::thread::spawn(move || {
+            s.with_conn(|c| {
+                let tx = c.write_tx_of(Owner::Turn(TurnId(1)))?;
+                tx.execute("INSERT INTO t (x) VALUES (1)", [])?;
+                panic!("a tool's bug");
+                #[allow(unreachable_code)]
+                tx.commit()
+            })
+        })
+        .join();
+        assert!(panicked.is_err());
+        let ok = batch_of(&store, vec![(2, None, true)]);
+        assert_eq!(ok, vec![true]);
+        assert_eq!(rows(&store), vec![2]);
+    }
+
+    #[test]
+    fn without_the_group_a_turns_transaction_runs_on_its_own_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let one = Store::open_with(
+            dir.path().join("one.db"),
+            StoreOptions::default().with_max_connections(1),
+        )
+        .unwrap();
+        let off = Store::open_with(
+            dir.path().join("off.db"),
+            StoreOptions::default().with_group_commit(false),
+        )
+        .unwrap();
+        for s in [&one, &off] {
+            assert!(s.pool.group().is_none());
+            s.with_conn(|c| {
+                let tx = c.write_tx_of(Owner::Turn(TurnId(1)))?;
+                tx.execute_batch("CREATE TABLE t (x)")?;
+                tx.commit()
+            })
+            .unwrap();
+            assert_eq!(s.group_commits(), (0, 0));
+        }
+    }
+}
