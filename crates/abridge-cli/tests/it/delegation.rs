@@ -437,3 +437,112 @@ async fn inspect_export_and_the_report_show_a_sessions_children() {
     .unwrap();
     assert!(page.contains("A fork of boss at turn 0"));
 }
+
+/// A child's model call waits for `gate` before it answers.
+struct Gated {
+    gate: Arc<tokio::sync::Notify>,
+}
+
+#[abridge::async_trait]
+impl ModelClient for Gated {
+    async fn complete(&self, req: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        let child = matches!(&req.messages[0].content[0],
+            ContentBlock::Text { text } if text == CHILD_PROMPT);
+        if child {
+            self.gate.notified().await;
+        }
+        Agents.complete(req).await
+    }
+}
+
+/// The regression: a delegating call whose child's turn was leased by
+/// another live host (one that ran the parent's step, lost the parent's
+/// lease, and still runs the child) recorded "the sub-agent failed: turn N
+/// is leased by ..." as the parent's completed result, an answer a run
+/// without the race never gives (the chaos run on PostgreSQL found it). An
+/// error about the moment in the child's turn is the parent's step's too:
+/// the call stays started, the turn running, and once the child's turn is
+/// done the parent resumes into its answer, recorded once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_childs_turn_leased_elsewhere_leaves_the_parents_call_to_resume_not_failed() {
+    let (_d, path) = common::temp_db();
+    let store = common::store_at(&path);
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let other = Runner::builder(store.clone(), Arc::new(Gated { gate: gate.clone() }))
+        .tools(Tools::new().delegate(
+            abridge::ToolSpec {
+                name: "research".into(),
+                description: "Hand a question to the researcher.".into(),
+                input_schema: json!({"type": "object"}),
+            },
+            SubAgent::new("gpt-4o-mini", CHILD_PROMPT),
+        ))
+        .config(RunnerConfig::default().with_owner("other-host"))
+        .build()
+        .unwrap();
+    let s = other
+        .create_session("boss", "gpt-4o-mini", "You run the shop.")
+        .await
+        .unwrap();
+    // The other host runs the parent's step into the child's model call.
+    let first = {
+        let other = other.clone();
+        tokio::spawn(async move { other.run_turn_at(s.id, 0, "Where are the lanterns?").await })
+    };
+    let child_running = || {
+        store
+            .with_conn(|c| {
+                c.query_row(
+                    "SELECT count(*) FROM turns t JOIN sessions s ON s.id = t.session_id \
+                     WHERE s.external_id = 'boss/0/call_research' AND t.status = 'running'",
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+            })
+            .unwrap()
+            == 1
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !child_running() {
+        assert!(
+            std::time::Instant::now() < until,
+            "the child's turn never began"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    // The parent's lease runs out (the other host stalled); the child's is
+    // still the other host's, live.
+    store
+        .with_conn(|c| {
+            c.execute(
+                "UPDATE turns SET lease_expires_at = 0 WHERE session_id = ?1",
+                [s.id.0],
+            )
+        })
+        .unwrap();
+    let r = runner(&store, None);
+    match r.run_turn_at(s.id, 0, "Where are the lanterns?").await {
+        Err(e) => assert!(e.is_resumable(), "{e}"),
+        Ok(out) => panic!("the parent's turn finished: {}", out.output),
+    }
+    assert_eq!(
+        research_results(&store),
+        vec![("started".to_string(), String::new())]
+    );
+    // The other host's child answers; its parent's step is fenced off.
+    gate.notify_one();
+    let fenced = first.await.unwrap();
+    assert!(fenced.is_err(), "{fenced:?}");
+    let out = r
+        .run_turn_at(s.id, 0, "Where are the lanterns?")
+        .await
+        .unwrap();
+    assert_eq!(
+        out.output,
+        "The researcher says: Found it: Where are the lanterns? is in aisle 7."
+    );
+    let results = research_results(&store);
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0].0, "completed");
+    common::assert_verified(&store);
+}

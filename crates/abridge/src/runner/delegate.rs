@@ -19,6 +19,36 @@ use std::sync::Arc;
 
 tokio::task_local! {
     static CHILD: ();
+    /// Where a delegating call leaves an error about the moment (a store
+    /// busy or unreachable, the child's turn leased by another live host):
+    /// the parent's step returns it instead of recording a result.
+    static INTERRUPTED: std::cell::RefCell<Option<crate::Error>>;
+}
+
+/// Runs `call` (a step's outside tool call) and returns, beside its
+/// outcome, the error about the moment a delegating call in it was
+/// interrupted by, if any: then its outcome is not the call's result (the
+/// call stays started, and the step is resumed as after any such error).
+pub(super) async fn interruption_of<F: std::future::Future>(
+    call: F,
+) -> (F::Output, Option<crate::Error>) {
+    INTERRUPTED
+        .scope(std::cell::RefCell::new(None), async {
+            let out = call.await;
+            (out, INTERRUPTED.with(|i| i.borrow_mut().take()))
+        })
+        .await
+}
+
+/// The tool error for `e`, an error of the child's turn or of its setup: one
+/// about the moment interrupts the parent's step (see [`interruption_of`]);
+/// any other fails the call, its result.
+fn child_error(e: crate::Error) -> ToolError {
+    let text = e.to_string();
+    if e.is_resumable() && INTERRUPTED.try_with(|i| *i.borrow_mut() = Some(e)).is_ok() {
+        return ToolError::new(format!("the sub-agent was interrupted: {text}"));
+    }
+    ToolError::new(format!("the sub-agent failed: {text}"))
 }
 
 /// Whether the caller runs inside a delegated child's turn, started by a
@@ -49,7 +79,6 @@ impl ChildRun {
 
     async fn run(&self, call: &ToolCall) -> Result<Value, ToolError> {
         let hook = &self.runner.inner.cfg.testing.fault_hook;
-        let fail = |e: crate::Error| ToolError::new(format!("the sub-agent failed: {e}"));
         let (parent, turn_idx, call_id) = (
             self.parent.clone(),
             self.turn_idx,
@@ -62,7 +91,7 @@ impl ChildRun {
             .store
             .call(move |c| store::delegate_child(c, &parent, turn_idx, &call_id, &model, &prompt))
             .await
-            .map_err(fail)?;
+            .map_err(child_error)?;
         self.runner.inner.events.emit(
             &Subject::of(&self.parent, Some(self.turn_idx)),
             EventKind::Delegated {
@@ -83,7 +112,7 @@ impl ChildRun {
             Ok(o) => o,
             // A crash inside the child's turn is the parent's crash too.
             Err(e @ crate::Error::Injected(_)) => return Err(crashed(e)),
-            Err(e) => return Err(fail(e)),
+            Err(e) => return Err(child_error(e)),
         };
         if outcome.is_parked() {
             return Err(ToolError::new(format!(

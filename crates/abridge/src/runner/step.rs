@@ -209,10 +209,18 @@ impl Runner {
                             effect: row.effect,
                         });
                         slot.release();
-                        let result = self
-                            .run_async_tool(&plan, pos, tool, &row, inserted, input)
-                            .await;
+                        let (result, interrupted) = super::delegate::interruption_of(
+                            self.run_async_tool(&plan, pos, tool, &row, inserted, input),
+                        )
+                        .await;
                         self.inner.queue.retake(&mut slot).await;
+                        // A delegating call whose child met an error about
+                        // the moment (its turn leased by another live host,
+                        // the store busy): the step stops with it, the call
+                        // stays started and is made again on resume.
+                        if let Some(e) = interrupted {
+                            return Err(e.into());
+                        }
                         // A crash injected inside a delegating call's child
                         // stops this turn as a crash would.
                         if let Some(p) = super::delegate::crash_of(&result.1) {
