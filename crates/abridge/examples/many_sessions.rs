@@ -119,6 +119,19 @@ struct Opts {
     full: bool,
 }
 
+impl Opts {
+    /// The store as the run opens it (and its floor: `--full` fsyncs both).
+    fn store_options(&self) -> abridge::StoreOptions {
+        abridge::StoreOptions::default()
+            .with_group_commit(self.group_commit)
+            .with_synchronous(if self.full {
+                abridge::store::Synchronous::Full
+            } else {
+                abridge::store::Synchronous::Normal
+            })
+    }
+}
+
 const USAGE: &str = "usage: many_sessions [--sessions N] [--procs P] [--db PATH|URL] \
 [--seconds S] [--slots K] [--warmup S] [--no-group-commit] [--full] [--json]";
 
@@ -290,28 +303,11 @@ impl Measured {
     }
 }
 
-/// Runs `sessions` sessions on `db` for `seconds`; `tag` names them apart
+/// Runs `sessions` sessions on `db` for `seconds`, as `o` says (the store's
+/// options, the queue's slots); `tag` names them apart
 /// from other processes'.
-async fn run_sessions(
-    db: &str,
-    sessions: usize,
-    seconds: f64,
-    tag: &str,
-    slots: Option<usize>,
-    (group_commit, full): (bool, bool),
-) -> Measured {
-    let sync = if full {
-        abridge::store::Synchronous::Full
-    } else {
-        abridge::store::Synchronous::Normal
-    };
-    let store = Store::open_with(
-        db,
-        abridge::StoreOptions::default()
-            .with_group_commit(group_commit)
-            .with_synchronous(sync),
-    )
-    .expect("open the store");
+async fn run_sessions(db: &str, sessions: usize, seconds: f64, tag: &str, o: &Opts) -> Measured {
+    let store = Store::open_with(db, o.store_options()).expect("open the store");
     let tools = Tools::new().idempotent(
         ToolSpec {
             name: "lookup".into(),
@@ -324,7 +320,7 @@ async fn run_sessions(
         .tools(tools)
         .config({
             let mut cfg = RunnerConfig::default().with_owner(format!("many-{tag}"));
-            if let Some(k) = slots {
+            if let Some(k) = o.slots {
                 cfg.step_slots = k;
             }
             cfg
@@ -436,14 +432,8 @@ async fn run_sessions(
 
 /// Bare one-row insert transactions per second on the same store, over
 /// `seconds`, one writer (each fsynced with `full`, as the steps' were).
-fn floor_tx_per_s(db: &str, seconds: f64, full: bool) -> f64 {
-    let sync = if full {
-        abridge::store::Synchronous::Full
-    } else {
-        abridge::store::Synchronous::Normal
-    };
-    let store = Store::open_with(db, abridge::StoreOptions::default().with_synchronous(sync))
-        .expect("open the store");
+fn floor_tx_per_s(db: &str, seconds: f64, o: &Opts) -> f64 {
+    let store = Store::open_with(db, o.store_options()).expect("open the store");
     store
         .with_conn(|c| {
             c.execute_batch(
@@ -486,14 +476,7 @@ fn main() {
         .expect("a runtime");
     if let Some(child) = o.child {
         let tag = format!("{}-p{child}", o.run);
-        let m = rt.block_on(run_sessions(
-            &db,
-            o.sessions,
-            o.seconds,
-            &tag,
-            o.slots,
-            (o.group_commit, o.full),
-        ));
+        let m = rt.block_on(run_sessions(&db, o.sessions, o.seconds, &tag, &o));
         println!("{}", m.to_json());
         return;
     }
@@ -512,14 +495,7 @@ fn main() {
     });
     if warmup > 0.0 {
         let tag = format!("{}-warmup", o.run);
-        rt.block_on(run_sessions(
-            &db,
-            o.sessions,
-            warmup,
-            &tag,
-            o.slots,
-            (o.group_commit, o.full),
-        ));
+        rt.block_on(run_sessions(&db, o.sessions, warmup, &tag, &o));
         if store.backend() == abridge::store::BackendKind::Postgres {
             store
                 .with_conn(|c| {
@@ -535,14 +511,7 @@ fn main() {
     let mut m = Measured::default();
     if o.procs == 1 {
         let tag = format!("{}-p0", o.run);
-        m = rt.block_on(run_sessions(
-            &db,
-            o.sessions,
-            o.seconds,
-            &tag,
-            o.slots,
-            (o.group_commit, o.full),
-        ));
+        m = rt.block_on(run_sessions(&db, o.sessions, o.seconds, &tag, &o));
     } else {
         let me = std::env::current_exe().expect("this program");
         let per = o.sessions.div_ceil(o.procs);
@@ -576,7 +545,7 @@ fn main() {
             m.merge(Measured::from_json(&v));
         }
     }
-    let floor = floor_tx_per_s(&db, 2.0, o.full);
+    let floor = floor_tx_per_s(&db, 2.0, &o);
     let whole_windows = (m.elapsed_s / 10.0).floor() as u64;
     let progressed = m
         .windows

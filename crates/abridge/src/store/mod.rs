@@ -259,7 +259,6 @@ impl StoreOptions {
         self.group_commit = on;
         self
     }
-
     /// Sets the pool size.
     pub fn with_max_connections(mut self, n: u32) -> Self {
         self.max_connections = n;

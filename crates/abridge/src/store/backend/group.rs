@@ -42,8 +42,11 @@ use std::time::{Duration, Instant};
 pub(crate) const MAX_BATCH: usize = 32;
 
 /// The savepoint of a part that joined an open batch (not `abridge_sp`, a
-/// transactional tool's own).
-const PART: &str = "abridge_group_part";
+/// transactional tool's own): begun, kept, undone.
+const BEGIN_PART: &str = "SAVEPOINT abridge_group_part";
+const KEEP_PART: &str = "RELEASE SAVEPOINT abridge_group_part";
+const UNDO_PART: &str =
+    "ROLLBACK TO SAVEPOINT abridge_group_part; RELEASE SAVEPOINT abridge_group_part";
 
 /// A store's writer and its batches.
 pub(crate) struct Group {
@@ -159,7 +162,7 @@ impl Group {
             st.waiting += 1;
             let deadline = Instant::now() + self.busy_timeout;
             let got;
-            (got, st) = wait(&self.free, st, deadline, |st| st.writer.is_some());
+            (got, st) = wait(&self.free, st, Some(deadline), |st| st.writer.is_some());
             st.waiting -= 1;
             if !got {
                 return Err(Error::PoolTimeout {
@@ -175,16 +178,12 @@ impl Group {
             writer: Some(writer),
             first,
         };
-        member.set_busy_handler();
-        let sql = if first {
-            "BEGIN IMMEDIATE"
-        } else {
-            "SAVEPOINT abridge_group_part"
-        };
-        let begun = member
-            .conn()
-            .as_sqlite()
-            .expect("an SQLite store's writer")
+        // It waits for another process's lock as the caller's own
+        // connection would.
+        let raw = member.conn().as_sqlite().expect("an SQLite store's writer");
+        let _ = crate::store::inline::callers_busy_handler(raw, self.busy_timeout);
+        let sql = if first { "BEGIN IMMEDIATE" } else { BEGIN_PART };
+        let begun = raw
             .prepare_cached(sql)
             .and_then(|mut st| st.execute([]).map(drop));
         if let Err(e) = begun {
@@ -202,28 +201,34 @@ impl Group {
 /// microseconds, less than the hand-off's two thread wake-ups.
 const WAIT_IN_PLACE: Duration = Duration::from_millis(2);
 
-/// Waits on `cv` until `done` or `deadline`: up to [`WAIT_IN_PLACE`] on the
-/// thread as it is, the rest inside `may_block`. Returns whether `done`.
+/// Waits on `cv` until `done` or `deadline` (None: until `done`): up to
+/// [`WAIT_IN_PLACE`] on the thread as it is, the rest inside `may_block`.
+/// Returns whether `done`.
 fn wait<'a>(
     cv: &Condvar,
     mut st: MutexGuard<'a, State>,
-    deadline: Instant,
+    deadline: Option<Instant>,
     done: impl Fn(&State) -> bool,
 ) -> (bool, MutexGuard<'a, State>) {
-    let wait_until = |mut st: MutexGuard<'a, State>, until: Instant| {
+    let wait_until = |mut st: MutexGuard<'a, State>, until: Option<Instant>| {
         while !done(&st) {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return (false, st);
-            }
-            st = cv
-                .wait_timeout(st, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            st = match until {
+                None => cv.wait(st).unwrap_or_else(|e| e.into_inner()),
+                Some(until) => {
+                    let left = until.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return (false, st);
+                    }
+                    cv.wait_timeout(st, left)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
         }
         (true, st)
     };
-    let in_place = (Instant::now() + WAIT_IN_PLACE).min(deadline);
+    let soon = Instant::now() + WAIT_IN_PLACE;
+    let in_place = Some(deadline.map_or(soon, |d| d.min(soon)));
     match wait_until(st, in_place) {
         (true, back) => (true, back),
         (false, back) => {
@@ -251,24 +256,12 @@ impl Member {
         self.writer.as_mut().expect("held until the part ends")
     }
 
-    /// An inline step call waits for another process's lock in short steps
-    /// (the calling thread's busy handler); any other in SQLite's own.
-    fn set_busy_handler(&self) {
-        let raw = self.conn().as_sqlite().expect("an SQLite store's writer");
-        let _ = if crate::store::inline::in_inline_call() {
-            crate::store::inline::install_busy_handler(raw)
-        } else {
-            raw.busy_timeout(self.group.busy_timeout)
-        };
-    }
-
     /// Ends this member's part: kept (`keep`) or rolled back. A kept part
     /// returns once its batch has committed (Ok) or failed (the commit's
     /// error); a part rolled back returns at once (Ok once it is undone).
     pub(crate) fn leave(mut self, keep: bool) -> Result<()> {
         let writer = self.writer.take().expect("held until the part ends");
-        let group = self.group.clone();
-        group.end_part(writer, self.first, keep)
+        self.group.end_part(writer, self.first, keep)
     }
 }
 
@@ -281,42 +274,60 @@ impl Drop for Member {
     }
 }
 
+/// The error of a batch whose transaction ended before its COMMIT: every
+/// part in it is lost (resumable: each is run again from the store).
+fn ended_uncommitted() -> Error {
+    Error::Sqlite(rusqlite::Error::SqliteFailure(
+        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
+        Some("the group commit's transaction ended before its COMMIT".into()),
+    ))
+}
+
+/// Runs one of the part's statements on the writer.
+fn exec(raw: &rusqlite::Connection, sql: &str) -> Result<()> {
+    raw.prepare_cached(sql)?.execute([])?;
+    Ok(())
+}
+
+/// Ends a part's statements: kept in the batch (Ok(true)), or undone
+/// (Ok(false); Err when undoing, or keeping, failed: then it is undone as
+/// far as it could be). The first part, alone in the batch, is undone with
+/// the transaction; a later one to its savepoint.
+fn close_part(raw: &rusqlite::Connection, first: bool, keep: bool) -> Result<bool> {
+    if raw.is_autocommit() {
+        // Its transaction never began, or ended without a COMMIT (SQLite
+        // rolls back on some errors; a host's statement may have): a part
+        // to keep is refused as a lone transaction's COMMIT would be.
+        return if keep {
+            Err(ended_uncommitted())
+        } else {
+            Ok(false)
+        };
+    }
+    match (keep, first) {
+        (true, true) => Ok(true),
+        (true, false) => match exec(raw, KEEP_PART) {
+            Ok(()) => Ok(true),
+            Err(e) => {
+                let _ = raw.execute_batch(UNDO_PART);
+                Err(e)
+            }
+        },
+        (false, true) => exec(raw, "ROLLBACK").map(|()| false),
+        (false, false) => raw
+            .execute_batch(UNDO_PART)
+            .map(|()| false)
+            .map_err(Error::from),
+    }
+}
+
 impl Group {
     fn end_part(&self, writer: Connection, first: bool, keep: bool) -> Result<()> {
         let raw = writer.as_sqlite().expect("an SQLite store's writer");
-        let exec = |sql: &str| -> Result<()> {
-            raw.prepare_cached(sql)?.execute([])?;
-            Ok(())
-        };
-        // Ends the part: whether it is in the batch, and what rolling it back
-        // returned.
-        let (kept, undone) = if keep {
-            if first {
-                (true, Ok(()))
-            } else {
-                match exec("RELEASE SAVEPOINT abridge_group_part") {
-                    Ok(()) => (true, Ok(())),
-                    Err(e) => {
-                        let _ = raw.execute_batch(&format!(
-                            "ROLLBACK TO SAVEPOINT {PART}; RELEASE SAVEPOINT {PART}"
-                        ));
-                        (false, Err(e))
-                    }
-                }
-            }
-        } else if raw.is_autocommit() {
-            (false, Ok(()))
-        } else if first {
-            (false, exec("ROLLBACK"))
-        } else {
-            (
-                false,
-                raw.execute_batch(&format!(
-                    "ROLLBACK TO SAVEPOINT {PART}; RELEASE SAVEPOINT {PART}"
-                ))
-                .map_err(Error::from),
-            )
-        };
+        let closed = close_part(raw, first, keep);
+        let kept = matches!(closed, Ok(true));
+        // A part undone: its own outcome, whatever its batch-mates'.
+        let undone = closed.map(drop);
         let mut st = self.state();
         if kept {
             st.parts += 1;
@@ -333,8 +344,7 @@ impl Group {
             }
             // No deadline: the batch ends once the parts that joined it end,
             // as a transaction ends once its statements have run.
-            let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
-            let (_, st) = wait(&self.ended, st, far, |_| batch.outcome.get().is_some());
+            let (_, st) = wait(&self.ended, st, None, |_| batch.outcome.get().is_some());
             drop(st);
             let outcome = batch.outcome.get().expect("the batch ended").clone();
             return outcome.map_err(|f| f.error());
@@ -343,13 +353,18 @@ impl Group {
         let parts = st.parts;
         drop(st);
         let committed = if !open {
-            Ok(())
+            // Parts kept in a transaction that ended meanwhile are lost.
+            if parts == 0 {
+                Ok(())
+            } else {
+                Err(ended_uncommitted())
+            }
         } else if parts == 0 {
-            exec("ROLLBACK")
+            exec(raw, "ROLLBACK")
         } else {
-            let r = exec("COMMIT");
+            let r = exec(raw, "COMMIT");
             if r.is_err() && !raw.is_autocommit() {
-                let _ = exec("ROLLBACK");
+                let _ = exec(raw, "ROLLBACK");
             }
             r
         };
@@ -367,11 +382,10 @@ impl Group {
         drop(st);
         self.ended.notify_all();
         self.free.notify_one();
-        match (kept, committed) {
-            (true, r) => r,
-            (false, Ok(())) => undone,
-            // A part rolled back: its own outcome, whatever its batch-mates'.
-            (false, Err(_)) => undone,
+        if kept {
+            committed
+        } else {
+            undone
         }
     }
 }
@@ -529,6 +543,21 @@ mod tests {
         let ok = batch_of(&store, vec![(5, None, true), (6, None, true)]);
         assert_eq!(ok, vec![true, true]);
         assert_eq!(rows(&store), vec![5, 6]);
+    }
+
+    /// A part whose statement ends the whole transaction (a host's
+    /// `ROLLBACK`): the part kept before it is not told it is durable.
+    #[test]
+    fn a_transaction_ended_inside_a_part_fails_every_part_kept_in_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let ok = batch_of(&store, vec![(1, None, true), (2, Some("ROLLBACK"), true)]);
+        assert_eq!(ok, vec![false, false]);
+        assert!(rows(&store).is_empty(), "{:?}", rows(&store));
+        assert_eq!(store.group_commits(), (0, 0));
+        let ok = batch_of(&store, vec![(3, None, true)]);
+        assert_eq!(ok, vec![true]);
+        assert_eq!(rows(&store), vec![3]);
     }
 
     #[test]

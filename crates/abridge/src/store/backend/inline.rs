@@ -120,15 +120,19 @@ fn busy_wait(count: i32) -> bool {
     true
 }
 
-/// Whether an inline call runs on this thread.
-pub(crate) fn in_inline_call() -> bool {
-    RUNNING.with(|r| r.borrow().is_some())
-}
-
-/// Gives `raw` the inline calls' busy handler (while an inline call runs on
-/// this thread, see [`busy_wait`]).
-pub(crate) fn install_busy_handler(raw: &rusqlite::Connection) -> rusqlite::Result<()> {
-    raw.busy_handler(Some(busy_wait))
+/// Gives `raw`, a connection this thread borrows for a while (the group
+/// commit's writer), the busy handler of the call running here: an inline
+/// call's short steps ([`busy_wait`]), or anywhere else SQLite's own up to
+/// `timeout`.
+pub(crate) fn callers_busy_handler(
+    raw: &rusqlite::Connection,
+    timeout: Duration,
+) -> rusqlite::Result<()> {
+    if RUNNING.with(|r| r.borrow().is_some()) {
+        raw.busy_handler(Some(busy_wait))
+    } else {
+        raw.busy_timeout(timeout)
+    }
 }
 
 /// A pooled connection an inline call runs on. While it is alive the
