@@ -341,11 +341,17 @@ fn the_thresholds_drawn_are_those_the_store_recorded_unless_given() {
         "SELECT threshold_tokens, soft_threshold_tokens FROM compactions \
          WHERE session_id = 1 AND threshold_tokens IS NOT NULL ORDER BY id DESC LIMIT 1",
     );
-    // The demo's: 3,000 tokens, and 80% of it in the background.
-    assert_eq!(recorded, vec![vec![3_000, 2_400]]);
+    // The demo's: 3,000 tokens, and in the background at most 80% of it,
+    // lowered (down to half) for a session whose summaries took longer than
+    // its turns: how much depends on the run's timing, so the page is held
+    // to what was recorded.
+    assert_eq!(recorded.len(), 1);
+    let (hard, soft) = (recorded[0][0], recorded[0][1]);
+    assert_eq!(hard, 3_000);
+    assert!((1_500..=2_400).contains(&soft), "{soft}");
     let drawn = levels_of(&ReportOptions::default());
     assert_eq!(drawn.get("hard").map(String::as_str), Some("3000"));
-    assert_eq!(drawn.get("soft").map(String::as_str), Some("2400"));
+    assert_eq!(drawn.get("soft"), Some(&soft.to_string()));
     let given = levels_of(&ReportOptions {
         threshold: Some(5_000),
         soft_threshold: Some(4_500),
