@@ -25,7 +25,9 @@
 //! `group_commits_per_step` and `turn_writes_per_group_commit` (on an SQLite
 //! store: the group commits of the measured window over its steps, and the
 //! turns' write transactions each committed; `--no-group-commit` commits
-//! each alone), and the counts behind them. Machines are shared and noisy: read the ratios of one run.
+//! each alone), and the counts behind them. `--full` runs the store (and
+//! its floor) with every commit fsynced (`Synchronous::Full`). Machines are
+//! shared and noisy: read the ratios of one run.
 
 use abridge::events::EventKind;
 use abridge::{
