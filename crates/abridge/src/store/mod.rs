@@ -579,6 +579,11 @@ impl Store {
                 sync.pragma()
             ))?;
             c.set_prepared_statement_cache_capacity(64);
+            // Plans that never depend on the values bound: without it SQLite
+            // re-prepares a cached statement at every run whose plan could
+            // (the live pins' read, with its `LIMIT`s in nested `UNION ALL`s,
+            // was prepared afresh at every step).
+            c.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
             if checkpoints == Checkpoints::OffTheStep {
                 c.execute_batch(&format!(
                     "PRAGMA wal_autocheckpoint = 0; PRAGMA journal_size_limit = {WAL_CHECKPOINT_BYTES};"

@@ -545,6 +545,42 @@ mod tests {
     use super::*;
     use crate::pins::FactKind;
 
+    /// The live pins' read (read at every step that folds or carries pins)
+    /// keeps the plan it was prepared with whatever its boundary and window:
+    /// SQLite re-prepared it at every run when a plan could depend on the
+    /// values bound (its `LIMIT`s in nested `UNION ALL`s did), about 8% of
+    /// a step's CPU in the step bench's profile.
+    #[test]
+    fn the_live_pins_read_is_prepared_once_whatever_its_boundary() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(dir.path().join("p.db")).unwrap();
+        store
+            .with_conn(|c| {
+                c.execute_batch(
+                    "INSERT INTO sessions (id, external_id, model, system_prompt, created_at) \
+                     VALUES (1, 's', 'm', 'p', 0)",
+                )?;
+                let sid = SessionId(1);
+                for turn in 0..6 {
+                    record_facts(
+                        c,
+                        sid,
+                        turn,
+                        FactSource::Tool,
+                        &[id(&format!("ORD-{turn}"))],
+                    )?;
+                }
+                for (boundary, window) in [(1, 100), (3, 100), (5, 2), (2, 1), (6, 100)] {
+                    live_pins(c, sid, boundary, window)?;
+                }
+                let raw = c.as_sqlite().expect("an SQLite store");
+                let st = raw.prepare_cached(live_pins_sql())?;
+                assert_eq!(st.get_status(rusqlite::StatementStatus::RePrepare), 0);
+                Ok(())
+            })
+            .unwrap();
+    }
+
     fn id(value: &str) -> Fact {
         Fact {
             kind: FactKind::Id,
