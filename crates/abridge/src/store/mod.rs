@@ -798,6 +798,14 @@ impl Store {
         self.pool.group().map_or((0, 0), |g| g.counts())
     }
 
+    /// The turns' write transactions a store with a group commit ran alone,
+    /// on the caller's connection, because none of the turn writes before
+    /// them met another (one session at a time). 0 without a group commit.
+    #[doc(hidden)]
+    pub fn group_commits_alone(&self) -> u64 {
+        self.pool.group().map_or(0, |g| g.alone())
+    }
+
     /// Runs `f` on a pooled connection off the async runtime's worker threads:
     /// on tokio's blocking pool, or in place per [`StoreOptions::blocking`].
     pub async fn call<R, F>(&self, f: F) -> Result<R>

@@ -328,6 +328,7 @@ impl Connection {
             conn: self,
             open: true,
             member: None,
+            writing: None,
         })
     }
 
@@ -345,16 +346,24 @@ impl Connection {
                 conn: self,
                 open: true,
                 member: None,
+                writing: None,
             });
         }
         let _ = owner;
-        if let Some(group) = &self.group {
-            let member = group.join()?;
-            return Ok(Transaction {
-                conn: self,
-                open: true,
-                member: Some(member),
-            });
+        if let Some(group) = self.group.clone() {
+            let (writing, join) = group.arrive();
+            if join {
+                let member = group.join(writing)?;
+                return Ok(Transaction {
+                    conn: self,
+                    open: true,
+                    member: Some(member),
+                    writing: None,
+                });
+            }
+            let mut tx = self.write_tx()?;
+            tx.writing = Some(writing);
+            return Ok(tx);
         }
         self.write_tx()
     }
@@ -421,6 +430,9 @@ pub struct Transaction<'c> {
     /// A part of the group commit's batch: its statements run on the
     /// group's writer, not on `conn`.
     member: Option<crate::store::group::Member>,
+    /// A turn's write run alone on `conn` by a store with a group commit:
+    /// counted as running until it ends.
+    writing: Option<crate::store::group::Writing>,
 }
 
 impl Deref for Transaction<'_> {
@@ -476,6 +488,7 @@ impl Transaction<'_> {
             Backend::Sqlite(_) => {
                 self.conn.end(true)?;
                 self.open = false;
+                self.writing = None;
                 Ok(next(self.conn))
             }
             #[cfg(feature = "postgres")]

@@ -29,12 +29,24 @@
 //! locks, WAL frame headers and page writes) than steps when many sessions
 //! run. Waits for the writer and for a batch's end hand a runtime worker's
 //! other tasks off first ([`may_block`](crate::store::inline::may_block)).
+//!
+//! A store whose turns' writes never meet (one session at a time, a host
+//! that runs its turns one after another) has nothing to share a commit
+//! with, and the writer would only cost it its reads' page cache (another
+//! connection's commits invalidate it): a write that arrives when none of
+//! the last [`RECENT`] turn writes met another one running runs as a
+//! transaction on the caller's own connection, as without the group; the
+//! first that meets one sends the next ones back to the batch.
 
 use crate::error::{Error, Result};
 use crate::store::db::Connection;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
+
+/// Turn writes whose meeting (or not) with another one running decides
+/// where the next one runs (see the module's doc).
+pub(crate) const RECENT: u32 = 64;
 
 /// Parts a batch takes at most: a batch holds SQLite's write lock (other
 /// processes' writers and the store's other transactions wait on it) while
@@ -61,6 +73,12 @@ pub(crate) struct Group {
     commits: AtomicU64,
     /// Parts committed (in those batches).
     parts_committed: AtomicU64,
+    /// Turn write transactions running now, in the batch or alone.
+    writing: AtomicUsize,
+    /// One bit a turn write, newest lowest: it met another one running.
+    recent: AtomicU64,
+    /// Turn write transactions run alone, on the caller's connection.
+    alone: AtomicU64,
     /// The pool's count of the writer: dropped after it closes.
     _held: Box<dyn std::any::Any + Send + Sync>,
 }
@@ -133,6 +151,10 @@ impl Group {
             busy_timeout,
             commits: AtomicU64::new(0),
             parts_committed: AtomicU64::new(0),
+            writing: AtomicUsize::new(0),
+            // Until the store has seen its writes, they may meet.
+            recent: AtomicU64::new(u64::MAX),
+            alone: AtomicU64::new(0),
             _held: held,
         }
     }
@@ -149,6 +171,31 @@ impl Group {
         )
     }
 
+    /// Turn write transactions run alone on the caller's connection.
+    pub(crate) fn alone(&self) -> u64 {
+        self.alone.load(Ordering::Relaxed)
+    }
+
+    /// Counts a turn's write transaction in (until the returned [`Writing`]
+    /// is dropped) and says whether it joins the batch: unless none of the
+    /// last [`RECENT`] turn writes, this one included, met another running.
+    pub(crate) fn arrive(self: &Arc<Self>) -> (Writing, bool) {
+        let met = self.writing.fetch_add(1, Ordering::AcqRel) > 0;
+        let writing = Writing {
+            group: self.clone(),
+        };
+        let shift = |m: u64| (m << 1) | u64::from(met);
+        let before = self
+            .recent
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| Some(shift(m)))
+            .unwrap_or_else(|m| m);
+        let join = shift(before) & (u64::MAX >> (64 - RECENT)) != 0;
+        if !join {
+            self.alone.fetch_add(1, Ordering::Relaxed);
+        }
+        (writing, join)
+    }
+
     /// Takes the writer (waiting, at most the busy timeout, while another
     /// member holds it) and opens this member's part: the batch's
     /// transaction, or a savepoint in the open one.
@@ -156,7 +203,7 @@ impl Group {
     /// Errors: [`Error::PoolTimeout`] when the writer was not handed back in
     /// time (resumable); the `BEGIN`'s own (another process's writer held
     /// the file past the busy timeout).
-    pub(crate) fn join(self: &Arc<Self>) -> Result<Member> {
+    pub(crate) fn join(self: &Arc<Self>, writing: Writing) -> Result<Member> {
         let mut st = self.state();
         if st.writer.is_none() {
             st.waiting += 1;
@@ -177,6 +224,7 @@ impl Group {
             group: self.clone(),
             writer: Some(writer),
             first,
+            _writing: writing,
         };
         // It waits for another process's lock as the caller's own
         // connection would.
@@ -238,12 +286,25 @@ fn wait<'a>(
     }
 }
 
+/// A turn's write transaction counted as running (see [`Group::arrive`]).
+pub(crate) struct Writing {
+    group: Arc<Group>,
+}
+
+impl Drop for Writing {
+    fn drop(&mut self) {
+        self.group.writing.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// A member's hold of the writer, from [`Group::join`] to its part's end.
 pub(crate) struct Member {
     group: Arc<Group>,
     writer: Option<Connection>,
     /// Whether its part began the batch's transaction.
     first: bool,
+    /// Counted as running until its part, and its wait for the batch, end.
+    _writing: Writing,
 }
 
 impl Member {
@@ -579,6 +640,77 @@ mod tests {
         let ok = batch_of(&store, vec![(2, None, true)]);
         assert_eq!(ok, vec![true]);
         assert_eq!(rows(&store), vec![2]);
+    }
+
+    fn write(store: &Store, x: i64) {
+        store
+            .with_conn(|c| {
+                let tx = c.write_tx_of(Owner::Turn(TurnId(x)))?;
+                tx.execute("INSERT INTO t (x) VALUES (?1)", [x])?;
+                tx.commit()
+            })
+            .unwrap();
+    }
+
+    /// Turn writes that never meet (one session at a time) run on the
+    /// caller's connection once the last `RECENT` met none; the first that
+    /// meets another sends the next ones back to the batch.
+    #[test]
+    fn writes_that_never_meet_run_alone_until_two_meet_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let recent = i64::from(super::RECENT);
+        for x in 1..=recent {
+            write(&store, x);
+        }
+        // Until the store has seen `RECENT` writes, they go to the batch.
+        assert_eq!(
+            store.group_commits(),
+            (recent as u64 - 1, recent as u64 - 1)
+        );
+        assert_eq!(store.group_commits_alone(), 1);
+        for x in recent + 1..recent + 11 {
+            write(&store, x);
+        }
+        assert_eq!(store.group_commits_alone(), 11, "alone, one after another");
+        assert_eq!(store.group_commits().0, recent as u64 - 1);
+        // Two that meet: the one that arrives second joins the batch, and
+        // so do the writes after it, alone as they are.
+        let (held, hold) = mpsc::channel::<()>();
+        let (begun, began) = mpsc::channel();
+        let s = store.clone();
+        let first = std::thread::spawn(move || {
+            s.with_conn(|c| {
+                let tx = c.write_tx_of(Owner::Turn(TurnId(1_000)))?;
+                tx.execute("INSERT INTO t (x) VALUES (1000)", [])?;
+                begun.send(()).unwrap();
+                hold.recv().unwrap();
+                tx.commit()
+            })
+            .unwrap()
+        });
+        began.recv().unwrap();
+        assert_eq!(store.group_commits_alone(), 12, "the first met none");
+        let s = store.clone();
+        let second = std::thread::spawn(move || write(&s, 1_001));
+        wait_for(|| {
+            store
+                .pool
+                .group()
+                .unwrap()
+                .writing
+                .load(super::Ordering::Relaxed)
+                == 2
+        });
+        held.send(()).unwrap();
+        first.join().unwrap();
+        second.join().unwrap();
+        write(&store, 1_002);
+        assert_eq!(store.group_commits_alone(), 12);
+        assert_eq!(store.group_commits().0, recent as u64 + 1);
+        let mut want: Vec<i64> = (1..recent + 11).collect();
+        want.extend([1_000, 1_001, 1_002]);
+        assert_eq!(rows(&store), want);
     }
 
     #[test]
