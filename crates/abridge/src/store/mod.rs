@@ -582,7 +582,7 @@ impl Store {
             // Plans that never depend on the values bound: without it SQLite
             // re-prepares a cached statement at every run whose plan could
             // (the live pins' read, with its `LIMIT`s in nested `UNION ALL`s,
-            // was prepared afresh at every step).
+            // was prepared afresh at every run).
             c.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
             if checkpoints == Checkpoints::OffTheStep {
                 c.execute_batch(&format!(

@@ -552,6 +552,28 @@ mod tests {
     /// a step's CPU in the step bench's profile.
     #[test]
     fn the_live_pins_read_is_prepared_once_whatever_its_boundary() {
+        with_session(|c, sid| {
+            for turn in 0..6 {
+                record_facts(
+                    c,
+                    sid,
+                    turn,
+                    FactSource::Tool,
+                    &[id(&format!("ORD-{turn}"))],
+                )?;
+            }
+            for (boundary, window) in [(1, 100), (3, 100), (5, 2), (2, 1), (6, 100)] {
+                live_pins(c, sid, boundary, window)?;
+            }
+            let raw = c.as_sqlite().expect("an SQLite store");
+            let st = raw.prepare_cached(live_pins_sql())?;
+            assert_eq!(st.get_status(rusqlite::StatementStatus::RePrepare), 0);
+            Ok(())
+        });
+    }
+
+    /// Runs `f` on a fresh store's connection with session 1 in it.
+    fn with_session(f: impl FnOnce(&Connection, SessionId) -> Result<()>) {
         let dir = tempfile::tempdir().unwrap();
         let store = crate::store::Store::open(dir.path().join("p.db")).unwrap();
         store
@@ -560,23 +582,7 @@ mod tests {
                     "INSERT INTO sessions (id, external_id, model, system_prompt, created_at) \
                      VALUES (1, 's', 'm', 'p', 0)",
                 )?;
-                let sid = SessionId(1);
-                for turn in 0..6 {
-                    record_facts(
-                        c,
-                        sid,
-                        turn,
-                        FactSource::Tool,
-                        &[id(&format!("ORD-{turn}"))],
-                    )?;
-                }
-                for (boundary, window) in [(1, 100), (3, 100), (5, 2), (2, 1), (6, 100)] {
-                    live_pins(c, sid, boundary, window)?;
-                }
-                let raw = c.as_sqlite().expect("an SQLite store");
-                let st = raw.prepare_cached(live_pins_sql())?;
-                assert_eq!(st.get_status(rusqlite::StatementStatus::RePrepare), 0);
-                Ok(())
+                f(c, SessionId(1))
             })
             .unwrap();
     }
@@ -596,42 +602,33 @@ mod tests {
     /// so each value has one live pin however often it is restated.
     #[test]
     fn a_value_is_held_by_a_slot_first_then_by_its_one_pin_not_superseded() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = crate::store::Store::open(dir.path().join("h.db")).unwrap();
-        store
-            .with_conn(|c| {
-                c.execute_batch(
-                    "INSERT INTO sessions (id, external_id, model, system_prompt, created_at) \
-                     VALUES (1, 's', 'm', 'p', 0)",
-                )?;
-                let sid = SessionId(1);
-                let colour = |v: &str| Fact::host(Some("colour"), v);
-                let host = FactSource::Host;
-                let tool = FactSource::Tool;
-                assert_eq!(record_facts(c, sid, 0, host, &[colour("blue")])?, 1);
-                assert_eq!(record_facts(c, sid, 0, tool, &[id("ORD-1")])?, 1);
-                assert_eq!(record_facts(c, sid, 1, host, &[colour("red")])?, 1);
-                // The slot's value now and its value before: held by it.
-                assert_eq!(record_facts(c, sid, 2, tool, &[id("red"), id("blue")])?, 0);
-                // ORD-1 overtaken in its window, then restated: refreshed,
-                // twice over.
-                for (turn, other) in [(3, "ORD-2"), (5, "ORD-3")] {
-                    assert_eq!(record_facts(c, sid, turn, tool, &[id(other)])?, 1);
-                    assert_eq!(record_facts(c, sid, turn + 1, tool, &[id("ORD-1")])?, 1);
-                }
-                // Still the newest of its window: nothing to refresh.
-                assert_eq!(record_facts(c, sid, 8, tool, &[id("ORD-1")])?, 0);
-                let (rows, live, live_turn, apart): (i64, i64, i64, i64) = c.query_row(
-                    "SELECT count(*), count(*) FILTER (WHERE superseded_by IS NULL), \
+        with_session(|c, sid| {
+            let colour = |v: &str| Fact::host(Some("colour"), v);
+            let host = FactSource::Host;
+            let tool = FactSource::Tool;
+            assert_eq!(record_facts(c, sid, 0, host, &[colour("blue")])?, 1);
+            assert_eq!(record_facts(c, sid, 0, tool, &[id("ORD-1")])?, 1);
+            assert_eq!(record_facts(c, sid, 1, host, &[colour("red")])?, 1);
+            // The slot's value now and its value before: held by it.
+            assert_eq!(record_facts(c, sid, 2, tool, &[id("red"), id("blue")])?, 0);
+            // ORD-1 overtaken in its window, then restated: refreshed,
+            // twice over.
+            for (turn, other) in [(3, "ORD-2"), (5, "ORD-3")] {
+                assert_eq!(record_facts(c, sid, turn, tool, &[id(other)])?, 1);
+                assert_eq!(record_facts(c, sid, turn + 1, tool, &[id("ORD-1")])?, 1);
+            }
+            // Still the newest of its window: nothing to refresh.
+            assert_eq!(record_facts(c, sid, 8, tool, &[id("ORD-1")])?, 0);
+            let (rows, live, live_turn, apart): (i64, i64, i64, i64) = c.query_row(
+                "SELECT count(*), count(*) FILTER (WHERE superseded_by IS NULL), \
                      max(turn_index) FILTER (WHERE superseded_by IS NULL), \
                      (SELECT count(*) FROM pins WHERE slot IS NULL AND value IN ('red', 'blue')) \
                      FROM pins WHERE session_id = 1 AND value = 'ORD-1'",
-                    [],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-                )?;
-                assert_eq!((rows, live, live_turn, apart), (3, 1, 6, 0));
-                Ok(())
-            })
-            .unwrap();
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )?;
+            assert_eq!((rows, live, live_turn, apart), (3, 1, 6, 0));
+            Ok(())
+        });
     }
 }
