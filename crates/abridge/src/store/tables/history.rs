@@ -50,12 +50,6 @@ pub(crate) fn load_history(
     )
 }
 
-/// A query over a session's turns, made to read a fork's too: `branch`
-/// reads `FROM turns t ... WHERE t.session_id = ?1 ...`; the result is that
-/// query (the session's own turns) and, joined by `UNION ALL`, the same query
-/// over the turns its lineage names (a fork's ancestors', each up to the
-/// turn the fork reads; nothing for a session that is not a fork). An
-/// ORDER BY after it names result columns by position.
 /// `branch` alone (the session's own turns: a migration's hook runs before
 /// lineage exists, and a turn's own pins read its own rows), or
 /// [`over_lineage`].
@@ -67,6 +61,21 @@ fn own_or_lineage(lineage: bool, branch: &str) -> String {
     }
 }
 
+/// A query over a session's turns, made to read a fork's too: `branch`
+/// reads `FROM turns t ... WHERE t.session_id = ?1 ...`; the result is that
+/// query (the session's own turns) and, joined by `UNION ALL`, the same query
+/// over the turns its lineage names (a fork's ancestors', each up to the
+/// turn the fork reads; nothing for a session that is not a fork). An
+/// ORDER BY after it names result columns by position.
+///
+/// The ancestors' half is gated by whether the session has a lineage at
+/// all, a condition on the parameters alone: PostgreSQL evaluates it once,
+/// before the half runs (a one-time filter), and skips the half for a
+/// session that is not a fork whatever plan it chose for it. A plan
+/// prepared while a new store's tables were nearly empty, and kept by the
+/// connection for every later run, would otherwise scan every step of the
+/// store for a half that finds nothing (the step bench on PostgreSQL grew
+/// 2-3.5x from H = 100 to H = 1,000 through the compactions' reads).
 pub(crate) fn over_lineage(branch: &str) -> String {
     debug_assert!(branch.contains("FROM turns t") && branch.contains("t.session_id = ?1"));
     let ancestors = branch
@@ -76,7 +85,11 @@ pub(crate) fn over_lineage(branch: &str) -> String {
              AND t.idx > l.after_idx AND t.idx <= l.upto_idx",
             1,
         )
-        .replacen("t.session_id = ?1", "l.session_id = ?1", 1);
+        .replacen(
+            "t.session_id = ?1",
+            "l.session_id = ?1 AND EXISTS (SELECT 1 FROM session_lineage g WHERE g.session_id = ?1)",
+            1,
+        );
     format!("{branch} UNION ALL {ancestors}")
 }
 
@@ -284,4 +297,87 @@ fn load_range_of(
         }
     }
     Ok(turns.into_iter().map(|(_, t)| t).collect())
+}
+
+/// The plans a PostgreSQL connection keeps, on the server
+/// `ABRIDGE_TEST_POSTGRES` names (skipped without it).
+#[cfg(all(test, feature = "postgres"))]
+mod pg_plan_tests {
+    use super::*;
+    use crate::store::{Store, StoreOptions};
+
+    /// A plan made for a read over a session's turns while the store was
+    /// empty, then kept by the connection (a generic plan, as PostgreSQL
+    /// settles on after a few runs), does not read the store's steps for
+    /// the half over a fork's ancestors when the session is not a fork: it
+    /// scanned every step of the store at every run before the half was
+    /// gated, and a step's compactions and rebuilds grew with the history.
+    #[test]
+    fn a_kept_plan_reads_no_ancestors_for_a_session_that_is_not_a_fork() {
+        let Ok(base) = std::env::var("ABRIDGE_TEST_POSTGRES") else {
+            eprintln!("ABRIDGE_TEST_POSTGRES is not set: skipped");
+            return;
+        };
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let schema = format!("pgunit_kept_plan_{}", std::process::id());
+        let admin = Store::open_url(
+            &format!("{base}{sep}schema=pgunit_admin"),
+            StoreOptions::default(),
+        )
+        .unwrap();
+        admin
+            .with_conn(|c| c.execute_batch(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")))
+            .unwrap();
+        let store = Store::open_with(
+            format!("{base}{sep}schema={schema}"),
+            StoreOptions::default().with_max_connections(1),
+        )
+        .unwrap();
+        let sid = SessionId(1);
+        // Steps read by sequential scans in this transaction, so far.
+        let seq_read = |c: &Connection| -> Result<i64> {
+            c.query_row(
+                "SELECT pg_stat_get_xact_tuples_returned('steps'::regclass)",
+                [],
+                |r| r.get(0),
+            )
+        };
+        store
+            .with_conn(|c| {
+                // Every plan generic, made at a statement's first run: here,
+                // on empty tables.
+                c.execute_batch(
+                    "SET plan_cache_mode = force_generic_plan;
+                     INSERT INTO sessions (id, external_id, model, system_prompt, created_at)
+                       VALUES (1, 's', 'm', 'p', 0), (2, 'other', 'm', 'p', 0);
+                     INSERT INTO turns (id, session_id, idx, input, status, created_at)
+                       VALUES (1, 1, 0, 'a', 'completed', 0);
+                     INSERT INTO steps (turn_id, idx, status, response, created_at)
+                       VALUES (1, 0, 'completed', 'r', 0);",
+                )?;
+                let turns = c.in_read_tx(|c| load_range(c, sid, (0, 0), (0, i64::MAX)))?;
+                assert_eq!(turns.len(), 1);
+                // The store grows: another session's 3,000 steps.
+                c.execute_batch(
+                    "INSERT INTO turns (id, session_id, idx, input, status, created_at)
+                       SELECT 1 + g, 2, g, 'b', 'completed', 0 FROM generate_series(1, 1000) g;
+                     INSERT INTO steps (turn_id, idx, status, response, created_at)
+                       SELECT 1 + g, k, 'completed', 'r', 0
+                       FROM generate_series(1, 1000) g, generate_series(0, 2) k;",
+                )?;
+                c.in_read_tx(|c| {
+                    let before = seq_read(c)?;
+                    let turns = load_range(c, sid, (0, 0), (0, i64::MAX))?;
+                    assert_eq!(turns.len(), 1);
+                    assert_eq!(turns[0].steps.len(), 1);
+                    let read = seq_read(c)? - before;
+                    assert_eq!(read, 0, "{read} steps read by sequential scans");
+                    Ok(())
+                })
+            })
+            .unwrap();
+        admin
+            .with_conn(|c| c.execute_batch(&format!("DROP SCHEMA {schema} CASCADE")))
+            .unwrap();
+    }
 }
