@@ -73,6 +73,8 @@ static VM_ON: AtomicBool = AtomicBool::new(false);
 /// The adaptive soft threshold's read of a session's pace
 /// (`store::session_pace`).
 const PACE_SQL: &str = "SELECT (SELECT max(m - prev)";
+/// The sizes of the verbatim tail's turns (`store::recent_window_boundary`).
+const RECENT_WINDOW_SQL: &str = "SELECT t.idx, length(t.input)";
 /// The pins a summary carries (`store::live_pins`).
 const LIVE_PINS_SQL: &str = "SELECT p.id, p.turn_index, p.kind, p.slot, p.value, p.sentence";
 
@@ -212,6 +214,19 @@ async fn cost_of_turn_at(h: i64, compact_at: Threshold) -> Cost {
         rows_written: changes_after - changes_before,
         pages_written: (wal_after - wal_before) / (page_size + 24),
     };
+    // The verbatim tail's boundary is the same for every step of a turn (the
+    // turns it measures are finished): its read runs once a turn, at the
+    // turn's first step, not at every step.
+    let window_reads = SEEN
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|sql| sql.trim_start().starts_with(RECENT_WINDOW_SQL))
+        .count();
+    assert_eq!(
+        window_reads, 1,
+        "{compact_at:?}: the recent window read {window_reads} times in a turn"
+    );
     assert_no_history_scan(&store);
 
     // ensure() below the threshold (or with compaction off): reads only.
@@ -430,7 +445,8 @@ async fn statements_and_rows_read_per_step_are_fixed_and_independent_of_history(
         // then, 43 and 45 when they were read). 39 and 41 now: the lookup of
         // a value held (the tool result repeats two values pinned in earlier
         // turns) reads whether it is still the newest of its window, which
-        // spares their refresh.
+        // spares their refresh. 38 and 40 since the verbatim tail's boundary
+        // is read once a turn (it was read at both steps).
         let per_step = statements / 2;
         assert!(
             per_step <= 20,

@@ -230,18 +230,83 @@ async fn round_trips_per_step_are_fixed_and_independent_of_history() {
     let (trips, steps) = per_turn[0];
     println!("{trips} round trips for a turn of {steps} steps");
     // Pipelined (see `store::pg`), a two-step turn with a transactional
-    // tool takes 8 round trips once its statements are prepared: the
-    // turn's begin (its reads; the turn's insert, which returns its id);
-    // step 0's reads, with the begin's COMMIT; its tool's own statement,
-    // with the lease check and the response; step 1's reads, with step 0's
-    // COMMIT; the finished turn's rows read back for its pins; the pins'
-    // lookups; COMMIT. A statement prepared for the first time on the
+    // tool takes 7 round trips once its statements are prepared: the turn's
+    // begin (its reads; the turn's insert, which returns its id); step 0's
+    // reads, with the begin's COMMIT and what decides its compaction; its
+    // tool's own statement, with the lease check and the response; step 1's
+    // reads, with step 0's COMMIT; the pins' lookups, with the final
+    // answer's rows; COMMIT. A statement prepared for the first time on the
     // connection costs one more: here one no turn before this one needed
     // (the lookup of a pin's slot). Unpipelined, the same turn took 51.
     assert_eq!(steps, 2);
     assert!(
-        trips <= 9,
+        trips <= 8,
         "{trips} round trips for a turn of {steps} steps"
+    );
+}
+
+/// A compacting session's steps read what decides their compaction with the
+/// step's first request: the recent window's boundary is found once a turn
+/// (sent ahead at the turn's first step), the row at that boundary and the
+/// newest measure go with it. A turn that compacts nothing costs what a turn
+/// of a session far below its threshold costs (7 round trips for two steps,
+/// 8 when a guess missed; see the test above); before, it took 12 (the
+/// window's read and the row at its boundary at each step, and the measure
+/// at the second step, asked for at a step the context had already passed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compacting_sessions_turn_reads_its_decision_with_its_steps() {
+    let Some(base) = server() else { return };
+    let url = fresh(&base, "trips_compacting");
+    let store = Store::open_with(&url, StoreOptions::default().with_max_connections(1)).unwrap();
+    store
+        .with_conn(abridge_testkit::demo_tables::create_demo_tables)
+        .unwrap();
+    let mut cfg = test_config(Threshold::Tokens(4_000), None, "trips");
+    cfg.testing.heartbeat = false;
+    cfg.compaction = cfg.compaction.with_keep_recent_share(Some(0.15));
+    let runner = Runner::builder(store.clone(), Arc::new(demo_model(7, &[])))
+        .tools(abridge_testkit::demo::demo_tools(
+            None,
+            std::time::Duration::ZERO,
+        ))
+        .config(cfg)
+        .build()
+        .unwrap();
+    let s = runner.create_session("s", "m", "sys").await.unwrap();
+    let trips = || store.with_conn(|c| Ok(c.round_trips().unwrap())).unwrap();
+    let compactions = || {
+        store
+            .with_conn(|c| {
+                c.query_row("SELECT count(*) FROM compactions", [], |r| {
+                    r.get::<_, i64>(0)
+                })
+            })
+            .unwrap()
+    };
+    let mut quiet = Vec::new();
+    for t in 0..60u64 {
+        let (before, rows) = (trips(), compactions());
+        let out = runner
+            .run_turn(s.id, &format!("Where is ORD-{}?", t % 10))
+            .await
+            .unwrap();
+        let used = trips() - before - 1;
+        // Past the first turns (statements prepared, a window to remember),
+        // the turns of two steps that compacted nothing.
+        if t >= 20 && out.steps == 2 && compactions() == rows {
+            quiet.push(used);
+        }
+    }
+    assert!(
+        compactions() >= 3,
+        "the session compacted: {}",
+        compactions()
+    );
+    assert!(quiet.len() >= 10, "turns that compacted nothing: {quiet:?}");
+    println!("round trips of the turns that compacted nothing: {quiet:?}");
+    assert!(
+        quiet.iter().all(|&n| n <= 8),
+        "a turn that compacted nothing took more than 8 round trips: {quiet:?}"
     );
 }
 

@@ -100,6 +100,8 @@ pub struct Compactor {
     workers: Arc<tokio::sync::Semaphore>,
     /// Its size.
     pool_size: usize,
+    /// Each session's recent-window boundary, found once a turn.
+    windows: Arc<plan::RecentWindows>,
 }
 
 impl std::fmt::Debug for Compactor {
@@ -171,6 +173,7 @@ impl Compactor {
             read_drafts: testing.sabotage.read_drafts,
             warned: Arc::default(),
             tasks: Arc::default(),
+            windows: Arc::default(),
         })
     }
 

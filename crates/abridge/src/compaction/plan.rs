@@ -155,12 +155,32 @@ impl Compactor {
         let Some(b) = planner::boundary(turn_idx, self.config.keep_last_turns) else {
             return Ok(());
         };
-        if self
+        let keep = self
             .config
-            .recent_tokens(self.threshold_tokens(session, turn_idx))
-            == 0
-        {
+            .recent_tokens(self.threshold_tokens(session, turn_idx));
+        if keep == 0 {
             store::prefetch_compaction_at(c, session.id, b)?;
+        } else {
+            // The window the session's previous decision found: when it was
+            // this turn's, its boundary is this step's too (the same latest
+            // completed row, guessed), and the row there is read along.
+            // Otherwise the window's read goes along (the same row guessed),
+            // and the rows at its boundary moved on by as many turns (a tail
+            // of turns of a similar size) and where it was.
+            if let Some(w) = self.windows.last(session.id) {
+                let guesses = if w.key == WindowKey::new(session, turn_idx, w.key.after, b, keep) {
+                    [w.found, w.found]
+                } else {
+                    store::prefetch_recent_window(c, session.id, turn_idx, w.key.after)?;
+                    [w.found + (turn_idx - w.key.turn_idx), w.found]
+                };
+                // A row at or before the latest completed one is never asked
+                // for (nor one at -1: nothing to compact); the same read
+                // twice is queued once.
+                for guess in guesses.into_iter().filter(|&g| g > w.key.after) {
+                    store::prefetch_compaction_at(c, session.id, guess)?;
+                }
+            }
         }
         let window = self.config.context_window(&session.model);
         if self.config.compact_at.tokens(window).is_some() {
@@ -226,14 +246,27 @@ impl Facts for StoreFacts<'_> {
     }
 
     fn recent_window_boundary(&mut self, after: i64, boundary: i64) -> Result<i64> {
-        store::recent_window_boundary(
+        let key = WindowKey::new(
+            self.session,
+            self.turn_idx,
+            after,
+            boundary,
+            self.keep_recent_tokens,
+        );
+        let windows = &self.compactor.windows;
+        if let Some(found) = windows.recall(self.session.id, &key) {
+            return Ok(found);
+        }
+        let found = store::recent_window_boundary(
             self.c,
             self.session.id,
             self.turn_idx,
             after,
             boundary,
             self.keep_recent_tokens,
-        )
+        )?;
+        windows.remember(self.session.id, key, found);
+        Ok(found)
     }
 
     fn threshold_tokens(&mut self) -> Option<u64> {
@@ -260,5 +293,71 @@ impl Facts for StoreFacts<'_> {
     fn pace(&mut self) -> Result<(Option<i64>, Option<i64>, Option<i64>)> {
         let p = store::session_pace(self.c, self.session.id, self.turn_idx)?;
         Ok((p.growth, p.summary_ms, p.turn_ms))
+    }
+}
+
+/// What a recent-window boundary is a function of: the session's finished
+/// turns before `turn_idx` and after `after` (which never change while its
+/// redaction stays the same), the planner's boundary and the tail's size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct WindowKey {
+    redaction: i64,
+    turn_idx: i64,
+    after: i64,
+    boundary: i64,
+    keep: u64,
+}
+
+impl WindowKey {
+    fn new(session: &SessionRow, turn_idx: i64, after: i64, boundary: i64, keep: u64) -> Self {
+        WindowKey {
+            redaction: session.redaction,
+            turn_idx,
+            after,
+            boundary,
+            keep,
+        }
+    }
+}
+
+/// A session's last recent-window boundary and what it was found for.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Window {
+    key: WindowKey,
+    found: i64,
+}
+
+/// Each session's last recent-window boundary, found once a turn instead of
+/// at every step: a turn's steps all ask for the same one (the turns it
+/// reads are finished), and the next turn's read is sent ahead with the
+/// step's first request on PostgreSQL, guessing the same latest completed
+/// row. Bounded: past [`RecentWindows::CAP`] sessions it starts again empty
+/// (a forgotten session reads its window once more).
+#[derive(Debug, Default)]
+pub(super) struct RecentWindows(Mutex<HashMap<SessionId, Window>>);
+
+impl RecentWindows {
+    const CAP: usize = 8_192;
+
+    fn last(&self, session: SessionId) -> Option<Window> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&session)
+            .copied()
+    }
+
+    fn recall(&self, session: SessionId, key: &WindowKey) -> Option<i64> {
+        self.last(session)
+            .filter(|w| w.key == *key)
+            .map(|w| w.found)
+    }
+
+    fn remember(&self, session: SessionId, key: WindowKey, found: i64) {
+        let mut windows = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if windows.len() >= Self::CAP && !windows.contains_key(&session) {
+            windows.clear();
+        }
+        windows.insert(session, Window { key, found });
     }
 }

@@ -151,11 +151,15 @@ impl Context {
         }
     }
 
-    /// The step of turn `turn_idx` that most likely comes next (the one after
-    /// this context's, or the turn's first), with the reads that would
+    /// The step of turn `turn_idx` that most likely comes next (the one this
+    /// context stops before, or the turn's first), with the reads that would
     /// extend this context to it queued (see [`Connection::prefetch`]): a
     /// runner's read transaction sends them with its first request. A wrong
     /// guess costs the server those reads, and the step reads as usual.
+    ///
+    /// A context of the turn stops before its next step: the runner extends
+    /// it past each step it completes from the rows it has just written
+    /// ([`Context::extend_written`]).
     pub(crate) fn prefetch_next(
         this: Option<&Context>,
         conn: &Connection,
@@ -165,11 +169,7 @@ impl Context {
         let Some(ctx) = this.filter(|c| c.session_id == session_id) else {
             return Ok(0);
         };
-        let next = if ctx.at.0 == turn_idx {
-            ctx.at.1 + 1
-        } else {
-            0
-        };
+        let next = if ctx.at.0 == turn_idx { ctx.at.1 } else { 0 };
         if ctx.at < (turn_idx, next) {
             store::prefetch_range(conn, session_id, ctx.at, (turn_idx, next), ctx.own_from)?;
         }

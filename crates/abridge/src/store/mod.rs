@@ -118,8 +118,8 @@ pub(crate) use tables::steps::{
 };
 pub(crate) use tables::turns::{
     abandon_turn, acquire_lease, begin_turn, fail_turn, get_turn, latest_context_tokens,
-    list_turns, list_turns_after, prefetch_latest_context_tokens, recent_window_boundary,
-    running_turns, session_pace,
+    list_turns, list_turns_after, prefetch_latest_context_tokens, prefetch_recent_window,
+    recent_window_boundary, running_turns, session_pace,
 };
 
 use crate::error::{Error, Result};

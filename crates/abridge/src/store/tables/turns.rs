@@ -396,6 +396,37 @@ pub(crate) fn insert_step(tx: &Transaction<'_>, turn_id: TurnId, idx: i64, now: 
     )
 }
 
+/// The sizes of turns `after_idx + 1 ..= before_idx - 1`, newest first:
+/// what [`recent_window_boundary`] walks back through.
+fn recent_window_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        format!(
+            "{} ORDER BY 1 DESC",
+            crate::store::history::over_lineage(
+                "SELECT t.idx, length(t.input) \
+                   + coalesce((SELECT sum(length(s.response)) FROM steps s WHERE s.turn_id = t.id), 0) \
+                   + coalesce((SELECT sum(length(i.result)) FROM steps s2 \
+                       JOIN tool_invocations i ON i.step_id = s2.id WHERE s2.turn_id = t.id), 0) \
+                 FROM turns t WHERE t.session_id = ?1 AND t.idx < ?2 AND t.idx > ?3"
+            )
+        )
+    })
+}
+
+/// Queues [`recent_window_boundary`]'s read (see [`Connection::prefetch`]).
+pub(crate) fn prefetch_recent_window(
+    conn: &Connection,
+    session_id: SessionId,
+    before_idx: i64,
+    after_idx: i64,
+) -> Result<()> {
+    conn.prefetch(
+        recent_window_sql(),
+        params![session_id, before_idx, after_idx],
+    )
+}
+
 /// The boundary that keeps, beside the turns after `boundary`, the most
 /// recent turns whose stored text (input, responses, tool results; chars / 4,
 /// rounded up) adds up to at most `keep_tokens`, counting back from turn
@@ -410,19 +441,7 @@ pub(crate) fn recent_window_boundary(
     boundary: i64,
     keep_tokens: u64,
 ) -> Result<i64> {
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let mut st = conn.prepare_cached(SQL.get_or_init(|| {
-        format!(
-            "{} ORDER BY 1 DESC",
-            crate::store::history::over_lineage(
-                "SELECT t.idx, length(t.input) \
-                   + coalesce((SELECT sum(length(s.response)) FROM steps s WHERE s.turn_id = t.id), 0) \
-                   + coalesce((SELECT sum(length(i.result)) FROM steps s2 \
-                       JOIN tool_invocations i ON i.step_id = s2.id WHERE s2.turn_id = t.id), 0) \
-                 FROM turns t WHERE t.session_id = ?1 AND t.idx < ?2 AND t.idx > ?3"
-            )
-        )
-    }))?;
+    let mut st = conn.prepare_cached(recent_window_sql())?;
     let mut rows = st.query(params![session_id, before_idx, after_idx])?;
     let mut kept = 0u64;
     let mut b = boundary;
