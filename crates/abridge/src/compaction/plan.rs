@@ -299,8 +299,11 @@ impl Facts for StoreFacts<'_> {
 /// What a recent-window boundary is a function of: the session's finished
 /// turns before `turn_idx` and after `after` (which never change while its
 /// redaction stays the same), the planner's boundary and the tail's size.
+/// The session's creation time tells a session from one deleted before it
+/// that had its id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct WindowKey {
+    created_at: i64,
     redaction: i64,
     turn_idx: i64,
     after: i64,
@@ -311,6 +314,7 @@ pub(super) struct WindowKey {
 impl WindowKey {
     fn new(session: &SessionRow, turn_idx: i64, after: i64, boundary: i64, keep: u64) -> Self {
         WindowKey {
+            created_at: session.created_at,
             redaction: session.redaction,
             turn_idx,
             after,
