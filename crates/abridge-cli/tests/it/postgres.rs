@@ -183,28 +183,38 @@ async fn a_sqlite_store_migrated_to_postgres_replays_every_step_byte_for_byte() 
 /// Round trips per step, counted on the store's one connection: fixed, the
 /// same at H = 10 and H = 60 (a rebuild of the history per step would grow
 /// with it), and at most 12 per step (turn included).
+/// A store of one connection (its round trips counted) on a fresh schema,
+/// with the demo's tables, and a runner of the demo model and tools over it:
+/// inline compaction, no heartbeat, `tune` applied to the configuration.
+fn counted_runner(base: &str, name: &str, tune: impl FnOnce(&mut RunnerConfig)) -> (Store, Runner) {
+    let url = fresh(base, name);
+    let store = Store::open_with(&url, StoreOptions::default().with_max_connections(1)).unwrap();
+    store
+        .with_conn(abridge_testkit::demo_tables::create_demo_tables)
+        .unwrap();
+    let mut cfg = test_config(Threshold::Off, None, "trips");
+    cfg.testing.heartbeat = false;
+    cfg.compaction.background = None;
+    tune(&mut cfg);
+    let runner = Runner::builder(store.clone(), Arc::new(demo_model(7, &[])))
+        .tools(abridge_testkit::demo::demo_tools(
+            None,
+            std::time::Duration::ZERO,
+        ))
+        .config(cfg)
+        .build()
+        .unwrap();
+    (store, runner)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_trips_per_step_are_fixed_and_independent_of_history() {
     let Some(base) = server() else { return };
     let mut per_turn = Vec::new();
     for h in [10u64, 60] {
-        let url = fresh(&base, &format!("trips_{h}"));
-        let store =
-            Store::open_with(&url, StoreOptions::default().with_max_connections(1)).unwrap();
-        store
-            .with_conn(abridge_testkit::demo_tables::create_demo_tables)
-            .unwrap();
-        let mut cfg = test_config(Threshold::Tokens(1_000_000), None, "trips");
-        cfg.testing.heartbeat = false;
-        cfg.compaction.background = None;
-        let runner = Runner::builder(store.clone(), Arc::new(demo_model(7, &[])))
-            .tools(abridge_testkit::demo::demo_tools(
-                None,
-                std::time::Duration::ZERO,
-            ))
-            .config(cfg)
-            .build()
-            .unwrap();
+        let (store, runner) = counted_runner(&base, &format!("trips_{h}"), |cfg| {
+            cfg.compaction.compact_at = Threshold::Tokens(1_000_000);
+        });
         let s = runner.create_session("s", "m", "sys").await.unwrap();
         for t in 0..h {
             runner
@@ -256,22 +266,10 @@ async fn round_trips_per_step_are_fixed_and_independent_of_history() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compacting_sessions_turn_reads_its_decision_with_its_steps() {
     let Some(base) = server() else { return };
-    let url = fresh(&base, "trips_compacting");
-    let store = Store::open_with(&url, StoreOptions::default().with_max_connections(1)).unwrap();
-    store
-        .with_conn(abridge_testkit::demo_tables::create_demo_tables)
-        .unwrap();
-    let mut cfg = test_config(Threshold::Tokens(4_000), None, "trips");
-    cfg.testing.heartbeat = false;
-    cfg.compaction = cfg.compaction.with_keep_recent_share(Some(0.15));
-    let runner = Runner::builder(store.clone(), Arc::new(demo_model(7, &[])))
-        .tools(abridge_testkit::demo::demo_tools(
-            None,
-            std::time::Duration::ZERO,
-        ))
-        .config(cfg)
-        .build()
-        .unwrap();
+    let (store, runner) = counted_runner(&base, "trips_compacting", |cfg| {
+        cfg.compaction.compact_at = Threshold::Tokens(4_000);
+        cfg.compaction.keep_recent_share = Some(0.15);
+    });
     let s = runner.create_session("s", "m", "sys").await.unwrap();
     let trips = || store.with_conn(|c| Ok(c.round_trips().unwrap())).unwrap();
     let compactions = || {

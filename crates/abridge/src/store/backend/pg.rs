@@ -1418,7 +1418,7 @@ mod tests {
 /// The pipeline's promises, on the server `ABRIDGE_TEST_POSTGRES` names
 /// (skipped without it).
 #[cfg(test)]
-mod pipeline_tests {
+pub(crate) mod pipeline_tests {
     use crate::error::Error;
     use crate::store::{Connection, Store, StoreOptions};
 
@@ -1426,8 +1426,14 @@ mod pipeline_tests {
         store_at(name).map(|(s, _)| s)
     }
 
-    fn store_at(name: &str) -> Option<(Store, String)> {
-        let base = std::env::var("ABRIDGE_TEST_POSTGRES").ok()?;
+    /// A store of one connection on a schema of this test's own (dropped
+    /// first) of the server `ABRIDGE_TEST_POSTGRES` names, and its URL; None
+    /// (the test skipped) without the variable.
+    pub(crate) fn fresh_store(name: &str) -> Option<(Store, String)> {
+        let Ok(base) = std::env::var("ABRIDGE_TEST_POSTGRES") else {
+            eprintln!("ABRIDGE_TEST_POSTGRES is not set: skipped");
+            return None;
+        };
         let sep = if base.contains('?') { '&' } else { '?' };
         let schema = format!("pgunit_{name}_{}", std::process::id());
         let admin = Store::open_url(
@@ -1441,6 +1447,11 @@ mod pipeline_tests {
         let url = format!("{base}{sep}schema={schema}");
         let store =
             Store::open_with(&url, StoreOptions::default().with_max_connections(1)).unwrap();
+        Some((store, url))
+    }
+
+    fn store_at(name: &str) -> Option<(Store, String)> {
+        let (store, url) = fresh_store(name)?;
         store
             .with_conn(|c| {
                 c.execute_batch("CREATE TABLE pipe (id BIGINT PRIMARY KEY, v TEXT NOT NULL)")?;

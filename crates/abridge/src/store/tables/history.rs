@@ -304,7 +304,6 @@ fn load_range_of(
 #[cfg(all(test, feature = "postgres"))]
 mod pg_plan_tests {
     use super::*;
-    use crate::store::{Store, StoreOptions};
 
     /// A plan made for a read over a session's turns while the store was
     /// empty, then kept by the connection (a generic plan, as PostgreSQL
@@ -314,25 +313,9 @@ mod pg_plan_tests {
     /// gated, and a step's compactions and rebuilds grew with the history.
     #[test]
     fn a_kept_plan_reads_no_ancestors_for_a_session_that_is_not_a_fork() {
-        let Ok(base) = std::env::var("ABRIDGE_TEST_POSTGRES") else {
-            eprintln!("ABRIDGE_TEST_POSTGRES is not set: skipped");
+        let Some((store, _)) = crate::store::pg::pipeline_tests::fresh_store("kept_plan") else {
             return;
         };
-        let sep = if base.contains('?') { '&' } else { '?' };
-        let schema = format!("pgunit_kept_plan_{}", std::process::id());
-        let admin = Store::open_url(
-            &format!("{base}{sep}schema=pgunit_admin"),
-            StoreOptions::default(),
-        )
-        .unwrap();
-        admin
-            .with_conn(|c| c.execute_batch(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")))
-            .unwrap();
-        let store = Store::open_with(
-            format!("{base}{sep}schema={schema}"),
-            StoreOptions::default().with_max_connections(1),
-        )
-        .unwrap();
         let sid = SessionId(1);
         // Steps read by sequential scans in this transaction, so far.
         let seq_read = |c: &Connection| -> Result<i64> {
@@ -375,9 +358,6 @@ mod pg_plan_tests {
                     Ok(())
                 })
             })
-            .unwrap();
-        admin
-            .with_conn(|c| c.execute_batch(&format!("DROP SCHEMA {schema} CASCADE")))
             .unwrap();
     }
 }
