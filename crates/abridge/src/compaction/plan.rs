@@ -163,21 +163,19 @@ impl Compactor {
         } else {
             // The window the session's previous decision found: when it was
             // this turn's, its boundary is this step's too (the same latest
-            // completed row, guessed), and the row there is read along.
-            // Otherwise the window's read goes along (the same row guessed),
-            // and the rows at its boundary moved on by as many turns (a tail
-            // of turns of a similar size) and where it was.
+            // completed row, guessed); otherwise its read goes along (the
+            // same row guessed). The row at the boundary goes with them: at
+            // the last one moved on by as many turns (a tail of turns of a
+            // similar size; the same one within the turn), and at the last
+            // one. A row at or before the latest completed one is never
+            // asked for (nor one at -1: nothing to compact); the same read
+            // twice is queued once.
             if let Some(w) = self.windows.last(session.id) {
-                let guesses = if w.key == WindowKey::new(session, turn_idx, w.key.after, b, keep) {
-                    [w.found, w.found]
-                } else {
+                if w.key != WindowKey::new(session, turn_idx, w.key.after, b, keep) {
                     store::prefetch_recent_window(c, session.id, turn_idx, w.key.after)?;
-                    [w.found + (turn_idx - w.key.turn_idx), w.found]
-                };
-                // A row at or before the latest completed one is never asked
-                // for (nor one at -1: nothing to compact); the same read
-                // twice is queued once.
-                for guess in guesses.into_iter().filter(|&g| g > w.key.after) {
+                }
+                let moved = w.found + (turn_idx - w.key.turn_idx);
+                for guess in [moved, w.found].into_iter().filter(|&g| g > w.key.after) {
                     store::prefetch_compaction_at(c, session.id, guess)?;
                 }
             }
