@@ -113,7 +113,9 @@ pub(crate) fn latest_completed(
         .optional()
 }
 
-/// Made once, as [`compaction_at_sql`].
+/// Made once, as [`compaction_at_sql`]. The row is chosen by id and read
+/// once: a merge of whole rows would copy the summary's text into a sorter
+/// at every step.
 fn latest_completed_sql() -> &'static str {
     static SQL: OnceLock<String> = OnceLock::new();
     SQL.get_or_init(|| {
@@ -121,12 +123,13 @@ fn latest_completed_sql() -> &'static str {
         // point) until it completes one of its own, whose boundaries are
         // all above the base's.
         format!(
-            "SELECT * FROM (SELECT {c} FROM compactions WHERE session_id = ?1 \
+            "SELECT {c} FROM compactions WHERE id = (SELECT id FROM (\
+             SELECT * FROM (SELECT id, up_to_turn_index FROM compactions WHERE session_id = ?1 \
              AND status = 'completed' AND up_to_turn_index < ?2 \
              ORDER BY up_to_turn_index DESC LIMIT 1) own \
-             UNION ALL SELECT * FROM (SELECT {c} FROM compactions WHERE id = \
+             UNION ALL SELECT * FROM (SELECT id, up_to_turn_index FROM compactions WHERE id = \
              (SELECT base_compaction_id FROM sessions WHERE id = ?1) \
-             AND up_to_turn_index < ?2) base ORDER BY 3 DESC LIMIT 1",
+             AND up_to_turn_index < ?2) base ORDER BY 2 DESC LIMIT 1) newest)",
             c = CompactionRow::COLUMNS
         )
     })
