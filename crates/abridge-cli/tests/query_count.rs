@@ -77,6 +77,12 @@ const PACE_SQL: &str = "SELECT (SELECT max(m - prev)";
 const RECENT_WINDOW_SQL: &str = "SELECT t.idx, length(t.input)";
 /// The pins a summary carries (`store::live_pins`).
 const LIVE_PINS_SQL: &str = "SELECT p.id, p.turn_index, p.kind, p.slot, p.value, p.sentence";
+/// A compaction's whole row, the summary's text with it.
+const COMPACTION_ROW_SQL: &str =
+    "SELECT id, session_id, up_to_turn_index, up_to_turn_id, previous_id, status, summary,";
+/// The newest completed compaction's id (`store::latest_completed_id`).
+const LATEST_ID_SQL: &str =
+    "SELECT id FROM (SELECT * FROM (SELECT id, up_to_turn_index FROM compactions";
 
 fn vm_hook(event: TraceEvent<'_>) {
     if let TraceEvent::Profile(stmt, _) = event {
@@ -373,7 +379,45 @@ async fn vm_steps_at(h: i64, measured: i64) -> (BTreeMap<String, (u64, u64)>, i6
         runner.finish_background().await;
     }
     VM_ON.store(false, Ordering::SeqCst);
-    let per_run = std::mem::take(&mut *VM.lock().unwrap())
+    let runs = std::mem::take(&mut *VM.lock().unwrap());
+    let completed_after: i64 = store
+        .with_conn(|c| {
+            c.query_row(
+                "SELECT count(*) FROM compactions WHERE status = 'completed'",
+                [],
+                |r| r.get(0),
+            )
+        })
+        .unwrap();
+    // The summary's text is read once a compaction, not at every step: a
+    // step reads the newest completed compaction's id, and its row only
+    // when the id is new to it (then the compaction's own read of the
+    // previous summary, and its completion's answer).
+    let id_reads: u64 = runs
+        .iter()
+        .filter(|(sql, _)| sql.starts_with(LATEST_ID_SQL))
+        .map(|(_, (n, _))| *n)
+        .sum();
+    let row_reads: u64 = runs
+        .iter()
+        .filter(|(sql, _)| {
+            sql.starts_with(COMPACTION_ROW_SQL)
+                && (sql.ends_with("FROM compactions WHERE id = ?1")
+                    || sql.contains("WHERE id = (SELECT id FROM ("))
+        })
+        .map(|(_, (n, _))| *n)
+        .sum();
+    let new = (completed_after - compactions).max(0) as u64;
+    println!("{id_reads} id reads, {row_reads} whole-row reads by id, {new} compactions completed");
+    assert!(
+        id_reads >= measured as u64,
+        "{id_reads} reads of the newest completed id"
+    );
+    assert!(
+        row_reads <= 2 * new + 2,
+        "{row_reads} whole compaction rows read by id for {new} compactions in {measured} turns"
+    );
+    let per_run = runs
         .into_iter()
         .map(|(sql, (runs, vm))| (sql, (runs, vm / runs.max(1))))
         .collect();

@@ -102,6 +102,8 @@ pub struct Compactor {
     pool_size: usize,
     /// Each session's recent-window boundary, found once a turn.
     windows: Arc<plan::RecentWindows>,
+    /// Each session's newest completed compaction, its text read once.
+    completed: Arc<plan::CompletedRows>,
 }
 
 impl std::fmt::Debug for Compactor {
@@ -174,6 +176,7 @@ impl Compactor {
             warned: Arc::default(),
             tasks: Arc::default(),
             windows: Arc::default(),
+            completed: Arc::default(),
         })
     }
 

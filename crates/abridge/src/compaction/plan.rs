@@ -151,7 +151,7 @@ impl Compactor {
         turn_idx: i64,
         step_idx: i64,
     ) -> Result<()> {
-        store::prefetch_latest_completed(c, session.id, turn_idx)?;
+        store::prefetch_latest_completed_id(c, session.id, turn_idx)?;
         let Some(b) = planner::boundary(turn_idx, self.config.keep_last_turns) else {
             return Ok(());
         };
@@ -236,7 +236,27 @@ pub(super) struct StoreFacts<'a> {
 
 impl Facts for StoreFacts<'_> {
     fn latest_completed(&mut self) -> Result<Option<CompactionRow>> {
-        store::latest_completed(self.c, self.session.id, self.turn_idx)
+        // Its id, then its row from the memo: a completed row never changes
+        // (G2) while the session's redaction mark stays the same, and the
+        // text is read once a compaction, not at every step.
+        let Some(id) = store::latest_completed_id(self.c, self.session.id, self.turn_idx)? else {
+            return Ok(None);
+        };
+        let completed = &self.compactor.completed;
+        let key = CompletedKey::new(self.session, id);
+        if let Some(row) = completed.last(self.session.id).filter(|r| r.key == key) {
+            return Ok(Some(CompactionRow::clone(&row.row)));
+        }
+        let row = store::get_compaction(self.c, id)?;
+        let row = Arc::new(row);
+        completed.remember(
+            self.session.id,
+            Completed {
+                key,
+                row: row.clone(),
+            },
+        );
+        Ok(Some(Arc::unwrap_or_clone(row)))
     }
 
     fn compaction(&mut self, id: CompactionId) -> Result<CompactionRow> {
@@ -263,7 +283,7 @@ impl Facts for StoreFacts<'_> {
             boundary,
             self.keep_recent_tokens,
         )?;
-        windows.remember(self.session.id, key, found);
+        windows.remember(self.session.id, Window { key, found });
         Ok(found)
     }
 
@@ -329,37 +349,80 @@ pub(super) struct Window {
     found: i64,
 }
 
-/// Each session's last recent-window boundary, found once a turn instead of
-/// at every step: a turn's steps all ask for the same one (the turns it
-/// reads are finished), and the next turn's read is sent ahead with the
-/// step's first request on PostgreSQL, guessing the same latest completed
-/// row. Bounded: past [`RecentWindows::CAP`] sessions it starts again empty
-/// (a forgotten session reads its window once more).
-#[derive(Debug, Default)]
-pub(super) struct RecentWindows(Mutex<HashMap<SessionId, Window>>);
+/// A value kept for each session, the last one remembered: bounded, past
+/// `CAP` sessions it starts again empty (a forgotten session reads it once
+/// more).
+#[derive(Debug)]
+pub(super) struct SessionMemo<T, const CAP: usize>(Mutex<HashMap<SessionId, T>>);
 
-impl RecentWindows {
-    const CAP: usize = 8_192;
+impl<T, const CAP: usize> Default for SessionMemo<T, CAP> {
+    fn default() -> Self {
+        SessionMemo(Mutex::default())
+    }
+}
 
-    fn last(&self, session: SessionId) -> Option<Window> {
+impl<T: Clone, const CAP: usize> SessionMemo<T, CAP> {
+    fn last(&self, session: SessionId) -> Option<T> {
         self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&session)
-            .copied()
+            .cloned()
     }
 
+    fn remember(&self, session: SessionId, value: T) {
+        let mut memo = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if memo.len() >= CAP && !memo.contains_key(&session) {
+            memo.clear();
+        }
+        memo.insert(session, value);
+    }
+}
+
+/// Each session's last recent-window boundary, found once a turn instead of
+/// at every step: a turn's steps all ask for the same one (the turns it
+/// reads are finished), and the next turn's read is sent ahead with the
+/// step's first request on PostgreSQL, guessing the same latest completed
+/// row.
+pub(super) type RecentWindows = SessionMemo<Window, 8_192>;
+
+impl RecentWindows {
     fn recall(&self, session: SessionId, key: &WindowKey) -> Option<i64> {
         self.last(session)
             .filter(|w| w.key == *key)
             .map(|w| w.found)
     }
+}
 
-    fn remember(&self, session: SessionId, key: WindowKey, found: i64) {
-        let mut windows = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if windows.len() >= Self::CAP && !windows.contains_key(&session) {
-            windows.clear();
+/// Each session's newest completed compaction as a step last read it: the
+/// next steps read only its id, and its row (the summary's text) only when
+/// the id is another. At most 2,048 sessions' rows, a quarter of the
+/// windows' bound: each holds a summary's text.
+pub(super) type CompletedRows = SessionMemo<Completed, 2_048>;
+
+/// A completed row and what it was read for.
+#[derive(Debug, Clone)]
+pub(super) struct Completed {
+    key: CompletedKey,
+    row: Arc<CompactionRow>,
+}
+
+/// What a completed row's text is a function of: its id (a completed row
+/// never changes, G2), but for the session's redaction (which rewrites its
+/// summaries) and its creation time (a session deleted, its ids reused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct CompletedKey {
+    created_at: i64,
+    redaction: i64,
+    id: CompactionId,
+}
+
+impl CompletedKey {
+    fn new(session: &SessionRow, id: CompactionId) -> Self {
+        CompletedKey {
+            created_at: session.created_at,
+            redaction: session.redaction,
+            id,
         }
-        windows.insert(session, Window { key, found });
     }
 }

@@ -83,9 +83,9 @@ pub(crate) use tables::audit::{background_totals, run_totals, summary_waits, tak
 pub use tables::audit::{finished_turns, SessionCounts};
 pub(crate) use tables::compactions::{
     claim_compaction, compaction_at, complete_compaction, enqueue_compaction, fail_compaction,
-    get_compaction, held_by_live_other, latest_completed, list_compactions, newest_pending,
-    note_compaction_error, pending_compactions, prefetch_compaction_at, prefetch_latest_completed,
-    renew_compaction_lease, retry_compaction, Claim, Thresholds,
+    get_compaction, held_by_live_other, latest_completed, latest_completed_id, list_compactions,
+    newest_pending, note_compaction_error, pending_compactions, prefetch_compaction_at,
+    prefetch_latest_completed_id, renew_compaction_lease, retry_compaction, Claim, Thresholds,
 };
 pub use tables::compactions::{ClaimOutcome, CompactionStats};
 pub(crate) use tables::erasures::{checkpoint, deletions_left_behind, next_id, was_deleted};

@@ -113,35 +113,53 @@ pub(crate) fn latest_completed(
         .optional()
 }
 
+/// [`latest_completed`]'s id alone: what a step that already holds the
+/// row's text (a completed row never changes, G2) needs to know.
+pub(crate) fn latest_completed_id(
+    conn: &Connection,
+    session_id: SessionId,
+    turn_idx: i64,
+) -> Result<Option<CompactionId>> {
+    conn.prepare_cached(latest_completed_id_sql())?
+        .query_row(params![session_id, turn_idx], |r| r.get(0))
+        .optional()
+}
+
+/// Made once, as [`compaction_at_sql`]. Reads ids and boundaries only (the
+/// rows' first pages, never the summary's text).
+fn latest_completed_id_sql() -> &'static str {
+    // A fork reads its base (its parent's, at or before the fork point)
+    // until it completes one of its own, whose boundaries are all above the
+    // base's.
+    "SELECT id FROM (\
+     SELECT * FROM (SELECT id, up_to_turn_index FROM compactions WHERE session_id = ?1 \
+     AND status = 'completed' AND up_to_turn_index < ?2 \
+     ORDER BY up_to_turn_index DESC LIMIT 1) own \
+     UNION ALL SELECT * FROM (SELECT id, up_to_turn_index FROM compactions WHERE id = \
+     (SELECT base_compaction_id FROM sessions WHERE id = ?1) \
+     AND up_to_turn_index < ?2) base ORDER BY 2 DESC LIMIT 1) newest"
+}
+
 /// Made once, as [`compaction_at_sql`]. The row is chosen by id and read
-/// once: a merge of whole rows would copy the summary's text into a sorter
-/// at every step.
+/// once: a merge of whole rows would copy the summary's text into a sorter.
 fn latest_completed_sql() -> &'static str {
     static SQL: OnceLock<String> = OnceLock::new();
     SQL.get_or_init(|| {
-        // A fork reads its base (its parent's, at or before the fork
-        // point) until it completes one of its own, whose boundaries are
-        // all above the base's.
         format!(
-            "SELECT {c} FROM compactions WHERE id = (SELECT id FROM (\
-             SELECT * FROM (SELECT id, up_to_turn_index FROM compactions WHERE session_id = ?1 \
-             AND status = 'completed' AND up_to_turn_index < ?2 \
-             ORDER BY up_to_turn_index DESC LIMIT 1) own \
-             UNION ALL SELECT * FROM (SELECT id, up_to_turn_index FROM compactions WHERE id = \
-             (SELECT base_compaction_id FROM sessions WHERE id = ?1) \
-             AND up_to_turn_index < ?2) base ORDER BY 2 DESC LIMIT 1) newest)",
-            c = CompactionRow::COLUMNS
+            "SELECT {} FROM compactions WHERE id = ({})",
+            CompactionRow::COLUMNS,
+            latest_completed_id_sql()
         )
     })
 }
 
-/// Says that [`latest_completed`] follows (see [`Connection::prefetch`]).
-pub(crate) fn prefetch_latest_completed(
+/// Says that [`latest_completed_id`] follows (see [`Connection::prefetch`]).
+pub(crate) fn prefetch_latest_completed_id(
     conn: &Connection,
     session_id: SessionId,
     turn_idx: i64,
 ) -> Result<()> {
-    conn.prefetch(latest_completed_sql(), params![session_id, turn_idx])
+    conn.prefetch(latest_completed_id_sql(), params![session_id, turn_idx])
 }
 
 pub(crate) fn list_compactions(
