@@ -454,6 +454,67 @@ async fn a_redacted_secret_is_gone_from_the_file_and_verify_reports_the_redactio
     assert!(report.ok, "{report:#?}");
 }
 
+/// A runner that keeps the newest summary it read (its text is read once a
+/// compaction) reads it again after a redaction rewrote it: the next turn,
+/// which compacts nothing, sends the marker, not the secret, and its step
+/// rebuilds strictly (G3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_summary_the_runner_kept_is_read_again_after_a_redaction() {
+    let (s, _) = setup(quoting(), None);
+    let sid = s.session("user-42", 2).await;
+    let summaries = |s: &Setup| {
+        count(
+            &s.store,
+            "SELECT count(*) FROM compactions WHERE status = 'completed'",
+        )
+    };
+    let newest_quotes = |s: &Setup| {
+        count(
+            &s.store,
+            "SELECT count(*) FROM compactions WHERE status = 'completed' \
+             AND instr(summary, 'sk-live-4f9a') > 0 \
+             AND up_to_turn_index = (SELECT max(up_to_turn_index) FROM compactions \
+             WHERE status = 'completed')",
+        ) == 1
+    };
+    // Short turns until the newest summary quotes the secret and the turn
+    // after it compacted nothing: the runner has read that summary.
+    let mut turn = 2;
+    loop {
+        assert!(turn < 30, "no summary quoted the secret");
+        let before = summaries(&s);
+        s.runner.run_turn_at(sid, turn, "ok").await.unwrap();
+        turn += 1;
+        if newest_quotes(&s) && summaries(&s) == before {
+            break;
+        }
+    }
+    let r = s
+        .store
+        .redact("user-42", Pattern::text(SECRET).unwrap())
+        .await
+        .unwrap();
+    assert!(r.rows.compactions >= 1, "{r:?}");
+    let before = summaries(&s);
+    let out = s.runner.run_turn_at(sid, turn, "ok").await.unwrap();
+    assert_eq!(summaries(&s), before, "the turn compacted nothing");
+    let step = count(
+        &s.store,
+        &format!(
+            "SELECT max(s.id) FROM steps s JOIN turns t ON t.id = s.turn_id \
+             WHERE t.id = {}",
+            out.turn.id
+        ),
+    );
+    let rb = s
+        .store
+        .with_conn(move |c| abridge::replay::rebuild_step(c, step.into()))
+        .unwrap();
+    assert!(rb.matches(), "the step sent what its rows rebuild to");
+    assert!(contains(&rb.bytes, REDACTION_MARKER.as_bytes()));
+    assert!(!contains(&rb.bytes, b"sk-live-4f9a"));
+}
+
 /// The append-only triggers still hold outside a redaction: the gate is
 /// open only inside the redacting transaction, for its session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

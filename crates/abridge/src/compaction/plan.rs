@@ -248,15 +248,9 @@ impl Facts for StoreFacts<'_> {
             return Ok(Some(CompactionRow::clone(&row.row)));
         }
         let row = store::get_compaction(self.c, id)?;
-        let row = Arc::new(row);
-        completed.remember(
-            self.session.id,
-            Completed {
-                key,
-                row: row.clone(),
-            },
-        );
-        Ok(Some(Arc::unwrap_or_clone(row)))
+        let kept = Arc::new(row.clone());
+        completed.remember(self.session.id, Completed { key, row: kept });
+        Ok(Some(row))
     }
 
     fn compaction(&mut self, id: CompactionId) -> Result<CompactionRow> {

@@ -477,8 +477,8 @@ fn window_sql(group: u8) -> String {
 
 /// [`live_pins`]'s query, made once. The live set is chosen by id alone
 /// (index-only reads, small rows to merge and sort) and each pin's row is
-/// read once, in id order: sorting whole rows (sentences and all) through
-/// the windows' merges cost 2 µs a pin, more than the read itself.
+/// read once, in id order: the windows' merges sorted whole rows (sentences
+/// and all), 220 µs a read at 100 pins in passing against 135 now.
 fn live_pins_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SQL.get_or_init(|| {
