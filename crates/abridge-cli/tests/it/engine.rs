@@ -627,12 +627,13 @@ impl ModelClient for Plain {
     }
 }
 
-/// The WAL's size and the connection's `wal_autocheckpoint` after `turns`
-/// turns of 64 KiB messages, with the largest WAL seen between turns.
+/// The WAL's sizes between `turns` turns of 64 KiB messages (the largest,
+/// and whether it was ever shorter than the one before) and the
+/// connection's `wal_autocheckpoint` after them.
 async fn wal_after_turns(
     checkpoints: abridge::Checkpoints,
     turns: usize,
-) -> (abridge::Store, u64, i64, tempfile::TempDir) {
+) -> (abridge::Store, (u64, bool), i64, tempfile::TempDir) {
     let (dir, path) = temp_db();
     let store =
         abridge::Store::open_with(&path, store_options().with_checkpoints(checkpoints)).unwrap();
@@ -642,23 +643,28 @@ async fn wal_after_turns(
         .unwrap();
     let s = runner.create_session("s", "m", "sys").await.unwrap();
     let wal = dir.path().join("test.db-wal");
-    let mut largest = 0;
+    let (mut largest, mut before, mut shortened) = (0, 0, false);
     for t in 0..turns {
         let message = format!("turn {t} {}", "x".repeat(64 * 1024));
         runner.run_turn(s.id, &message).await.unwrap();
-        largest = largest.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
+        let len = std::fs::metadata(&wal).map_or(0, |m| m.len());
+        shortened |= len < before;
+        (largest, before) = (largest.max(len), len);
     }
     let auto = store
         .with_conn(|c| c.query_row("PRAGMA wal_autocheckpoint", [], |r| r.get(0)))
         .unwrap();
-    (store, largest, auto, dir)
+    (store, (largest, shortened), auto, dir)
 }
 
 /// A step's own commit never checkpoints the WAL (a checkpoint writes and
 /// syncs pages: milliseconds against the commit's microseconds); a thread
 /// beside the steps does, once the WAL is past 4 MiB, and the WAL stays
 /// bounded even when steps commit back to back (this model answers at once):
-/// some 75 MB go through it here. `OnCommit` keeps SQLite's own policy.
+/// some 75 MB go through it here. Its file is not cut back when it restarts
+/// (below [`abridge::store::WAL_KEPT_BYTES`]): the next frames are written
+/// over the blocks it has, not into blocks the file system allocates again.
+/// `OnCommit` keeps SQLite's own policy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_wal_is_checkpointed_off_the_steps_path_and_stays_bounded() {
     if on_postgres() {
@@ -666,14 +672,20 @@ async fn the_wal_is_checkpointed_off_the_steps_path_and_stays_bounded() {
     }
     // About 300 turns of 64 KiB: some 40 MB through the WAL (message, step
     // row and the turn's pages).
-    let (store, largest, auto, _dir) = wal_after_turns(abridge::Checkpoints::OffTheStep, 300).await;
+    let (store, (largest, shortened), auto, _dir) =
+        wal_after_turns(abridge::Checkpoints::OffTheStep, 300).await;
+    assert!(
+        largest > abridge::store::WAL_CHECKPOINT_BYTES,
+        "the WAL grew past a checkpoint's size: {largest} bytes"
+    );
+    assert!(!shortened, "the WAL's file was cut back when it restarted");
     assert_eq!(auto, 0, "no commit checkpoints");
     assert!(
         store.wal_checkpoints() > 0,
         "the WAL was checkpointed off the step's path"
     );
     assert!(
-        largest < 2 * abridge::store::WAL_RESTART_BYTES,
+        largest <= abridge::store::WAL_KEPT_BYTES,
         "the WAL stays bounded: {largest} bytes at most"
     );
 

@@ -186,6 +186,12 @@ pub struct StoreOptions {
 /// empties the WAL itself, when no step has restarted it: 16 MiB.
 pub const WAL_RESTART_BYTES: u64 = 4 * WAL_CHECKPOINT_BYTES;
 
+/// The WAL file's length past which a [`Checkpoints::OffTheStep`] store
+/// cuts it back when it restarts (`journal_size_limit`): 32 MiB, twice
+/// [`WAL_RESTART_BYTES`], so the file keeps the blocks a WAL emptied by a
+/// `RESTART` writes over again.
+pub const WAL_KEPT_BYTES: u64 = 2 * WAL_RESTART_BYTES;
+
 /// Who copies an SQLite store's WAL back into its file.
 ///
 /// A checkpoint writes and syncs pages: milliseconds, where a step's commit
@@ -196,11 +202,12 @@ pub const WAL_RESTART_BYTES: u64 = 4 * WAL_CHECKPOINT_BYTES;
 #[non_exhaustive]
 pub enum Checkpoints {
     /// Off the step's path (the default): no commit checkpoints
-    /// (`wal_autocheckpoint = 0`); the call that finds the WAL past
-    /// [`WAL_CHECKPOINT_BYTES`] starts a `PASSIVE` checkpoint (which waits
-    /// for no reader or writer) on tokio's blocking pool and returns. The
-    /// WAL restarts from its start at the next write after a complete
-    /// checkpoint and is cut back to that size (`journal_size_limit`).
+    /// (`wal_autocheckpoint = 0`); the call whose commit finds more than
+    /// [`WAL_CHECKPOINT_BYTES`] in the WAL not yet checkpointed starts a
+    /// `PASSIVE` checkpoint (which waits for no reader or writer) on
+    /// tokio's blocking pool and returns. The WAL restarts from its start
+    /// at the next write after a complete checkpoint; its file keeps its
+    /// length up to [`WAL_KEPT_BYTES`] (`journal_size_limit`).
     #[default]
     OffTheStep,
     /// SQLite's own: the commit that finds 1,000 pages in the WAL
@@ -330,36 +337,72 @@ pub struct Store {
     _closer: Arc<pool::Closer>,
 }
 
-/// The WAL of an SQLite store under [`Checkpoints::OffTheStep`]: every call
-/// looks at its size (one `stat`); one that finds it past
-/// [`WAL_CHECKPOINT_BYTES`] starts a checkpoint on a thread of its own and
-/// goes on. One checkpoint at a time.
+/// The WAL of an SQLite store under [`Checkpoints::OffTheStep`]: a call
+/// that committed looks at the WAL's frames (SQLite's WAL hook, no system
+/// call); one that finds more than [`WAL_CHECKPOINT_BYTES`] not yet
+/// checkpointed starts a checkpoint on a thread of its own and goes on. One
+/// checkpoint at a time.
+///
+/// The WAL file is cut back only past [`WAL_KEPT_BYTES`]
+/// (`journal_size_limit`): a WAL that restarts from its start writes over
+/// blocks the file already has, where one cut back at every restart and
+/// grown again has the file system free and allocate its blocks at every
+/// cycle (1,000 sessions on one file ran 1.08x the steps a second once the
+/// file was kept: docs/benchmarks.md). So the watch counts frames, not the
+/// file's length, which no longer falls when the WAL restarts.
 #[derive(Debug)]
 struct WalWatch {
-    path: PathBuf,
+    /// A frame's bytes in the WAL: the page and its 24-byte header.
+    frame_bytes: u64,
     /// The store's, put back on the checkpoint's connection.
     busy_timeout: Duration,
     /// A checkpoint is running.
     running: std::sync::atomic::AtomicBool,
-    /// The WAL's size when the last checkpoint ended.
+    /// The WAL's bytes when the last checkpoint ended; 0 once the WAL has
+    /// restarted since.
     last: std::sync::atomic::AtomicU64,
     /// Checkpoints run.
     checkpoints: std::sync::atomic::AtomicU64,
 }
 
+std::thread_local! {
+    /// The frames in the WAL after this thread's newest commit on a store
+    /// under [`Checkpoints::OffTheStep`] (set by SQLite's WAL hook inside
+    /// the commit), taken by the store call's [`WalWatch::after_call`].
+    static WAL_FRAMES: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// SQLite's WAL hook on a store's connections (every commit, on the
+/// committing thread): keeps the WAL's frames for the call to look at.
+fn note_wal_frames(_: &rusqlite::hooks::Wal, frames: std::ffi::c_int) -> rusqlite::Result<()> {
+    WAL_FRAMES.set(u64::try_from(frames).ok());
+    Ok(())
+}
+
 impl WalWatch {
-    /// After a call: starts a checkpoint when the WAL has grown past
-    /// [`WAL_CHECKPOINT_BYTES`], on tokio's blocking pool inside a runtime
-    /// (the call returns at once), on the calling thread outside one (a
-    /// synchronous host's own call, already off any step).
+    /// After a call: starts a checkpoint when the call committed and the
+    /// WAL holds more than [`WAL_CHECKPOINT_BYTES`] not checkpointed, on
+    /// tokio's blocking pool inside a runtime (the call returns at once),
+    /// on the calling thread outside one (a synchronous host's own call,
+    /// already off any step). A call that committed nothing looks at
+    /// nothing.
     fn after_call(self: &Arc<Self>, pool: &pool::Pool) {
         use std::sync::atomic::Ordering;
-        // Past 4 MiB, and either cut back since the last checkpoint (the
-        // WAL restarted) or 4 MiB longer than it was then.
-        let (size, last) = (self.size(), self.last.load(Ordering::Relaxed));
-        let due =
-            size > WAL_CHECKPOINT_BYTES && (size < last || size >= last + WAL_CHECKPOINT_BYTES);
-        if !due || self.running.swap(true, Ordering::AcqRel) {
+        let Some(frames) = WAL_FRAMES.take() else {
+            return;
+        };
+        let used = frames * self.frame_bytes;
+        // Fewer bytes than at the last checkpoint's end: the WAL restarted
+        // from its start since, and all of it is new.
+        let last = match self
+            .last
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| {
+                (used < l).then_some(0)
+            }) {
+            Ok(_) => 0,
+            Err(l) => l,
+        };
+        if used < last + WAL_CHECKPOINT_BYTES || self.running.swap(true, Ordering::AcqRel) {
             return;
         }
         let (this, pool) = (self.clone(), pool.clone());
@@ -377,7 +420,7 @@ impl WalWatch {
     /// copying while steps go on committing (again, each time with less to
     /// copy, until it has caught up with the WAL's end); the next write
     /// transaction that begins with the WAL all copied starts it again from
-    /// its beginning and cuts the file back (`journal_size_limit`).
+    /// its beginning.
     ///
     /// Steps that commit back to back (a zero-latency model, many sessions
     /// at once) may never begin with the WAL all copied, and the WAL would
@@ -392,6 +435,7 @@ impl WalWatch {
     fn checkpoint(&self, pool: &pool::Pool) {
         let Ok(conn) = pool.get() else { return };
         let Some(c) = conn.as_sqlite() else { return };
+        // (busy, frames in the WAL, frames copied)
         let run = |mode: &str| {
             c.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
                 Ok((
@@ -401,14 +445,17 @@ impl WalWatch {
                 ))
             })
         };
+        // The WAL's frames when the copying caught up (or gave up).
         let passive = || {
+            let mut frames = 0;
             for _ in 0..8 {
-                match run("PASSIVE") {
-                    Ok((_, frames, copied)) if copied < frames => continue,
-                    other => return other.map(|_| ()),
+                let (_, log, copied) = run("PASSIVE")?;
+                frames = log;
+                if copied >= log {
+                    break;
                 }
             }
-            Ok(())
+            Ok(frames)
         };
         let restart = || {
             for _ in 0..50 {
@@ -416,7 +463,7 @@ impl WalWatch {
                 let t = run("RESTART");
                 c.busy_timeout(self.busy_timeout)?;
                 match t {
-                    Ok((false, _, _)) => return Ok(()),
+                    Ok((false, log, _)) => return Ok(log),
                     Ok((true, _, _)) => {}
                     Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => {}
                     Err(e) => return Err(e),
@@ -424,32 +471,30 @@ impl WalWatch {
                 std::thread::sleep(Duration::from_millis(1));
                 passive()?;
             }
-            Ok(())
+            passive()
         };
-        let done = passive().and_then(|()| {
-            if self.size() > WAL_RESTART_BYTES {
-                restart()?;
+        let bytes = |frames: i64| u64::try_from(frames).unwrap_or(0) * self.frame_bytes;
+        let done = passive().and_then(|frames| {
+            if bytes(frames) > WAL_RESTART_BYTES {
+                restart()
+            } else {
+                Ok(frames)
             }
-            Ok(())
         });
         let _ = c.busy_timeout(self.busy_timeout);
-        self.last
-            .store(self.size(), std::sync::atomic::Ordering::Relaxed);
         match done {
-            Ok(()) => {
+            Ok(frames) => {
+                self.last
+                    .store(bytes(frames), std::sync::atomic::Ordering::Relaxed);
                 self.checkpoints
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::debug!(
-                    wal_bytes = self.size(),
+                    wal_bytes = bytes(frames),
                     "WAL checkpointed off the step's path"
                 );
             }
             Err(e) => tracing::debug!(error = %e, "WAL checkpoint skipped"),
         }
-    }
-
-    fn size(&self) -> u64 {
-        std::fs::metadata(&self.path).map_or(0, |m| m.len())
     }
 }
 
@@ -513,6 +558,7 @@ impl Store {
         }
         create_private(&path)?;
         let key = opts.key.clone();
+        let frame_bytes;
         {
             let conn = rusqlite::Connection::open(&path).map_err(|e| map_open_err(&path, e))?;
             // Until the file (and its WAL) has been read with the key, closing
@@ -558,6 +604,9 @@ impl Store {
             if !mode.eq_ignore_ascii_case("wal") {
                 tracing::warn!(%mode, "journal_mode WAL not available");
             }
+            frame_bytes = conn
+                .query_row("PRAGMA page_size", [], |r| r.get::<_, i64>(0))
+                .map(|p| u64::try_from(p).unwrap_or(4096) + 24)?;
             migrate(&mut Connection::from(conn), &path)?;
         }
         let busy = opts.busy_timeout;
@@ -586,8 +635,10 @@ impl Store {
             c.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
             if checkpoints == Checkpoints::OffTheStep {
                 c.execute_batch(&format!(
-                    "PRAGMA wal_autocheckpoint = 0; PRAGMA journal_size_limit = {WAL_CHECKPOINT_BYTES};"
+                    "PRAGMA wal_autocheckpoint = 0; PRAGMA journal_size_limit = {WAL_KEPT_BYTES};"
                 ))?;
+                // After the pragma, which sets SQLite's own hook.
+                c.wal_hook(Some(note_wal_frames));
             }
             Ok(())
         });
@@ -609,7 +660,7 @@ impl Store {
         });
         let wal = (checkpoints == Checkpoints::OffTheStep).then(|| {
             Arc::new(WalWatch {
-                path: snapshot::sidecar(&path, "-wal"),
+                frame_bytes,
                 busy_timeout: busy,
                 running: Default::default(),
                 last: Default::default(),
