@@ -365,6 +365,20 @@ struct WalWatch {
     checkpoints: std::sync::atomic::AtomicU64,
 }
 
+/// The file's page size: an integer from SQLite, text from SQLCipher with a
+/// key (its `cipher_page_size`). It only paces the checkpoints: one that
+/// reads as neither is taken as SQLite's default, 4,096 bytes.
+fn page_size(conn: &rusqlite::Connection) -> rusqlite::Result<u64> {
+    use rusqlite::types::Value;
+    let v: Value = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+    let n = match v {
+        Value::Integer(n) => u64::try_from(n).ok(),
+        Value::Text(t) => t.trim().parse().ok(),
+        _ => None,
+    };
+    Ok(n.filter(|n| (512..=65_536).contains(n)).unwrap_or(4096))
+}
+
 std::thread_local! {
     /// The frames in the WAL after this thread's newest commit on a store
     /// under [`Checkpoints::OffTheStep`] (set by SQLite's WAL hook inside
@@ -604,9 +618,7 @@ impl Store {
             if !mode.eq_ignore_ascii_case("wal") {
                 tracing::warn!(%mode, "journal_mode WAL not available");
             }
-            frame_bytes = conn
-                .query_row("PRAGMA page_size", [], |r| r.get::<_, i64>(0))
-                .map(|p| u64::try_from(p).unwrap_or(4096) + 24)?;
+            frame_bytes = page_size(&conn)? + 24;
             migrate(&mut Connection::from(conn), &path)?;
         }
         let busy = opts.busy_timeout;
