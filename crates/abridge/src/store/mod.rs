@@ -421,7 +421,7 @@ impl WalWatch {
         }
         let (this, pool) = (self.clone(), pool.clone());
         let run = move || {
-            this.checkpoint(&pool);
+            this.checkpoint(&pool, used);
             this.running.store(false, Ordering::Release);
         };
         match tokio::runtime::Handle::try_current() {
@@ -446,7 +446,8 @@ impl WalWatch {
     /// tries again a millisecond later. A step that begins in its moment
     /// (a few milliseconds) waits for it: once per 16 MiB of WAL, against
     /// SQLite's own checkpoint in a step's commit every 4 MiB.
-    fn checkpoint(&self, pool: &pool::Pool) {
+    /// `used`: the WAL's bytes the call that started it saw.
+    fn checkpoint(&self, pool: &pool::Pool, used: u64) {
         let Ok(conn) = pool.get() else { return };
         let Some(c) = conn.as_sqlite() else { return };
         // (busy, frames in the WAL, frames copied)
@@ -496,16 +497,20 @@ impl WalWatch {
             }
         });
         let _ = c.busy_timeout(self.busy_timeout);
+        // Where it failed, or another process's checkpoint held the WAL
+        // (SQLite gives -1 frames), the bytes the call saw: the next try
+        // waits for 4 MiB more, not for the next commit.
+        let at_end = match done {
+            Ok(frames) if frames >= 0 => bytes(frames),
+            _ => used,
+        };
+        self.last
+            .store(at_end, std::sync::atomic::Ordering::Relaxed);
         match done {
             Ok(frames) => {
-                self.last
-                    .store(bytes(frames), std::sync::atomic::Ordering::Relaxed);
                 self.checkpoints
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                tracing::debug!(
-                    wal_bytes = bytes(frames),
-                    "WAL checkpointed off the step's path"
-                );
+                tracing::debug!(wal_frames = frames, "WAL checkpointed off the step's path");
             }
             Err(e) => tracing::debug!(error = %e, "WAL checkpoint skipped"),
         }
