@@ -693,3 +693,89 @@ async fn the_wal_is_checkpointed_off_the_steps_path_and_stays_bounded() {
     assert_eq!(auto, 1000, "SQLite's own policy");
     assert_eq!(store.wal_checkpoints(), 0);
 }
+
+/// Set once the other connection's checkpoint waits in its busy handler
+/// (holding the WAL's checkpoint lock); set by the test to let it give up.
+static OTHER_CHECKPOINT_WAITS: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+static OTHER_CHECKPOINT_ENDS: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// While another connection's checkpoint holds the WAL (another process's,
+/// in a host), the store's own checkpoint finds it busy; the next one is
+/// tried after 4 MiB more of WAL, not at every commit after it: a busy
+/// checkpoint paces its retries as a finished one does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_wal_checkpoint_is_tried_again_after_the_next_4_mib_not_at_every_commit() {
+    use std::sync::atomic::Ordering;
+    if on_postgres() || cfg!(feature = "encryption") {
+        // A server's WAL is the server's; a keyed file needs its key on the
+        // test's own connections, which only the store applies.
+        return;
+    }
+    let (_dir, path) = temp_db();
+    let store = abridge::Store::open_with(
+        &path,
+        store_options().with_checkpoints(abridge::Checkpoints::OffTheStep),
+    )
+    .unwrap();
+    let runner = Runner::builder(store.clone(), Arc::new(Plain))
+        .config(test_config(Threshold::Off, None, "wal"))
+        .build()
+        .unwrap();
+    let s = runner.create_session("s", "m", "sys").await.unwrap();
+
+    // A writer holds the write lock; the other connection's FULL checkpoint
+    // takes the checkpoint lock, then waits for the writer in its busy
+    // handler, which holds on until the test lets it go. The writer then
+    // leaves, so steps commit while the checkpoint lock stays taken.
+    let writer = rusqlite::Connection::open(&path).unwrap();
+    writer.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let other_path = path.clone();
+    let other = std::thread::spawn(move || {
+        let c = rusqlite::Connection::open(&other_path).unwrap();
+        c.busy_handler(Some(|_: i32| {
+            OTHER_CHECKPOINT_WAITS.store(true, Ordering::SeqCst);
+            while !OTHER_CHECKPOINT_ENDS.load(Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            false
+        }))
+        .unwrap();
+        c.query_row("PRAGMA wal_checkpoint(FULL)", [], |r| r.get::<_, i64>(0))
+            .unwrap()
+    });
+    while !OTHER_CHECKPOINT_WAITS.load(Ordering::SeqCst) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    writer.execute_batch("ROLLBACK").unwrap();
+
+    // Some 20 MB through the WAL in commits of about 130 KB: past 4 MiB,
+    // each commit would try again if a busy try left no mark.
+    let wal = path.with_extension("db-wal");
+    let turns = 150;
+    for t in 0..turns {
+        let message = format!("turn {t} {}", "x".repeat(64 * 1024));
+        runner.run_turn(s.id, &message).await.unwrap();
+    }
+    let grown = std::fs::metadata(&wal).unwrap().len();
+    OTHER_CHECKPOINT_ENDS.store(true, Ordering::SeqCst);
+    assert_eq!(
+        other.join().unwrap(),
+        1,
+        "the other checkpoint gave up busy"
+    );
+    // The tries run on a thread of their own: let the last one end.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let tries = store.wal_checkpoints();
+    let bound = grown / abridge::store::WAL_CHECKPOINT_BYTES + 1;
+    assert!(
+        grown > 3 * abridge::store::WAL_CHECKPOINT_BYTES,
+        "the WAL grew while the checkpoint lock was taken: {grown} bytes"
+    );
+    assert!(tries >= 1, "the store tried to checkpoint");
+    assert!(
+        tries <= bound,
+        "{tries} checkpoints tried for {grown} bytes of WAL in {turns} commits: at most {bound}"
+    );
+}

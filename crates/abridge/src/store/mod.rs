@@ -849,7 +849,9 @@ impl Store {
         self.leases_kept.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// WAL checkpoints this store ran under [`Checkpoints::OffTheStep`].
+    /// WAL checkpoints this store ran under [`Checkpoints::OffTheStep`],
+    /// counting those that found another connection's checkpoint holding
+    /// the WAL (tried, copied nothing).
     #[doc(hidden)]
     pub fn wal_checkpoints(&self) -> u64 {
         self.wal.as_ref().map_or(0, |w| {
