@@ -104,6 +104,8 @@ pub struct Compactor {
     windows: Arc<plan::RecentWindows>,
     /// Each session's newest completed compaction, its text read once.
     completed: Arc<plan::CompletedRows>,
+    /// Each session's last turns as its pace reads them, each read once.
+    paces: Arc<plan::Paces>,
 }
 
 impl std::fmt::Debug for Compactor {
@@ -177,6 +179,7 @@ impl Compactor {
             tasks: Arc::default(),
             windows: Arc::default(),
             completed: Arc::default(),
+            paces: Arc::default(),
         })
     }
 

@@ -303,8 +303,69 @@ impl Facts for StoreFacts<'_> {
     }
 
     fn pace(&mut self) -> Result<(Option<i64>, Option<i64>, Option<i64>)> {
-        let p = store::session_pace(self.c, self.session.id, self.turn_idx)?;
+        let turns = self
+            .compactor
+            .paces
+            .turns(self.c, self.session, self.turn_idx)?;
+        let summary_ms = store::background_summary_ms(self.c, self.session.id)?;
+        let p = store::Pace::of(&turns, summary_ms);
         Ok((p.growth, p.summary_ms, p.turn_ms))
+    }
+}
+
+/// Each session's last [`store::PACE_TURNS`] turns as the pace reads them,
+/// kept for its next turns: a finished turn's measures and time never change
+/// (while the session's redaction stays the same), and every turn before
+/// the one running is finished (a session runs one turn at a time). So the
+/// next turn's pace reads only the turns finished since (the one before it,
+/// as a rule), not all eight again: in a store many sessions write, each
+/// of those is a walk of the steps' index from a page cache another
+/// connection's commit emptied.
+pub(super) type Paces = SessionMemo<TurnPaces, 8_192>;
+
+/// A session's turns `covered` (inclusive; those that exist), and what they
+/// were read for.
+#[derive(Debug, Clone)]
+pub(super) struct TurnPaces {
+    /// The session's creation time and redaction mark.
+    key: (i64, i64),
+    covered: (i64, i64),
+    turns: Vec<store::TurnPace>,
+}
+
+impl Paces {
+    /// The session's turns `turn_idx - PACE_TURNS ..= turn_idx - 1`: those
+    /// kept from an earlier turn's read, and the rest read now.
+    fn turns(
+        &self,
+        c: &crate::store::Connection,
+        session: &SessionRow,
+        turn_idx: i64,
+    ) -> Result<Vec<store::TurnPace>> {
+        let (lo, hi) = (turn_idx - store::PACE_TURNS, turn_idx - 1);
+        let key = (session.created_at, session.redaction);
+        // Kept: the memo's turns in the window, when it covers the window
+        // from its start up to a turn before its end.
+        let mut turns: Vec<store::TurnPace> = Vec::new();
+        let mut from = lo;
+        if let Some(m) = self.last(session.id) {
+            if m.key == key && m.covered.0 <= lo && m.covered.1 >= lo && m.covered.1 <= hi {
+                turns.extend(m.turns.iter().filter(|t| t.idx >= lo).copied());
+                from = m.covered.1 + 1;
+            }
+        }
+        if from <= hi {
+            turns.extend(store::turn_paces(c, session.id, from, hi)?);
+        }
+        self.remember(
+            session.id,
+            TurnPaces {
+                key,
+                covered: (lo, hi),
+                turns: turns.clone(),
+            },
+        );
+        Ok(turns)
     }
 }
 
@@ -418,5 +479,143 @@ impl CompletedKey {
             redaction: session.redaction,
             id,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::SessionId;
+
+    /// A session of `turns` turns with measures, falls (compactions),
+    /// unmeasured steps, failed turns and times drawn from a fixed seed, and
+    /// a few compactions, completed in the background or not.
+    fn seeded(turns: i64) -> (tempfile::TempDir, crate::store::Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(dir.path().join("p.db")).unwrap();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        store
+            .with_conn(|c| {
+                c.execute_batch(
+                    "INSERT INTO sessions (id, external_id, model, system_prompt, created_at) \
+                     VALUES (1, 's', 'm', 'p', 0)",
+                )?;
+                let (mut step_id, mut at) = (1, 0i64);
+                for idx in 0..turns {
+                    let status = if next(6) == 0 { "failed" } else { "completed" };
+                    let took = 1 + next(3_000) as i64;
+                    c.execute(
+                        "INSERT INTO turns (id, session_id, idx, input, status, created_at, \
+                         finished_at) VALUES (?1, 1, ?2, 'in', ?3, ?4, ?5)",
+                        rusqlite::params![100 + idx, idx, status, at, at + took],
+                    )?;
+                    for s in 0..(1 + next(3) as i64) {
+                        let measure = (next(4) != 0).then(|| next(6_000) as i64);
+                        c.execute(
+                            "INSERT INTO steps (id, turn_id, idx, status, context_tokens, \
+                             created_at) VALUES (?1, ?2, ?3, 'completed', ?4, ?5)",
+                            rusqlite::params![step_id, 100 + idx, s, measure, at],
+                        )?;
+                        step_id += 1;
+                    }
+                    if idx % 5 == 4 {
+                        let (status, done) = if next(3) == 0 {
+                            ("pending", None)
+                        } else {
+                            ("completed", Some(at + 1 + next(2_000) as i64))
+                        };
+                        c.execute(
+                            concat!(
+                                "INSERT INTO compactions (id, session_id, up_to_turn_index, \
+                                 up_to_turn_id, status, summary, summary_sha256, trigger, \
+                                 attempts, tokens_before, tokens_after, summary_calls, \
+                                 created_at, completed_at, background) VALUES (",
+                                crate::store::next_id!("compactions"),
+                                ", 1, ?1, ?2, ?3, 's', 'h', 'auto', 1, 10, 1, 1, ?4, ?5, ?6)"
+                            ),
+                            rusqlite::params![idx, 100 + idx, status, at, done, next(2) as i64],
+                        )?;
+                    }
+                    at += took + 1;
+                }
+                Ok(())
+            })
+            .unwrap();
+        (dir, store)
+    }
+
+    /// The pace read a turn at a time, kept turns and all, says what the one
+    /// statement over all eight turns says: at every turn read in order,
+    /// with turns skipped, from the start again, and with nothing kept.
+    #[test]
+    fn the_pace_read_a_turn_at_a_time_is_the_whole_windows() {
+        let (_dir, store) = seeded(60);
+        store
+            .with_conn(|c| {
+                let session = store::get_session(c, SessionId(1))?;
+                let kept = Paces::default();
+                let summary_ms = store::background_summary_ms(c, session.id)?;
+                let mut checked = (0, false, false);
+                let turns_at = (0..=62).chain([3, 4, 40]).chain((10..=62).step_by(3));
+                for t in turns_at {
+                    let want = store::session_pace(c, session.id, t)?;
+                    let got = store::Pace::of(&kept.turns(c, &session, t)?, summary_ms);
+                    assert_eq!(got, want, "turn {t}");
+                    let alone = Paces::default().turns(c, &session, t)?;
+                    assert_eq!(store::Pace::of(&alone, summary_ms), want, "turn {t}");
+                    checked.0 += 1;
+                    checked.1 |= want.growth.is_some();
+                    checked.2 |= want.turn_ms.is_some() && want.summary_ms.is_some();
+                }
+                assert!(checked.0 >= 80 && checked.1 && checked.2, "{checked:?}");
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    /// A finished turn is read once: the next turns' pace keeps it (a step
+    /// added to it afterwards, as nothing in abridge does, is not seen),
+    /// while a turn not yet read is, and a new redaction of the session reads
+    /// its turns again.
+    #[test]
+    fn a_sessions_pace_reads_only_the_turns_finished_since_its_last() {
+        let (_dir, store) = seeded(30);
+        store
+            .with_conn(|c| {
+                let mut session = store::get_session(c, SessionId(1))?;
+                let kept = Paces::default();
+                let before = kept.turns(c, &session, 20)?;
+                let probe = |c: &crate::store::Connection, turn: i64| {
+                    c.execute(
+                        "INSERT INTO steps (turn_id, idx, status, context_tokens, created_at) \
+                         VALUES (?1, 9, 'completed', 999999, 0)",
+                        [100 + turn],
+                    )
+                };
+                probe(c, 15)?; // kept from the read at turn 20
+                probe(c, 20)?; // not read yet
+                let after = kept.turns(c, &session, 21)?;
+                let max_of = |turns: &[store::TurnPace], idx| {
+                    turns
+                        .iter()
+                        .find(|t| t.idx == idx)
+                        .and_then(|t| t.max_context)
+                };
+                assert_eq!(max_of(&after, 15), max_of(&before, 15));
+                assert_ne!(max_of(&before, 15), Some(999_999));
+                assert_eq!(max_of(&after, 20), Some(999_999));
+                assert_eq!(after.first().map(|t| t.idx), Some(13));
+                session.redaction += 1;
+                let again = kept.turns(c, &session, 21)?;
+                assert_eq!(max_of(&again, 15), Some(999_999));
+                Ok(())
+            })
+            .unwrap();
     }
 }

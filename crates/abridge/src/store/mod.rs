@@ -116,10 +116,13 @@ pub(crate) use tables::steps::{
     claim_step, complete_step, get_step, last_step, list_steps, step_read, write_response,
     Responded,
 };
+#[cfg(test)]
+pub(crate) use tables::turns::session_pace;
 pub(crate) use tables::turns::{
-    abandon_turn, acquire_lease, begin_turn, fail_turn, get_turn, latest_context_tokens,
-    list_turns, list_turns_after, prefetch_latest_context_tokens, prefetch_recent_window,
-    recent_window_boundary, running_turns, session_pace,
+    abandon_turn, acquire_lease, background_summary_ms, begin_turn, fail_turn, get_turn,
+    latest_context_tokens, list_turns, list_turns_after, prefetch_latest_context_tokens,
+    prefetch_recent_window, recent_window_boundary, running_turns, turn_paces, Pace, TurnPace,
+    PACE_TURNS,
 };
 
 use crate::error::{Error, Result};

@@ -496,13 +496,17 @@ mod tests {
 /// A session's pace before turn `turn_idx`, for the adaptive soft threshold
 /// (`compaction::Background::adaptive`): how much its context grew in one
 /// turn at most among its last [`PACE_TURNS`] turns (the largest measure of
-/// a turn's steps against the previous turn's; a compaction's fall is no
-/// growth), its newest background summary's time from claim to completion
-/// (among its [`PACE_TURNS`] newest compaction rows: the read visits a fixed
-/// number of rows however many compactions the session has had),
-/// and its recent turns' mean time. Each None when there is nothing to say.
-/// Finished rows only: every step of a turn reads the same answer unless a
-/// summary completes between them.
+/// a turn's steps against the previous measured turn's; a compaction's fall
+/// is no growth), its newest background summary's time from claim to
+/// completion (see [`background_summary_ms`]), and its recent turns' mean
+/// time. Each None when there is nothing to say. Finished rows only: every
+/// step of a turn reads the same answer unless a summary completes between
+/// them.
+///
+/// The compactor reads the turns' part a turn at a time ([`turn_paces`],
+/// kept for the next turns) and combines it with [`Pace::of`]; this one
+/// statement says the same, as the reference its tests hold that to.
+#[cfg(test)]
 pub(crate) fn session_pace(
     conn: &Connection,
     session_id: SessionId,
@@ -533,6 +537,63 @@ pub(crate) fn session_pace(
         })
 }
 
+/// What the pace reads of one turn: its largest measured context (None: no
+/// step of it was measured) and, once completed, its time. A finished
+/// turn's never changes (the session's redaction aside, which the
+/// compactor's memo is keyed on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TurnPace {
+    pub(crate) idx: i64,
+    pub(crate) max_context: Option<i64>,
+    pub(crate) ms: Option<i64>,
+}
+
+/// The session's turns `from..=to` as the pace reads them, in order (a turn
+/// that does not exist has no entry).
+pub(crate) fn turn_paces(
+    conn: &Connection,
+    session_id: SessionId,
+    from: i64,
+    to: i64,
+) -> Result<Vec<TurnPace>> {
+    const SQL: &str = "SELECT t.idx, \
+        (SELECT max(s.context_tokens) FROM steps s WHERE s.turn_id = t.id), \
+        CASE WHEN t.status = 'completed' THEN t.finished_at - t.created_at END \
+        FROM turns t WHERE t.session_id = ?1 AND t.idx >= ?2 AND t.idx <= ?3 ORDER BY t.idx";
+    let mut st = conn.prepare_cached(SQL)?;
+    let rows = st.query_map(params![session_id, from, to], |r| {
+        Ok(TurnPace {
+            idx: r.get(0)?,
+            max_context: r.get(1)?,
+            ms: r.get(2)?,
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// The session's newest background summary's time from claim to
+/// completion, ms: among its [`PACE_TURNS`] newest compaction rows (the
+/// read visits a fixed number of rows however many compactions the session
+/// has had), the newest completed in the background.
+pub(crate) fn background_summary_ms(
+    conn: &Connection,
+    session_id: SessionId,
+) -> Result<Option<i64>> {
+    const SQL: &str = "SELECT done - claimed FROM \
+        (SELECT c.up_to_turn_index AS upto, c.status AS st, c.background AS bg, \
+                c.completed_at AS done, c.created_at AS claimed \
+         FROM compactions c WHERE c.session_id = ?1 \
+         ORDER BY c.up_to_turn_index DESC LIMIT ?2) recent \
+        WHERE st = 'completed' AND bg = 1 ORDER BY upto DESC LIMIT 1";
+    Ok(conn
+        .prepare_cached(SQL)?
+        .query_row(params![session_id, PACE_TURNS], |r| {
+            r.get::<_, Option<i64>>(0)
+        })
+        .optional()?
+        .flatten())
+}
+
 /// How many of a session's latest turns [`session_pace`] looks at.
 pub(crate) const PACE_TURNS: i64 = 8;
 
@@ -545,4 +606,31 @@ pub(crate) struct Pace {
     pub(crate) summary_ms: Option<i64>,
     /// The recent turns' mean time, ms.
     pub(crate) turn_ms: Option<i64>,
+}
+
+impl Pace {
+    /// The pace from the session's last [`PACE_TURNS`] turns (in order; as
+    /// [`turn_paces`] reads them) and its newest background summary's time:
+    /// the largest rise of one measured turn's context over the measured
+    /// turn before it (a fall is no growth), and the completed turns' mean
+    /// time, truncated to whole milliseconds (as SQLite's `CAST` of the
+    /// mean does).
+    pub(crate) fn of(turns: &[TurnPace], summary_ms: Option<i64>) -> Pace {
+        let measured = || turns.iter().filter_map(|t| t.max_context);
+        let growth = measured()
+            .zip(measured().skip(1))
+            .map(|(prev, m)| m.saturating_sub(prev))
+            .max()
+            .filter(|g| *g > 0);
+        let times: Vec<i64> = turns.iter().filter_map(|t| t.ms).collect();
+        let turn_ms = (!times.is_empty()).then(|| {
+            let sum: i128 = times.iter().map(|&m| i128::from(m)).sum();
+            (sum as f64 / times.len() as f64) as i64
+        });
+        Pace {
+            growth,
+            summary_ms,
+            turn_ms,
+        }
+    }
 }
