@@ -594,10 +594,10 @@ pub(crate) fn background_summary_ms(
         .flatten())
 }
 
-/// How many of a session's latest turns [`session_pace`] looks at.
+/// How many of a session's latest turns its pace looks at.
 pub(crate) const PACE_TURNS: i64 = 8;
 
-/// What [`session_pace`] found.
+/// A session's pace (see [`Pace::of`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Pace {
     /// The largest growth of the context in one turn, tokens.
