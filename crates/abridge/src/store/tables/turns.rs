@@ -504,8 +504,10 @@ mod tests {
 /// them.
 ///
 /// The compactor reads the turns' part a turn at a time ([`turn_paces`],
-/// kept for the next turns) and combines it with [`Pace::of`]; this one
-/// statement says the same, as the reference its tests hold that to.
+/// kept for the next turns) and combines it with [`Pace::of`]; this
+/// statement over all the window's turns is the reference its tests hold
+/// that combination to (the summary's time is [`background_summary_ms`] in
+/// both).
 #[cfg(test)]
 pub(crate) fn session_pace(
     conn: &Connection,
@@ -518,23 +520,19 @@ pub(crate) fn session_pace(
              JOIN steps s ON s.turn_id = t.id \
              WHERE t.session_id = ?1 AND t.idx < ?2 AND t.idx >= ?2 - ?3 \
              AND s.context_tokens IS NOT NULL GROUP BY t.idx) per_turn) growth), \
-        (SELECT done - claimed FROM \
-            (SELECT c.up_to_turn_index AS upto, c.status AS st, c.background AS bg, \
-                    c.completed_at AS done, c.created_at AS claimed \
-             FROM compactions c WHERE c.session_id = ?1 \
-             ORDER BY c.up_to_turn_index DESC LIMIT ?3) recent \
-         WHERE st = 'completed' AND bg = 1 ORDER BY upto DESC LIMIT 1), \
         (SELECT CAST(avg(t.finished_at - t.created_at) AS BIGINT) FROM turns t \
          WHERE t.session_id = ?1 AND t.idx < ?2 AND t.idx >= ?2 - ?3 \
          AND t.status = 'completed')";
-    conn.prepare_cached(SQL)?
+    let (growth, turn_ms) = conn
+        .prepare_cached(SQL)?
         .query_row(params![session_id, turn_idx, PACE_TURNS], |r| {
-            Ok(Pace {
-                growth: r.get::<_, Option<i64>>(0)?.filter(|g| *g > 0),
-                summary_ms: r.get(1)?,
-                turn_ms: r.get(2)?,
-            })
-        })
+            Ok((r.get::<_, Option<i64>>(0)?, r.get(1)?))
+        })?;
+    Ok(Pace {
+        growth: growth.filter(|g| *g > 0),
+        summary_ms: background_summary_ms(conn, session_id)?,
+        turn_ms,
+    })
 }
 
 /// What the pace reads of one turn: its largest measured context (None: no
