@@ -106,6 +106,9 @@ pub struct Compactor {
     completed: Arc<plan::CompletedRows>,
     /// Each session's last turns as its pace reads them, each read once.
     paces: Arc<plan::Paces>,
+    /// Each session's last turns' sizes as its verbatim tail walks them,
+    /// each read once.
+    sizes: Arc<plan::TurnSizes>,
 }
 
 impl std::fmt::Debug for Compactor {
@@ -180,6 +183,7 @@ impl Compactor {
             windows: Arc::default(),
             completed: Arc::default(),
             paces: Arc::default(),
+            sizes: Arc::default(),
         })
     }
 

@@ -169,10 +169,17 @@ impl Compactor {
             // similar size; the same one within the turn), and at the last
             // one. A row at or before the latest completed one is never
             // asked for (nor one at -1: nothing to compact); the same read
-            // twice is queued once.
+            // twice is queued once. The window's read is of the turns its
+            // kept sizes do not hold (see `TurnSizes`).
             if let Some(w) = self.windows.last(session.id) {
                 if w.key != WindowKey::new(session, turn_idx, w.key.after, b, keep) {
-                    store::prefetch_recent_window(c, session.id, turn_idx, w.key.after)?;
+                    let after = match self.sizes.read_after(session, turn_idx) {
+                        Some(top) => top.max(w.key.after),
+                        None => w.key.after,
+                    };
+                    if after < turn_idx - 1 {
+                        store::prefetch_recent_window(c, session.id, turn_idx, after)?;
+                    }
                 }
                 let moved = w.found + (turn_idx - w.key.turn_idx);
                 for guess in [moved, w.found].into_iter().filter(|&g| g > w.key.after) {
@@ -269,9 +276,9 @@ impl Facts for StoreFacts<'_> {
         if let Some(found) = windows.recall(self.session.id, &key) {
             return Ok(found);
         }
-        let found = store::recent_window_boundary(
+        let found = self.compactor.sizes.boundary(
             self.c,
-            self.session.id,
+            self.session,
             self.turn_idx,
             after,
             boundary,
@@ -366,6 +373,123 @@ impl Paces {
             },
         );
         Ok(turns)
+    }
+}
+
+/// Each session's finished turns' sizes as its verbatim tail last walked
+/// them, kept for its next turns: a finished turn's stored text never
+/// changes (while the session's redaction stays the same), and every turn
+/// before the one running is finished. So the tail's walk at a new turn
+/// reads only the turns finished since the session's last walk (the one
+/// before it, as a rule) and takes the older ones from here, instead of
+/// walking the whole tail again: each turn of it is three descents (the
+/// turn, its steps, their tool results) from a page cache another
+/// connection's commit emptied, in a store many sessions write.
+pub(super) type TurnSizes = SessionMemo<Walked, 8_192>;
+
+/// Turns' sizes a session keeps at most (the newest): a tail of more
+/// turns than these (many small turns) reads the older ones again.
+const KEPT_SIZES: usize = 64;
+
+/// A session's turns `covered` (inclusive; every one that exists is in
+/// `sizes`), newest first, and what they were read for.
+#[derive(Debug, Clone)]
+pub(super) struct Walked {
+    /// The session's creation time and redaction mark.
+    key: (i64, i64),
+    covered: (i64, i64),
+    /// (turn index, stored text's chars), newest first.
+    sizes: Vec<(i64, i64)>,
+}
+
+impl TurnSizes {
+    /// The newest turn a walk before `turn_idx` can take from here (those
+    /// after it are read), when anything kept is of use to it.
+    fn kept_up_to(&self, session: &SessionRow, turn_idx: i64) -> Option<(i64, Walked)> {
+        let key = (session.created_at, session.redaction);
+        let m = self.last(session.id).filter(|m| m.key == key)?;
+        let top = m.covered.1.min(turn_idx - 1);
+        (m.covered.0 <= top).then_some((top, m))
+    }
+
+    /// The turns after `kept_up_to` that a walk at `turn_idx` reads first
+    /// (as `after_idx` of [`store::walk_turn_sizes`]), when it takes older
+    /// ones from here.
+    pub(super) fn read_after(&self, session: &SessionRow, turn_idx: i64) -> Option<i64> {
+        self.kept_up_to(session, turn_idx).map(|(top, _)| top)
+    }
+
+    /// [`store::recent_window_boundary`] for turn `turn_idx`: the turns
+    /// finished since the session's last walk read, the older ones taken
+    /// from what that walk kept, and any older still that this walk reaches
+    /// read; what it walked kept for the next.
+    fn boundary(
+        &self,
+        c: &crate::store::Connection,
+        session: &SessionRow,
+        turn_idx: i64,
+        after_idx: i64,
+        boundary: i64,
+        keep: u64,
+    ) -> Result<i64> {
+        let hi = turn_idx - 1;
+        let mut tail = store::Tail::new(boundary, keep);
+        let mut walked: Vec<(i64, i64)> = Vec::new();
+        let mut open = true;
+        let mut take = |walked: &mut Vec<(i64, i64)>, idx: i64, chars: i64| {
+            walked.push((idx, chars));
+            tail.take(idx, chars)
+        };
+        match self.kept_up_to(session, turn_idx) {
+            Some((top, kept)) => {
+                if top.max(after_idx) < hi {
+                    store::walk_turn_sizes(c, session.id, turn_idx, top.max(after_idx), |i, n| {
+                        open = take(&mut walked, i, n);
+                        open
+                    })?;
+                }
+                for &(i, n) in kept.sizes.iter().filter(|(i, _)| *i <= top) {
+                    if !open || i <= after_idx {
+                        break;
+                    }
+                    open = take(&mut walked, i, n);
+                }
+                if open && kept.covered.0 - 1 > after_idx {
+                    store::walk_turn_sizes(c, session.id, kept.covered.0, after_idx, |i, n| {
+                        open = take(&mut walked, i, n);
+                        open
+                    })?;
+                }
+            }
+            None if after_idx < hi => {
+                store::walk_turn_sizes(c, session.id, turn_idx, after_idx, |i, n| {
+                    open = take(&mut walked, i, n);
+                    open
+                })?;
+            }
+            None => {}
+        }
+        // Every turn from `hi` down to the last one walked (or, the walk
+        // run out, to `after_idx + 1`) was read or kept.
+        let mut lo = match walked.last() {
+            Some(&(i, _)) if !open => i,
+            _ => after_idx + 1,
+        };
+        if walked.len() > KEPT_SIZES {
+            walked.truncate(KEPT_SIZES);
+            lo = walked.last().map_or(lo, |&(i, _)| i);
+        }
+        if lo <= hi {
+            self.remember(
+                session.id,
+                Walked {
+                    key: (session.created_at, session.redaction),
+                    covered: (lo, hi),
+                    sizes: walked,
+                },
+            );
+        }
+        Ok(tail.boundary())
     }
 }
 
@@ -500,6 +624,15 @@ mod tests {
             x ^= x << 17;
             x % n
         };
+        // The texts' sizes from a sequence of their own (the draws above
+        // stay as they were).
+        let mut y: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut size = move |n: u64| {
+            y ^= y << 13;
+            y ^= y >> 7;
+            y ^= y << 17;
+            y % n
+        };
         store
             .with_conn(|c| {
                 c.execute_batch(
@@ -510,18 +643,34 @@ mod tests {
                 for idx in 0..turns {
                     let status = if next(6) == 0 { "failed" } else { "completed" };
                     let took = 1 + next(3_000) as i64;
+                    let input = "i".repeat(1 + size(400) as usize);
                     c.execute(
                         "INSERT INTO turns (id, session_id, idx, input, status, created_at, \
-                         finished_at) VALUES (?1, 1, ?2, 'in', ?3, ?4, ?5)",
-                        rusqlite::params![100 + idx, idx, status, at, at + took],
+                         finished_at) VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6)",
+                        rusqlite::params![100 + idx, idx, input, status, at, at + took],
                     )?;
                     for s in 0..(1 + next(3) as i64) {
                         let measure = (next(4) != 0).then(|| next(6_000) as i64);
+                        let response = (size(5) != 0).then(|| "r".repeat(size(900) as usize));
                         c.execute(
                             "INSERT INTO steps (id, turn_id, idx, status, context_tokens, \
-                             created_at) VALUES (?1, ?2, ?3, 'completed', ?4, ?5)",
-                            rusqlite::params![step_id, 100 + idx, s, measure, at],
+                             response, created_at) VALUES (?1, ?2, ?3, 'completed', ?4, ?5, ?6)",
+                            rusqlite::params![step_id, 100 + idx, s, measure, response, at],
                         )?;
+                        if size(2) == 0 {
+                            c.execute(
+                                "INSERT INTO tool_invocations (step_id, position, tool_call_id, \
+                                 tool_name, arguments, effect, idempotency_key, status, result, \
+                                 created_at, completed_at) VALUES (?1, 0, 'c', 't', '{}', \
+                                 'transactional', ?2, 'completed', ?3, ?4, ?4)",
+                                rusqlite::params![
+                                    step_id,
+                                    format!("k{step_id}"),
+                                    "é".repeat(size(1_500) as usize),
+                                    at
+                                ],
+                            )?;
+                        }
                         step_id += 1;
                     }
                     if idx % 5 == 4 {
@@ -614,6 +763,94 @@ mod tests {
                 session.redaction += 1;
                 let again = kept.turns(c, &session, 21)?;
                 assert_eq!(max_of(&again, 15), Some(999_999));
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    /// The verbatim tail's walk with the sizes kept from a session's earlier
+    /// turns finds what the one statement over the whole tail finds: at
+    /// every turn in order, with turns skipped, from the start again, with
+    /// a tail that reaches past the turns kept (and past the most kept), the
+    /// latest compaction's boundary moving, and with nothing kept.
+    #[test]
+    fn the_tail_walked_with_kept_sizes_is_the_whole_walks() {
+        let (_dir, store) = seeded(150);
+        store
+            .with_conn(|c| {
+                let session = store::get_session(c, SessionId(1))?;
+                let kept = TurnSizes::default();
+                let mut checked = (0, 0);
+                let turns_at = (0..=152)
+                    .chain([3, 4, 40])
+                    .chain((10..=152).step_by(7))
+                    .chain(100..=152);
+                for (n, t) in turns_at.enumerate() {
+                    let n = n as i64;
+                    // The tail's size (tokens): a turn's text is 0-1,000;
+                    // from none at all to more than the most turns kept.
+                    let keep = [0, 150, 400, 1_000, 3_000, 40_000][(n % 6) as usize];
+                    let after = [-1, t - 30, t / 2, t - 2][(n % 4) as usize].max(-1);
+                    let boundary = t - 1 - n % 3;
+                    let want =
+                        store::recent_window_boundary(c, session.id, t, after, boundary, keep)?;
+                    let got = kept.boundary(c, &session, t, after, boundary, keep)?;
+                    assert_eq!(got, want, "turn {t}, after {after}, keep {keep}");
+                    let alone =
+                        TurnSizes::default().boundary(c, &session, t, after, boundary, keep)?;
+                    assert_eq!(alone, want, "turn {t}, nothing kept");
+                    checked.0 += 1;
+                    checked.1 += i64::from(want < boundary);
+                }
+                assert!(checked.0 >= 200 && checked.1 >= 50, "{checked:?}");
+                // A tail of more turns than a session keeps, turn after turn.
+                for t in 120..=152 {
+                    let want = store::recent_window_boundary(c, session.id, t, -1, t - 1, 1 << 40)?;
+                    assert_eq!(want, -1);
+                    assert_eq!(
+                        kept.boundary(c, &session, t, -1, t - 1, 1 << 40)?,
+                        want,
+                        "turn {t}"
+                    );
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    /// A finished turn's size is read once: the next turns' tails keep it
+    /// (a step added to it afterwards, as nothing in abridge does, is not
+    /// seen), while a turn not walked yet is read, and a new redaction of
+    /// the session reads its turns again.
+    #[test]
+    fn a_sessions_tail_reads_only_the_turns_finished_since_its_last_walk() {
+        let (_dir, store) = seeded(30);
+        store
+            .with_conn(|c| {
+                let mut session = store::get_session(c, SessionId(1))?;
+                let kept = TurnSizes::default();
+                let keep = 1_000_000;
+                let before = kept.boundary(c, &session, 20, -1, 19, keep)?;
+                assert_eq!(before, -1, "every turn fits");
+                let probe = |c: &crate::store::Connection, turn: i64| {
+                    c.execute(
+                        "INSERT INTO steps (turn_id, idx, status, response, created_at) \
+                         VALUES (?1, 9, 'completed', ?2, 0)",
+                        rusqlite::params![100 + turn, "p".repeat(8_000_000)],
+                    )
+                };
+                probe(c, 15)?; // kept from the walk at turn 20
+                assert_eq!(kept.boundary(c, &session, 21, -1, 20, keep)?, -1);
+                assert_eq!(
+                    store::recent_window_boundary(c, session.id, 21, -1, 20, keep)?,
+                    15,
+                    "the probe is seen when the turn is read"
+                );
+                probe(c, 21)?; // not walked yet
+                assert_eq!(kept.boundary(c, &session, 22, -1, 21, keep)?, 21);
+                session.redaction += 1;
+                assert_eq!(kept.boundary(c, &session, 22, -1, 21, keep)?, 21);
+                assert_eq!(kept.boundary(c, &session, 21, -1, 20, keep)?, 15);
                 Ok(())
             })
             .unwrap();

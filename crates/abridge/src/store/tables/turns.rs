@@ -433,6 +433,10 @@ pub(crate) fn prefetch_recent_window(
 /// `before_idx - 1` and no further back than turn `after_idx + 1`. Reads only
 /// the turns it walks past. Finished turns never change, so every step of a
 /// turn (and its re-run after a crash) gets the same answer.
+///
+/// The compactor walks the same turns with [`walk_turn_sizes`], keeping the
+/// sizes it read for the session's next turns; this is the reference its
+/// tests hold that walk to, and the preview's.
 pub(crate) fn recent_window_boundary(
     conn: &Connection,
     session_id: SessionId,
@@ -441,19 +445,68 @@ pub(crate) fn recent_window_boundary(
     boundary: i64,
     keep_tokens: u64,
 ) -> Result<i64> {
+    let mut tail = Tail::new(boundary, keep_tokens);
+    walk_turn_sizes(conn, session_id, before_idx, after_idx, |idx, chars| {
+        tail.take(idx, chars)
+    })?;
+    Ok(tail.boundary())
+}
+
+/// Calls `each` with the index and stored text's size (chars: input,
+/// responses, tool results) of the session's turns `after_idx + 1 ..=
+/// before_idx - 1`, newest first, while it returns true. Reads only the
+/// turns it walks past.
+pub(crate) fn walk_turn_sizes(
+    conn: &Connection,
+    session_id: SessionId,
+    before_idx: i64,
+    after_idx: i64,
+    mut each: impl FnMut(i64, i64) -> bool,
+) -> Result<()> {
     let mut st = conn.prepare_cached(recent_window_sql())?;
     let mut rows = st.query(params![session_id, before_idx, after_idx])?;
-    let mut kept = 0u64;
-    let mut b = boundary;
     while let Some(r) = rows.next()? {
-        let (idx, chars): (i64, i64) = (r.get(0)?, r.get(1)?);
-        kept += (chars.max(0) as u64).div_ceil(4);
-        if kept > keep_tokens {
+        if !each(r.get(0)?, r.get(1)?) {
             break;
         }
-        b = b.min(idx - 1);
     }
-    Ok(b)
+    Ok(())
+}
+
+/// The verbatim tail as [`recent_window_boundary`] walks back through a
+/// session's turns, newest first.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tail {
+    keep_tokens: u64,
+    kept: u64,
+    boundary: i64,
+}
+
+impl Tail {
+    /// A tail of at most `keep_tokens` before `boundary`, nothing in it yet.
+    pub(crate) fn new(boundary: i64, keep_tokens: u64) -> Tail {
+        Tail {
+            keep_tokens,
+            kept: 0,
+            boundary,
+        }
+    }
+
+    /// Takes turn `idx` of `chars` into the tail: false when it does not
+    /// fit, which ends the walk (no older turn is kept either).
+    pub(crate) fn take(&mut self, idx: i64, chars: i64) -> bool {
+        self.kept += (chars.max(0) as u64).div_ceil(4);
+        if self.kept > self.keep_tokens {
+            return false;
+        }
+        self.boundary = self.boundary.min(idx - 1);
+        true
+    }
+
+    /// The boundary that keeps the turns taken.
+    pub(crate) fn boundary(&self) -> i64 {
+        self.boundary
+    }
 }
 
 #[cfg(test)]
