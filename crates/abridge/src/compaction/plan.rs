@@ -433,42 +433,32 @@ impl TurnSizes {
         keep: u64,
     ) -> Result<i64> {
         let hi = turn_idx - 1;
-        let mut tail = store::Tail::new(boundary, keep);
-        let mut walked: Vec<(i64, i64)> = Vec::new();
-        let mut open = true;
-        let mut take = |walked: &mut Vec<(i64, i64)>, idx: i64, chars: i64| {
-            walked.push((idx, chars));
-            tail.take(idx, chars)
+        let mut walk = Walk {
+            tail: store::Tail::new(boundary, keep),
+            walked: Vec::new(),
+            open: true,
         };
         match self.kept_up_to(session, turn_idx) {
             Some((top, kept)) => {
-                if top.max(after_idx) < hi {
-                    store::walk_turn_sizes(c, session.id, turn_idx, top.max(after_idx), |i, n| {
-                        open = take(&mut walked, i, n);
-                        open
-                    })?;
-                }
-                for &(i, n) in kept.sizes.iter().filter(|(i, _)| *i <= top) {
-                    if !open || i <= after_idx {
+                walk.read(c, session, turn_idx, top.max(after_idx))?;
+                for &(i, n) in kept
+                    .sizes
+                    .iter()
+                    .filter(|(i, _)| *i <= top && *i > after_idx)
+                {
+                    if !walk.take(i, n) {
                         break;
                     }
-                    open = take(&mut walked, i, n);
                 }
-                if open && kept.covered.0 - 1 > after_idx {
-                    store::walk_turn_sizes(c, session.id, kept.covered.0, after_idx, |i, n| {
-                        open = take(&mut walked, i, n);
-                        open
-                    })?;
-                }
+                walk.read(c, session, kept.covered.0, after_idx)?;
             }
-            None if after_idx < hi => {
-                store::walk_turn_sizes(c, session.id, turn_idx, after_idx, |i, n| {
-                    open = take(&mut walked, i, n);
-                    open
-                })?;
-            }
-            None => {}
+            None => walk.read(c, session, turn_idx, after_idx)?,
         }
+        let Walk {
+            tail,
+            mut walked,
+            open,
+        } = walk;
         // Every turn from `hi` down to the last one walked (or, the walk
         // run out, to `after_idx + 1`) was read or kept.
         let mut lo = match walked.last() {
@@ -490,6 +480,38 @@ impl TurnSizes {
             );
         }
         Ok(tail.boundary())
+    }
+}
+
+/// One walk of a session's tail: the turns it took, newest first, and
+/// whether it goes on (the last one fitted).
+struct Walk {
+    tail: store::Tail,
+    walked: Vec<(i64, i64)>,
+    open: bool,
+}
+
+impl Walk {
+    fn take(&mut self, idx: i64, chars: i64) -> bool {
+        self.walked.push((idx, chars));
+        self.open = self.tail.take(idx, chars);
+        self.open
+    }
+
+    /// Walks on through the session's turns after `after_idx` and before
+    /// `before_idx`, read from the store, while the tail is open (no
+    /// statement for an empty range).
+    fn read(
+        &mut self,
+        c: &crate::store::Connection,
+        session: &SessionRow,
+        before_idx: i64,
+        after_idx: i64,
+    ) -> Result<()> {
+        if !self.open || before_idx - 1 <= after_idx {
+            return Ok(());
+        }
+        store::walk_turn_sizes(c, session.id, before_idx, after_idx, |i, n| self.take(i, n))
     }
 }
 
@@ -617,22 +639,19 @@ mod tests {
     fn seeded(turns: i64) -> (tempfile::TempDir, crate::store::Store) {
         let dir = tempfile::tempdir().unwrap();
         let store = crate::store::Store::open(dir.path().join("p.db")).unwrap();
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = move |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
+        // Draws below `n` from a fixed seed (xorshift).
+        let draws = |mut x: u64| {
+            move |n: u64| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x % n
+            }
         };
+        let mut next = draws(0x9e37_79b9_7f4a_7c15);
         // The texts' sizes from a sequence of their own (the draws above
         // stay as they were).
-        let mut y: u64 = 0x2545_f491_4f6c_dd1d;
-        let mut size = move |n: u64| {
-            y ^= y << 13;
-            y ^= y >> 7;
-            y ^= y << 17;
-            y % n
-        };
+        let mut size = draws(0x2545_f491_4f6c_dd1d);
         store
             .with_conn(|c| {
                 c.execute_batch(
