@@ -1,6 +1,6 @@
 //! The engine builds off Unix: every Unix-only API sits in a gated file of
-//! its `crates/abridge/src/platform/` (or in the test kit's Unix-only chaos harness and the
-//! command line),
+//! its `crates/abridge/src/platform/` (or in the test kit's Unix-only chaos harness, the
+//! command line, and the PostgreSQL connection's I/O on the waiting thread),
 //! and the fallbacks used elsewhere compile and behave (they are compiled here
 //! too, by path).
 
@@ -44,6 +44,10 @@ const GATED: &[(&str, &str)] = &[
         "crates/abridge-cli/src/verbs/chaos.rs",
         "#[cfg(unix)]\npub(crate) mod chaos;",
     ),
+    (
+        "crates/abridge/src/store/backend/pg_io.rs",
+        "#[cfg(all(feature = \"postgres\", unix))]\npub(crate) mod pg_io;",
+    ),
     ("crates/abridge-cli/src/main.rs", ""),
 ];
 
@@ -52,6 +56,7 @@ const DECLARERS: &[&str] = &[
     "crates/abridge/src/platform/mod.rs",
     "crates/abridge-testkit/src/lib.rs",
     "crates/abridge-cli/src/verbs/mod.rs",
+    "crates/abridge/src/store/backend/mod.rs",
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {

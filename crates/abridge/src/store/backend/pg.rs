@@ -82,6 +82,10 @@ fn wait<F: Future>(f: F) -> F::Output {
 /// `BEGIN` never left the queue costs no round trip at all.
 pub(crate) struct PgConn {
     client: tokio_postgres::Client,
+    /// The connection's I/O, done by the thread that waits for an answer
+    /// (None: on the I/O thread, [`runtime`]).
+    #[cfg(unix)]
+    io: RefCell<Option<super::pg_io::Io>>,
     /// Prepared statements by their text (as written for SQLite), which is
     /// kept shared for the statements handed out and the prefetched reads.
     cache: RefCell<HashMap<Arc<str>, tokio_postgres::Statement>>,
@@ -212,6 +216,7 @@ type Pending<'a> = std::pin::Pin<Box<dyn Future<Output = PgResult<Answer>> + Sen
 /// order, which is when tokio-postgres writes its request, so the server
 /// gets them in order in one round trip; then waits for every answer.
 fn pipeline<T>(
+    conn: &PgConn,
     mut ahead: Vec<Pending<'_>>,
     last: impl Future<Output = T>,
 ) -> (Vec<PgResult<Answer>>, T) {
@@ -219,7 +224,7 @@ fn pipeline<T>(
     let mut done: Vec<Option<PgResult<Answer>>> = ahead.iter().map(|_| None).collect();
     let mut last = std::pin::pin!(last);
     let mut out = None;
-    wait(std::future::poll_fn(|cx| {
+    conn.wait(std::future::poll_fn(|cx| {
         for (f, d) in ahead.iter_mut().zip(done.iter_mut()) {
             if d.is_none() {
                 if let Poll::Ready(r) = f.as_mut().poll(cx) {
@@ -249,6 +254,8 @@ impl PgConn {
     pub(crate) fn new(client: tokio_postgres::Client, lock_key: i64) -> PgConn {
         PgConn {
             client,
+            #[cfg(unix)]
+            io: RefCell::new(None),
             cache: RefCell::default(),
             host_cache: RefCell::default(),
             host_sql: Cell::new(false),
@@ -297,7 +304,23 @@ impl PgConn {
     }
 
     pub(crate) fn is_closed(&self) -> bool {
+        #[cfg(unix)]
+        if let Some(io) = self.io.borrow_mut().as_mut() {
+            if io.ended() {
+                return true;
+            }
+        }
         self.client.is_closed()
+    }
+
+    /// Waits for `f`, an answer of this connection's client: on this
+    /// thread, polling the connection's I/O here when it is done here.
+    fn wait<F: Future>(&self, f: F) -> F::Output {
+        #[cfg(unix)]
+        if let Some(io) = self.io.borrow_mut().as_mut() {
+            return super::pg_io::block_on(io, f);
+        }
+        wait(f)
     }
 
     /// Sends the queued requests and then `last` in one round trip, and
@@ -309,7 +332,7 @@ impl PgConn {
         let queued = std::mem::take(&mut *self.queued.borrow_mut());
         self.trips.set(self.trips.get() + 1);
         if queued.is_empty() {
-            return Ok(wait(last)?);
+            return Ok(self.wait(last)?);
         }
         let client = &self.client;
         let ahead: Vec<Pending<'_>> = queued
@@ -337,7 +360,7 @@ impl PgConn {
                 }
             })
             .collect();
-        let (answers, last) = pipeline(ahead, last);
+        let (answers, last) = pipeline(self, ahead, last);
         for (q, a) in queued.iter().zip(&answers) {
             if matches!(q, Queued::Commit) {
                 self.deferred.set(Deferred::Answered { failed: a.is_err() });
@@ -553,6 +576,12 @@ impl PgConn {
         let _ = request
             .as_mut()
             .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+        // Where this thread does the connection's I/O, the connection takes
+        // it from the client and writes it now.
+        #[cfg(unix)]
+        if let Some(io) = self.io.borrow_mut().as_mut() {
+            io.push();
+        }
     }
 
     /// Ends the transaction. `ROLLBACK` drops the queued requests unsent
@@ -1101,29 +1130,87 @@ impl Target {
 
     /// One client, with the connection errors a host can act on typed.
     pub(crate) fn connect(&self) -> Result<PgConn> {
+        #[cfg(unix)]
+        if let Some(conn) = self.connect_here()? {
+            return Ok(conn);
+        }
         let config = self.config.clone();
         let made =
             wait(runtime().spawn(async move { config.connect(tokio_postgres::NoTls).await }))
                 .map_err(|e| Error::Task(e.to_string()))?;
-        let (client, connection) = made.map_err(|e| {
-            if e.code() == Some(&tokio_postgres::error::SqlState::INVALID_CATALOG_NAME) {
-                Error::NoSuchDatabase {
-                    target: self.display.clone(),
-                }
-            } else if e.as_db_error().is_none() {
-                Error::Unreachable {
-                    target: self.display.clone(),
-                    reason: e.to_string(),
-                }
-            } else {
-                Error::Postgres(e)
-            }
-        })?;
+        let (client, connection) = made.map_err(|e| self.connect_error(e))?;
         // The connection's I/O; it ends when the client is dropped.
         runtime().spawn(async move {
             let _ = connection.await;
         });
         Ok(PgConn::new(client, self.lock_key))
+    }
+
+    /// A failed connection's error, typed where a host can act on it.
+    fn connect_error(&self, e: tokio_postgres::Error) -> Error {
+        if e.code() == Some(&tokio_postgres::error::SqlState::INVALID_CATALOG_NAME) {
+            Error::NoSuchDatabase {
+                target: self.display.clone(),
+            }
+        } else if e.as_db_error().is_none() {
+            self.unreachable(e)
+        } else {
+            Error::Postgres(e)
+        }
+    }
+
+    fn unreachable(&self, reason: impl std::fmt::Display) -> Error {
+        Error::Unreachable {
+            target: self.display.clone(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// A client whose connection's I/O the waiting thread does
+    /// ([`super::pg_io`]): for a target of one host and port (TCP or a Unix
+    /// socket's directory), with the socket options tokio-postgres would
+    /// set, and `connect_timeout` over the whole start-up. None for any
+    /// other target (several hosts, host addresses, a session attribute to
+    /// check): tokio-postgres connects it, and its I/O runs on [`runtime`].
+    #[cfg(unix)]
+    fn connect_here(&self) -> Result<Option<PgConn>> {
+        use super::pg_io::{block_on_until, Io};
+        use tokio_postgres::config::TargetSessionAttrs;
+        let c = &self.config;
+        let [host] = c.get_hosts() else {
+            return Ok(None);
+        };
+        if c.get_ports().len() > 1
+            || !c.get_hostaddrs().is_empty()
+            || c.get_target_session_attrs() != TargetSessionAttrs::Any
+        {
+            return Ok(None);
+        }
+        let port = c.get_ports().first().copied().unwrap_or(5432);
+        let timeout = c
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(std::time::Duration::from_secs(10));
+        let deadline = std::time::Instant::now() + timeout;
+        let socket = super::pg_io::connect(c, host, port, timeout)
+            .map_err(|e| self.unreachable(format!("error connecting to server: {e}")))?;
+        let mut io = Io {
+            connection: None,
+            socket: socket.handle(),
+        };
+        let made = block_on_until(
+            &mut io,
+            deadline,
+            c.connect_raw(socket, tokio_postgres::NoTls),
+        )
+        .map_err(|()| self.unreachable("error connecting to server: connection timed out"))?;
+        let (client, connection) = made.map_err(|e| self.connect_error(e))?;
+        io.connection = Some(Box::pin(async move {
+            let _ = connection.await;
+        }));
+        let conn = PgConn::new(client, self.lock_key);
+        *conn.io.borrow_mut() = Some(io);
+        Ok(Some(conn))
     }
 
     /// Creates the schema and its tables on first open, in one transaction
@@ -1151,13 +1238,14 @@ impl Target {
         conn.flush()?;
         // Created only when missing: a host given a schema of its own, and no
         // right to create one in the database, opens it all the same.
-        let exists: bool = wait(conn.client.query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1::text)",
-            &[&self.schema],
-        ))?
-        .get(0);
+        let exists: bool = conn
+            .wait(conn.client.query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1::text)",
+                &[&self.schema],
+            ))?
+            .get(0);
         if !exists {
-            wait(
+            conn.wait(
                 conn.client
                     .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {}", self.schema)),
             )?;
@@ -1178,8 +1266,8 @@ impl Target {
             }
             Some(v) => v,
             None => {
-                wait(conn.client.batch_execute(SCHEMA_PG_SQL))?;
-                wait(conn.client.execute(
+                conn.wait(conn.client.batch_execute(SCHEMA_PG_SQL))?;
+                conn.wait(conn.client.execute(
                     "INSERT INTO abridge_schema (version) VALUES ($1)",
                     &[&crate::store::PG_BASELINE],
                 ))?;
@@ -1198,9 +1286,9 @@ impl Target {
                     m.version
                 ))
             })?;
-            wait(conn.client.batch_execute(sql))?;
+            conn.wait(conn.client.batch_execute(sql))?;
             crate::store::schema::run_hook(c, m.hook)?;
-            wait(conn.client.execute(
+            conn.wait(conn.client.execute(
                 "INSERT INTO abridge_schema (version) VALUES ($1)",
                 &[&m.version],
             ))?;
@@ -1227,7 +1315,7 @@ impl Target {
 /// [`Error::ForeignDatabase`] when it holds tables but no stamp.
 fn read_version(conn: &PgConn, target: &Target) -> Result<Option<i64>> {
     conn.flush()?;
-    let row = wait(conn.client.query_one(
+    let row = conn.wait(conn.client.query_one(
         "SELECT to_regclass(format('%I.abridge_schema', $1::text)) IS NOT NULL, \
                 (SELECT count(*) FROM information_schema.tables WHERE table_schema = $1::text)",
         &[&target.schema],
@@ -1241,11 +1329,12 @@ fn read_version(conn: &PgConn, target: &Target) -> Result<Option<i64>> {
         }
         return Ok(None);
     }
-    let v: Option<i64> = wait(
-        conn.client
-            .query_one("SELECT max(version) FROM abridge_schema", &[]),
-    )?
-    .get(0);
+    let v: Option<i64> = conn
+        .wait(
+            conn.client
+                .query_one("SELECT max(version) FROM abridge_schema", &[]),
+        )?
+        .get(0);
     Ok(Some(v.unwrap_or(0)))
 }
 
@@ -1350,7 +1439,7 @@ impl Manager {
         }
         if !recent {
             c.trips.set(c.trips.get() + 1);
-            wait(c.client.simple_query(""))?;
+            c.wait(c.client.simple_query(""))?;
         }
         Ok(())
     }
@@ -1681,6 +1770,105 @@ pub(crate) mod pipeline_tests {
             .with_conn(|c| c.query_row("SELECT pg_backend_pid()::bigint", [], |r| r.get(0)))
             .unwrap();
         assert_ne!(now, pid, "the ended connection was replaced");
+    }
+
+    /// A connection the server ended a moment ago (within the time a
+    /// pooled connection is handed out unchecked) is not handed out: on
+    /// Unix the waiting thread does its I/O, and the checkout reads what
+    /// the server sent since (its notice, the end of the stream): the
+    /// connection says it is closed without a request made on it, and the
+    /// next store call runs on a new connection.
+    #[test]
+    fn a_connection_the_server_ended_a_moment_ago_is_replaced_not_handed_out() {
+        let Some((store, url)) = store_at("ended") else {
+            return;
+        };
+        let admin =
+            Store::open_with(&url, StoreOptions::default().with_max_connections(1)).unwrap();
+        let terminate = |pid: i64| {
+            // Returns once the backend is gone (its notice and the end of
+            // its stream sent).
+            admin
+                .with_conn(|c| {
+                    c.query_row("SELECT pg_terminate_backend(?1::int, 5000)", [pid], |r| {
+                        r.get::<_, bool>(0)
+                    })
+                })
+                .unwrap()
+        };
+        let pid_of = |c: &super::PgConn| -> i64 {
+            c.wait(c.client.query_one("SELECT pg_backend_pid()::bigint", &[]))
+                .unwrap()
+                .get(0)
+        };
+
+        // One connection, no pool: closed once the server ended it, seen
+        // without a request.
+        let conn = super::parse(&url).unwrap().connect().unwrap();
+        #[cfg(unix)]
+        assert!(
+            conn.io.borrow().is_some(),
+            "one TCP host: the waiting thread does the connection's I/O"
+        );
+        assert!(!conn.is_closed());
+        assert!(terminate(pid_of(&conn)));
+        let trips = conn.round_trips();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !conn.is_closed() && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(conn.is_closed(), "the end the server sent is read");
+        assert_eq!(conn.round_trips(), trips, "without a request");
+
+        // The pool's: replaced at the next checkout.
+        let pid: i64 = store
+            .with_conn(|c| c.query_row("SELECT pg_backend_pid()::bigint", [], |r| r.get(0)))
+            .unwrap();
+        assert!(terminate(pid));
+        let now: i64 = store
+            .with_conn(|c| c.query_row("SELECT pg_backend_pid()::bigint", [], |r| r.get(0)))
+            .unwrap();
+        assert_ne!(now, pid, "the ended connection was replaced");
+    }
+
+    /// A read transaction's end, whose answer no one waits for, reaches the
+    /// server when the transaction ends, not with the connection's next
+    /// request: a connection back in the pool holds no snapshot open.
+    #[test]
+    fn a_read_transactions_end_reaches_the_server_before_the_next_request() {
+        let Some((store, url)) = store_at("read_end") else {
+            return;
+        };
+        let admin =
+            Store::open_with(&url, StoreOptions::default().with_max_connections(1)).unwrap();
+        let pid: i64 = store
+            .with_conn(|c| {
+                c.in_read_tx(|c| {
+                    assert_eq!(count(c), 1);
+                    c.query_row("SELECT pg_backend_pid()::bigint", [], |r| r.get(0))
+                })
+            })
+            .unwrap();
+        let state = || -> String {
+            admin
+                .with_conn(|c| {
+                    c.query_row(
+                        "SELECT state FROM pg_stat_activity WHERE pid = ?1::int",
+                        [pid],
+                        |r| r.get(0),
+                    )
+                })
+                .unwrap()
+        };
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while state() != "idle" && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(
+            state(),
+            "idle",
+            "the read transaction was ended on the server"
+        );
     }
 
     /// The write locks' scopes: a leased turn's transaction excludes that
