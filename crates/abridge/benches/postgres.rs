@@ -242,6 +242,13 @@ fn main() {
         let piped_s = (piped_s + piped_again) / 2.0;
         println!("floor (BEGIN, INSERT, COMMIT): 3 round trips");
         println!(
+            "µs: floor {:.0}, pipelined floor {:.0}, step at H = 100 {:.0}, at H = 1000 {:.0}",
+            floor_s * 1e6,
+            piped_s * 1e6,
+            s100 * 1e6,
+            s1000 * 1e6
+        );
+        println!(
             "pipelined floor (BEGIN with the INSERT, COMMIT): 2 round trips, {:.2}x the floor",
             piped_s / floor_s
         );
