@@ -1194,10 +1194,7 @@ impl Target {
         let deadline = std::time::Instant::now() + timeout;
         let socket = super::pg_io::connect(c, host, port, timeout)
             .map_err(|e| self.unreachable(format!("error connecting to server: {e}")))?;
-        let mut io = Io {
-            connection: None,
-            socket: socket.handle(),
-        };
+        let mut io = Io::new(socket.handle());
         let made = block_on_until(
             &mut io,
             deadline,
@@ -1205,7 +1202,7 @@ impl Target {
         )
         .map_err(|()| self.unreachable("error connecting to server: connection timed out"))?;
         let (client, connection) = made.map_err(|e| self.connect_error(e))?;
-        io.connection = Some(Box::pin(async move {
+        io.drive_from_now(Box::pin(async move {
             let _ = connection.await;
         }));
         let conn = PgConn::new(client, self.lock_key);

@@ -216,14 +216,31 @@ pub(crate) struct Handle {
 /// The connection's future, polled by the waits of its client.
 pub(crate) type Driven = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// A client's I/O: its connection's future (None once it ended) and its
-/// socket.
+/// A client's I/O: its connection's future (None before it was made and
+/// once it ended) and its socket.
 pub(crate) struct Io {
-    pub(crate) connection: Option<Driven>,
-    pub(crate) socket: Handle,
+    connection: Option<Driven>,
+    socket: Handle,
+    /// The connection ended (and closed its socket): the descriptor is
+    /// not waited on again, whatever it may name by now.
+    closed: bool,
 }
 
 impl Io {
+    /// The I/O of `socket`, whose connection is not made yet.
+    pub(crate) fn new(socket: Handle) -> Io {
+        Io {
+            connection: None,
+            socket,
+            closed: false,
+        }
+    }
+
+    /// The connection made over the socket, polled by the waits from now.
+    pub(crate) fn drive_from_now(&mut self, connection: Driven) {
+        self.connection = Some(connection);
+    }
+
     /// Whether the connection has ended: when the server has sent
     /// anything since the last request (a termination notice, the end of
     /// the stream), it is read now.
@@ -231,7 +248,7 @@ impl Io {
         if self.connection.is_some() && self.socket.poll(false, Some(Duration::ZERO)) > 0 {
             self.push();
         }
-        self.connection.is_none()
+        self.closed
     }
 
     /// Lets the connection write what its client has asked for so far
@@ -245,6 +262,7 @@ impl Io {
         if let Some(c) = self.connection.as_mut() {
             if c.as_mut().poll(cx).is_ready() {
                 self.connection = None;
+                self.closed = true;
             }
         }
     }
@@ -350,6 +368,11 @@ pub(crate) fn block_on_until<F: Future, D: Deadline>(
             // on it is answered: its channels closed): poll again.
             continue;
         }
+        if io.closed {
+            // Nothing reads the socket any more (its descriptor may name
+            // another file by now): only a wake-up can answer `f`.
+            return Ok(futures_executor::block_on(f));
+        }
         let timeout = deadline.left()?;
         let write = io.socket.want_write.swap(false, Ordering::Relaxed);
         io.socket.poll(write, timeout);
@@ -368,10 +391,7 @@ mod tests {
     fn a_wait_sleeps_on_the_socket_until_it_is_ready() {
         let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
         let mut sock = Socket::unix(a).unwrap();
-        let mut io = Io {
-            connection: None,
-            socket: sock.handle(),
-        };
+        let mut io = Io::new(sock.handle());
         let peer = std::thread::spawn(move || {
             let mut b = b;
             std::thread::sleep(Duration::from_millis(50));
@@ -400,10 +420,7 @@ mod tests {
     fn a_wait_with_a_deadline_ends_when_it_passes() {
         let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
         let mut sock = Socket::unix(a).unwrap();
-        let mut io = Io {
-            connection: None,
-            socket: sock.handle(),
-        };
+        let mut io = Io::new(sock.handle());
         let mut buf = [0u8; 1];
         let deadline = Instant::now() + Duration::from_millis(30);
         assert!(block_on_until(&mut io, deadline, sock.read_exact(&mut buf)).is_err());
