@@ -1557,6 +1557,27 @@ pub(crate) mod pipeline_tests {
         c.round_trips().unwrap()
     }
 
+    /// The server's process serving the store's next connection.
+    fn backend_pid(store: &Store) -> i64 {
+        store
+            .with_conn(|c| c.query_row("SELECT pg_backend_pid()::bigint", [], |r| r.get(0)))
+            .unwrap()
+    }
+
+    /// Ends the server's process `pid` from another store of `url`, and
+    /// returns once it is gone (its notice and the end of its stream sent).
+    fn terminate(url: &str, pid: i64) {
+        let admin = Store::open_with(url, StoreOptions::default().with_max_connections(1)).unwrap();
+        let ended = admin
+            .with_conn(|c| {
+                c.query_row("SELECT pg_terminate_backend(?1::int, 5000)", [pid], |r| {
+                    r.get::<_, bool>(0)
+                })
+            })
+            .unwrap();
+        assert!(ended, "backend {pid} ended");
+    }
+
     /// A queued write that had to change a row and changed none fails the
     /// commit, and nothing of its transaction is committed, though every
     /// other write of it reached the server.
@@ -1748,25 +1769,16 @@ pub(crate) mod pipeline_tests {
             "an idle connection is checked: one round trip"
         );
         // Ended by the server while idle: the check finds it, a new one is made.
-        let pid: i64 = store
-            .with_conn(|c| c.query_row("SELECT pg_backend_pid()::bigint", [], |r| r.get(0)))
-            .unwrap();
-        let admin =
-            Store::open_with(&url, StoreOptions::default().with_max_connections(1)).unwrap();
-        admin
-            .with_conn(|c| {
-                c.query_row("SELECT pg_terminate_backend(?1::int)", [pid], |r| {
-                    r.get::<_, bool>(0)
-                })
-            })
-            .unwrap();
+        let pid = backend_pid(&store);
+        terminate(&url, pid);
         std::thread::sleep(
             super::super::pool::CHECKED_RECENTLY + std::time::Duration::from_millis(100),
         );
-        let now: i64 = store
-            .with_conn(|c| c.query_row("SELECT pg_backend_pid()::bigint", [], |r| r.get(0)))
-            .unwrap();
-        assert_ne!(now, pid, "the ended connection was replaced");
+        assert_ne!(
+            backend_pid(&store),
+            pid,
+            "the ended connection was replaced"
+        );
     }
 
     /// A connection the server ended a moment ago (within the time a
@@ -1780,25 +1792,6 @@ pub(crate) mod pipeline_tests {
         let Some((store, url)) = store_at("ended") else {
             return;
         };
-        let admin =
-            Store::open_with(&url, StoreOptions::default().with_max_connections(1)).unwrap();
-        let terminate = |pid: i64| {
-            // Returns once the backend is gone (its notice and the end of
-            // its stream sent).
-            admin
-                .with_conn(|c| {
-                    c.query_row("SELECT pg_terminate_backend(?1::int, 5000)", [pid], |r| {
-                        r.get::<_, bool>(0)
-                    })
-                })
-                .unwrap()
-        };
-        let pid_of = |c: &super::PgConn| -> i64 {
-            c.wait(c.client.query_one("SELECT pg_backend_pid()::bigint", &[]))
-                .unwrap()
-                .get(0)
-        };
-
         // One connection, no pool: closed once the server ended it, seen
         // without a request.
         let conn = super::parse(&url).unwrap().connect().unwrap();
@@ -1808,7 +1801,14 @@ pub(crate) mod pipeline_tests {
             "one TCP host: the waiting thread does the connection's I/O"
         );
         assert!(!conn.is_closed());
-        assert!(terminate(pid_of(&conn)));
+        let pid: i64 = conn
+            .wait(
+                conn.client
+                    .query_one("SELECT pg_backend_pid()::bigint", &[]),
+            )
+            .unwrap()
+            .get(0);
+        terminate(&url, pid);
         let trips = conn.round_trips();
         let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while !conn.is_closed() && std::time::Instant::now() < until {
@@ -1818,14 +1818,13 @@ pub(crate) mod pipeline_tests {
         assert_eq!(conn.round_trips(), trips, "without a request");
 
         // The pool's: replaced at the next checkout.
-        let pid: i64 = store
-            .with_conn(|c| c.query_row("SELECT pg_backend_pid()::bigint", [], |r| r.get(0)))
-            .unwrap();
-        assert!(terminate(pid));
-        let now: i64 = store
-            .with_conn(|c| c.query_row("SELECT pg_backend_pid()::bigint", [], |r| r.get(0)))
-            .unwrap();
-        assert_ne!(now, pid, "the ended connection was replaced");
+        let pid = backend_pid(&store);
+        terminate(&url, pid);
+        assert_ne!(
+            backend_pid(&store),
+            pid,
+            "the ended connection was replaced"
+        );
     }
 
     /// A read transaction's end, whose answer no one waits for, reaches the
