@@ -207,7 +207,6 @@ fn tcp_socket(
 }
 
 /// The socket's descriptor and its write flag, for a wait.
-#[derive(Clone)]
 pub(crate) struct Handle {
     fd: RawFd,
     want_write: Arc<AtomicBool>,
