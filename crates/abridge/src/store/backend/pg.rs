@@ -83,7 +83,9 @@ fn wait<F: Future>(f: F) -> F::Output {
 pub(crate) struct PgConn {
     client: tokio_postgres::Client,
     /// The connection's I/O, done by the thread that waits for an answer
-    /// (None: on the I/O thread, [`runtime`]).
+    /// (None: on the I/O thread, [`runtime`]). Declared after `client`, so
+    /// dropped after it: the connection then sees its client gone and ends
+    /// the session (`Terminate`) as the I/O is dropped.
     #[cfg(unix)]
     io: RefCell<Option<super::pg_io::Io>>,
     /// Prepared statements by their text (as written for SQLite), which is
@@ -1836,6 +1838,76 @@ pub(crate) mod pipeline_tests {
             backend_pid(&store),
             pid,
             "the ended connection was replaced"
+        );
+    }
+
+    /// A connection dropped ends its session the way libpq's and
+    /// tokio-postgres's own do: the server gets `Terminate` before the
+    /// socket closes, not a stream that stops mid-session. A proxy between
+    /// the connection and the server keeps what the client sent.
+    #[test]
+    fn a_dropped_connection_sends_terminate_before_its_socket_closes() {
+        use std::io::{Read, Write};
+        use tokio_postgres::config::Host;
+        let Ok(base) = std::env::var("ABRIDGE_TEST_POSTGRES") else {
+            eprintln!("ABRIDGE_TEST_POSTGRES is not set: skipped");
+            return;
+        };
+        let config: tokio_postgres::Config = base.split('?').next().unwrap().parse().unwrap();
+        let (Some(Host::Tcp(host)), Some(user)) = (config.get_hosts().first(), config.get_user())
+        else {
+            eprintln!("the test server is not reached over TCP: skipped");
+            return;
+        };
+        let server = (
+            host.clone(),
+            config.get_ports().first().copied().unwrap_or(5432),
+        );
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (sent_tx, sent) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let (mut client, _) = listener.accept().unwrap();
+            let mut upstream = std::net::TcpStream::connect(server).unwrap();
+            let (mut back_from, mut back_to) =
+                (upstream.try_clone().unwrap(), client.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut back_from, &mut back_to);
+            });
+            let mut kept = Vec::new();
+            let mut buf = [0u8; 8192];
+            while let Ok(n @ 1..) = client.read(&mut buf) {
+                kept.extend_from_slice(&buf[..n]);
+                if upstream.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            let _ = upstream.shutdown(std::net::Shutdown::Both);
+            let _ = sent_tx.send(kept);
+        });
+        let password = config
+            .get_password()
+            .map(|p| format!(":{}", String::from_utf8_lossy(p)))
+            .unwrap_or_default();
+        let db = config.get_dbname().unwrap_or(user);
+        let url = format!("postgres://{user}{password}@127.0.0.1:{port}/{db}");
+        let conn = super::parse(&url).unwrap().connect().unwrap();
+        #[cfg(unix)]
+        assert!(conn.io.borrow().is_some(), "the waiting thread's I/O");
+        let one: i32 = conn
+            .wait(conn.client.query_one("SELECT 1", &[]))
+            .unwrap()
+            .get(0);
+        assert_eq!(one, 1);
+        drop(conn);
+        let sent = sent
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the dropped connection closed its socket");
+        // Terminate: 'X' and its length, 4, and nothing after it.
+        assert!(
+            sent.ends_with(&[b'X', 0, 0, 0, 4]),
+            "the last bytes sent: {:?}",
+            &sent[sent.len().saturating_sub(16)..]
         );
     }
 

@@ -267,6 +267,30 @@ impl Io {
     }
 }
 
+/// How long a dropped connection may wait to end its session: as a rule
+/// `Terminate` is written at once and no wait happens; this bounds a socket
+/// whose buffer is full or answers still owed by the server.
+const END_WAIT: Duration = Duration::from_millis(100);
+
+impl Drop for Io {
+    /// Ends the session as tokio-postgres's own task does once its client
+    /// is gone (the client is dropped first: [`super::pg::PgConn`]'s field
+    /// order): the connection, polled until it ends, sends the server
+    /// `Terminate` and shuts its socket, instead of the stream stopping.
+    fn drop(&mut self) {
+        let until = Instant::now() + END_WAIT;
+        loop {
+            self.push();
+            if self.connection.is_none() {
+                return;
+            }
+            let Ok(left) = until.left() else { return };
+            let write = self.socket.want_write.swap(false, Ordering::Relaxed);
+            self.socket.poll(write, left);
+        }
+    }
+}
+
 impl Handle {
     /// Sleeps until the socket is readable (or writable, when a write was
     /// refused), or `timeout` passed (None: no limit). How many descriptors
