@@ -256,6 +256,13 @@ impl Io {
         self.drive(&mut Context::from_waker(Waker::noop()));
     }
 
+    /// Sleeps on the socket until it can be read (or written, when the
+    /// connection's last write was refused), or `timeout` passed.
+    fn sleep(&self, timeout: Option<Duration>) {
+        let write = self.socket.want_write.swap(false, Ordering::Relaxed);
+        self.socket.poll(write, timeout);
+    }
+
     /// Polls the connection once; drops it when it ended.
     fn drive(&mut self, cx: &mut Context<'_>) {
         if let Some(c) = self.connection.as_mut() {
@@ -285,8 +292,7 @@ impl Drop for Io {
                 return;
             }
             let Ok(left) = until.left() else { return };
-            let write = self.socket.want_write.swap(false, Ordering::Relaxed);
-            self.socket.poll(write, left);
+            self.sleep(left);
         }
     }
 }
@@ -396,9 +402,7 @@ pub(crate) fn block_on_until<F: Future, D: Deadline>(
             // another file by now): only a wake-up can answer `f`.
             return Ok(futures_executor::block_on(f));
         }
-        let timeout = deadline.left()?;
-        let write = io.socket.want_write.swap(false, Ordering::Relaxed);
-        io.socket.poll(write, timeout);
+        io.sleep(deadline.left()?);
     }
 }
 
