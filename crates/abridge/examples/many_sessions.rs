@@ -22,6 +22,8 @@
 //! completion event), `turn_p50_ms`/`turn_p99_ms` (one `run_turn_at`),
 //! `progressed_share` (sessions that finished a turn in every whole 10 s
 //! window; every session when the run is shorter than one),
+//! `session_turns_min`/`session_turns_p50`/`session_turns_max` (the turns
+//! one session finished in the run: how evenly the sessions were served),
 //! `group_commits_per_step` and `turn_writes_per_group_commit` (on an SQLite
 //! store: the group commits of the measured window over its steps, and the
 //! turns' write transactions each committed; `--no-group-commit` commits
@@ -223,6 +225,8 @@ struct Measured {
     turn_us: Vec<u64>,
     /// Per session, the 10 s windows in which it finished a turn.
     windows: Vec<Vec<u64>>,
+    /// Per session, the turns it finished.
+    session_turns: Vec<u64>,
     lagged: u64,
     elapsed_s: f64,
     /// Microseconds the steps slept in SQLite's busy handler.
@@ -243,6 +247,7 @@ impl Measured {
     fn to_json(&self) -> Value {
         json!({"steps": self.steps, "turns": self.turns, "cpu_us": self.cpu_us,
                "step_us": self.step_us, "turn_us": self.turn_us, "windows": self.windows,
+               "session_turns": self.session_turns,
                "lagged": self.lagged, "elapsed_s": self.elapsed_s,
                "busy_sleep_us": self.busy_sleep_us, "queue_waits": self.queue_waits,
                "queue_wait_us": self.queue_wait_us, "summary_waits": self.summary_waits,
@@ -274,6 +279,7 @@ impl Measured {
                         .collect()
                 })
                 .unwrap_or_default(),
+            session_turns: list("session_turns"),
             lagged: v["lagged"].as_u64().unwrap_or(0),
             elapsed_s: v["elapsed_s"].as_f64().unwrap_or(0.0),
             busy_sleep_us: v["busy_sleep_us"].as_u64().unwrap_or(0),
@@ -293,6 +299,7 @@ impl Measured {
         self.step_us.extend(other.step_us);
         self.turn_us.extend(other.turn_us);
         self.windows.extend(other.windows);
+        self.session_turns.extend(other.session_turns);
         self.lagged += other.lagged;
         self.elapsed_s = self.elapsed_s.max(other.elapsed_s);
         self.busy_sleep_us += other.busy_sleep_us;
@@ -409,6 +416,7 @@ async fn run_sessions(db: &str, sessions: usize, seconds: f64, tag: &str, o: &Op
     while let Some(r) = tasks.join_next().await {
         let (turns, turn_us, windows) = r.expect("a session task");
         m.turns += turns;
+        m.session_turns.push(turns);
         m.turn_us.extend(turn_us);
         m.windows.push(windows);
     }
@@ -457,13 +465,18 @@ fn floor_tx_per_s(db: &str, seconds: f64, o: &Opts) -> f64 {
         .expect("the floor")
 }
 
-fn percentile(v: &mut [u64], p: f64) -> f64 {
+/// The `p` quantile of `v` (0 when empty), nearest rank.
+fn quantile(v: &mut [u64], p: f64) -> u64 {
     if v.is_empty() {
-        return 0.0;
+        return 0;
     }
     v.sort_unstable();
-    let i = ((v.len() - 1) as f64 * p).round() as usize;
-    v[i] as f64 / 1000.0
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// The `p` quantile of `v`, microseconds, in milliseconds.
+fn percentile(v: &mut [u64], p: f64) -> f64 {
+    quantile(v, p) as f64 / 1000.0
 }
 
 fn main() {
@@ -571,6 +584,9 @@ fn main() {
         "turn_p50_ms": percentile(&mut m.turn_us, 0.50),
         "turn_p99_ms": percentile(&mut m.turn_us, 0.99),
         "progressed_share": progressed as f64 / sessions as f64,
+        "session_turns_min": quantile(&mut m.session_turns, 0.0),
+        "session_turns_p50": quantile(&mut m.session_turns, 0.5),
+        "session_turns_max": quantile(&mut m.session_turns, 1.0),
         "step_events_lagged": m.lagged,
         "busy_sleep_s": m.busy_sleep_us as f64 / 1e6,
         "queue_waits": m.queue_waits,
