@@ -179,6 +179,78 @@ async fn every_session_makes_progress_through_one_slot() {
     assert!(report.ok, "{report:#?}");
 }
 
+/// Turns rows in the store, every session's.
+fn turn_rows(store: &Store) -> i64 {
+    store
+        .with_conn(|c| c.query_row("SELECT count(*) FROM turns", [], |r| r.get(0)))
+        .unwrap()
+}
+
+/// With one slot, a turn's begin (its row written, its first step found and
+/// planned) waits in line as every other part does: while one session's
+/// step holds the only slot, another session's turn writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turns_begin_waits_in_line_for_a_slot() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(common::db_for(&path)).unwrap();
+    // The first step to reach its model call holds its slot (the hook runs
+    // before the slot is given back) until the test lets it go.
+    let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let first = std::sync::Mutex::new(Some((held_tx, go_rx)));
+    let hook: abridge::FaultHook = Arc::new(move |p| {
+        if p == abridge::FaultPoint::BeforeModelCall {
+            let once = first.lock().unwrap().take();
+            if let Some((held, go)) = once {
+                held.send(()).unwrap();
+                let _ = go.recv();
+            }
+        }
+        Ok(())
+    });
+    let mut cfg = RunnerConfig::default().with_owner("line");
+    cfg.step_slots = 1;
+    cfg.testing.fault_hook = Some(hook);
+    let r = Runner::builder(store.clone(), Arc::new(Meeting { barrier: None }))
+        .config(cfg)
+        .compaction(
+            abridge::CompactionConfig::default()
+                .with_compact_at(abridge::Threshold::Tokens(100_000)),
+        )
+        .build()
+        .unwrap();
+    let a = r
+        .create_session("holder", "test-model", "sys")
+        .await
+        .unwrap();
+    let b = r
+        .create_session("waiter", "test-model", "sys")
+        .await
+        .unwrap();
+    let ra = r.clone();
+    let turn_a = tokio::spawn(async move { ra.run_turn(a.id, "hello").await });
+    tokio::task::spawn_blocking(move || held_rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(turn_rows(&store), 1, "the holder's turn");
+    let rb = r.clone();
+    let turn_b = tokio::spawn(async move { rb.run_turn(b.id, "hello").await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        turn_rows(&store),
+        1,
+        "a turn began while another step held the only slot"
+    );
+    go_tx.send(()).unwrap();
+    for t in [turn_a, turn_b] {
+        let done = tokio::time::timeout(Duration::from_secs(30), t).await;
+        assert_eq!(done.unwrap().unwrap().unwrap().output, "Done.");
+    }
+    assert_eq!(turn_rows(&store), 2);
+    assert!(r.queue_stats().waits >= 1, "{:?}", r.queue_stats());
+}
+
 /// Runs `turns` demo turns in each of `sessions` sessions (ids from `from`).
 async fn demo_turns(store: &Store, from: u64, sessions: u64, turns: i64) {
     let runner = common::demo_runner(store, 7, abridge::Threshold::Tokens(2_000), None);

@@ -226,6 +226,10 @@ impl Runner {
         let input = input.to_string();
         let gone = self.gone_check();
         let this = self.clone();
+        // The turn's begin (its row, its first step found and planned) works
+        // the store and the CPU: it waits in the fair queue's line as every
+        // other such part does, and its slot goes on to the first step.
+        let slot = self.inner.queue.take().await;
         let begun = self
             .inner
             .store
@@ -238,7 +242,7 @@ impl Runner {
                 store::begin_turn(c, session_id, idx, &input, &holder, ttl, &gone, then)
             })
             .await?;
-        self.begun(begun, claim).await
+        self.begun(begun, claim, slot).await
     }
 
     /// Resumes a running turn (from any process) at its first incomplete step.
@@ -252,6 +256,7 @@ impl Runner {
         let ttl = self.inner.cfg.lease_ttl.as_millis() as i64;
         let gone = self.gone_check();
         let this = self.clone();
+        let slot = self.inner.queue.take().await;
         let begun = self
             .inner
             .store
@@ -266,7 +271,7 @@ impl Runner {
                 }
             })
             .await?;
-        self.begun(begun, claim).await
+        self.begun(begun, claim, slot).await
     }
 
     /// After taking a turn's lease, in the same blocking call: the session
@@ -288,11 +293,11 @@ impl Runner {
         Ok(Begun::Drive(Box::new((turn, lease, session, first))))
     }
 
-    async fn begun(&self, begun: Begun, claim: ClaimGuard) -> Result<TurnOutcome> {
+    async fn begun(&self, begun: Begun, claim: ClaimGuard, slot: Slot) -> Result<TurnOutcome> {
         match begun {
             Begun::Drive(b) => {
                 let (turn, lease, session, first) = *b;
-                let out = self.drive(turn, lease, session, first).await;
+                let out = self.drive(turn, lease, session, first, slot).await;
                 drop(claim);
                 out
             }

@@ -1,7 +1,8 @@
 //! The runner's fair queue: the parts of a step that work the store and the
 //! CPU (claiming, planning and building the messages before the model call;
-//! committing the response and the tool results after it) take one of a
-//! fixed number of slots, in the order they asked for one.
+//! committing the response and the tool results after it; a turn's begin,
+//! whose slot goes on to its first step) take one of a fixed number of
+//! slots, in the order they asked for one.
 //!
 //! Without it, a host with many sessions leaves the order to tokio's
 //! scheduler, which favours the task a worker just woke: with 1,000 sessions

@@ -43,13 +43,14 @@ pub(super) enum StepContext {
 }
 
 impl Runner {
-    #[instrument(skip(self, turn, lease, session, first), fields(session = %session.external_id, session_id = %turn.session_id, turn = turn.idx, turn_id = %turn.id))]
+    #[instrument(skip(self, turn, lease, session, first, slot), fields(session = %session.external_id, session_id = %turn.session_id, turn = turn.idx, turn_id = %turn.id))]
     pub(super) async fn drive(
         &self,
         turn: TurnRow,
         lease: Lease,
         session: SessionRow,
         first: Prepared,
+        slot: Slot,
     ) -> Result<TurnOutcome> {
         let _hb = self.heartbeat(&lease);
         let turn_idx = Some(turn.idx);
@@ -65,7 +66,7 @@ impl Runner {
         });
         let mut at_step = None;
         let out = match self
-            .drive_steps(&turn, &lease, &session, first, &mut at_step)
+            .drive_steps(&turn, &lease, &session, first, slot, &mut at_step)
             .await
         {
             Ok(done) => Ok(done),
@@ -98,13 +99,14 @@ impl Runner {
         lease: &Lease,
         session: &SessionRow,
         first: Prepared,
+        mut slot: Slot,
         at_step: &mut Option<StepId>,
     ) -> std::result::Result<TurnOutcome, Stop> {
+        // `slot` is the turn's place in the runner's fair queue, taken before
+        // its begin: held while the step works the store and the CPU, given
+        // back around the model call, a summary and a tool that runs outside
+        // the transaction.
         let mut next = first;
-        // The turn's place in the runner's fair queue: held while the step
-        // works the store and the CPU, given back around the model call,
-        // a summary and a tool that runs outside the transaction.
-        let mut slot = self.inner.queue.take().await;
         // The turn's steps as this process wrote them, while it wrote every
         // one from the first (see `StepPlan::written`).
         let mut journal = match &next {
