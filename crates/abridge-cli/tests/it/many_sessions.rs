@@ -62,6 +62,15 @@ impl Tool for Meet {
 fn runner(store: &Store, slots: usize, model: Meeting, meet: Option<Arc<Barrier>>) -> Runner {
     let mut cfg = RunnerConfig::default().with_owner("many");
     cfg.step_slots = slots;
+    runner_with(store, cfg, model, meet)
+}
+
+fn runner_with(
+    store: &Store,
+    cfg: RunnerConfig,
+    model: Meeting,
+    meet: Option<Arc<Barrier>>,
+) -> Runner {
     let tools = match meet {
         Some(b) => Tools::new().idempotent(
             ToolSpec {
@@ -211,14 +220,7 @@ async fn a_turns_begin_waits_in_line_for_a_slot() {
     let mut cfg = RunnerConfig::default().with_owner("line");
     cfg.step_slots = 1;
     cfg.testing.fault_hook = Some(hook);
-    let r = Runner::builder(store.clone(), Arc::new(Meeting { barrier: None }))
-        .config(cfg)
-        .compaction(
-            abridge::CompactionConfig::default()
-                .with_compact_at(abridge::Threshold::Tokens(100_000)),
-        )
-        .build()
-        .unwrap();
+    let r = runner_with(&store, cfg, Meeting { barrier: None }, None);
     let a = r
         .create_session("holder", "test-model", "sys")
         .await
