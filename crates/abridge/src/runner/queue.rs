@@ -122,6 +122,7 @@ pub(crate) fn default_slots() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::future::Future;
     use std::sync::Mutex;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -132,12 +133,16 @@ mod tests {
         let mut tasks = Vec::new();
         for i in 0..20 {
             let (q, order) = (q.clone(), order.clone());
-            tasks.push(tokio::spawn(async move {
+            let mut asks = Box::pin(async move {
                 let _slot = q.take().await;
                 order.lock().unwrap().push(i);
-            }));
-            // Each in line before the next asks.
-            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            });
+            // Each in line before the next asks: polled once here, it waits
+            // in the semaphore's line (a sleep between spawns did not make
+            // sure of that on a loaded machine).
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            assert!(asks.as_mut().poll(&mut cx).is_pending());
+            tasks.push(tokio::spawn(asks));
         }
         drop(first);
         for t in tasks {
