@@ -561,6 +561,14 @@ fn shipped_migrations_are_never_edited() {
             "e24c01f540af0f895fbde275d427c7903f99e95a2e365ba4621c04f2072608f7",
         ),
         (
+            "v14",
+            "bcf28e7281f88255136281bdd82ed8a2aaee87df9b3b4d7ab221d493a2a4c7a2",
+        ),
+        (
+            "v14 (PostgreSQL)",
+            "cd36dba8dd441d6e193ea47d051e31bfedfb1bc019a17ecd9de960e563a3bb51",
+        ),
+        (
             "schema_pg.sql (PostgreSQL baseline)",
             "519649a80dc5008c7aaf8accd7cbd44adef54017a733e0f51b46d9e4e4fdfcaa",
         ),
@@ -585,4 +593,80 @@ fn shipped_migrations_are_never_edited() {
         got, want,
         "a shipped schema file changed, or a new one has no pin"
     );
+}
+
+/// Version 14 spells out the columns' checks of a list of three or more
+/// values (SQLite built a temporary b-tree of the list at every row written)
+/// on a new store and on one migrated from version 13, and each still
+/// refuses a value outside its list and takes one inside it.
+#[test]
+fn version_14_spells_out_the_listed_checks_and_they_still_refuse() {
+    let listed = [
+        ("turns", "status"),
+        ("steps", "status"),
+        ("compactions", "status"),
+        ("tool_invocations", "status"),
+        ("tool_invocations", "effect"),
+        ("pins", "source"),
+        ("pins", "windowed"),
+        ("approvals", "status"),
+        ("approvals", "effect"),
+    ];
+    let fresh = tmp();
+    let old = tmp();
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden-v13.db");
+    std::fs::copy(fixture, &old.1).unwrap();
+    for path in [&fresh.1, &old.1] {
+        drop(Store::open(path).unwrap());
+        let c = rusqlite::Connection::open(path).unwrap();
+        let v: i64 = c
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, abridge::store::SCHEMA_VERSION);
+        for (table, column) in listed {
+            let sql: String = c
+                .query_row(
+                    "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?1",
+                    [table],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert!(
+                !sql.contains(&format!("{column} IN (")) && sql.contains(&format!("{column} = ")),
+                "{}: {table}.{column} kept its list: {sql}",
+                path.display()
+            );
+        }
+        // The schema as a whole still reads back whole.
+        let ok: String = c.query_row("PRAGMA quick_check", [], |r| r.get(0)).unwrap();
+        assert_eq!(ok, "ok");
+        if path == &fresh.1 {
+            c.execute_batch(
+                "INSERT INTO sessions (id, external_id, model, system_prompt, created_at) \
+                 VALUES (1, 's', 'm', '', 0)",
+            )
+            .unwrap();
+        }
+        let turn = |status: &str, idx: i64| {
+            c.execute(
+                "INSERT INTO turns (session_id, idx, input, status, created_at) \
+                 VALUES ((SELECT min(id) FROM sessions), ?1, 'x', ?2, 0)",
+                rusqlite::params![idx, status],
+            )
+        };
+        let err = turn("bogus", 100_000).unwrap_err().to_string();
+        assert!(err.contains("CHECK constraint failed"), "{err}");
+        turn("failed", 100_001).unwrap();
+        let step = |status: &str, idx: i64| {
+            c.execute(
+                "INSERT INTO steps (turn_id, idx, status, created_at) \
+                 VALUES ((SELECT max(id) FROM turns), ?1, ?2, 0)",
+                rusqlite::params![idx, status],
+            )
+        };
+        let err = step("bogus", 0).unwrap_err().to_string();
+        assert!(err.contains("CHECK constraint failed"), "{err}");
+        step("responded", 0).unwrap();
+    }
 }

@@ -3,7 +3,7 @@
 //! and the numbered migrations after it.
 
 use crate::error::{Error, Result};
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 use std::path::Path;
 use std::time::Duration;
 
@@ -41,6 +41,9 @@ pub(crate) enum Hook {
     /// Pins the facts of the turns finished before pins existed (version 3),
     /// with the built-in extractor, so the next compaction carries them.
     BackfillPins,
+    /// Spells out the columns' checks of a list of three or more values
+    /// (version 14): [`spell_out_checks`].
+    SpellOutChecks,
 }
 
 /// The version the PostgreSQL schema file (`schema_pg.sql`) is written at: a
@@ -104,6 +107,14 @@ pub const MIGRATIONS: &[Migration] = &[
         sqlite: include_str!("migrations/0013_bounded_reads.sql"),
         postgres: Some(include_str!("migrations/postgres/0013_bounded_reads.sql")),
         hook: None,
+    },
+    Migration {
+        version: 14,
+        sqlite: include_str!("migrations/0014_spelled_out_checks.sql"),
+        postgres: Some(include_str!(
+            "migrations/postgres/0014_spelled_out_checks.sql"
+        )),
+        hook: Some(Hook::SpellOutChecks),
     },
 ];
 
@@ -228,7 +239,145 @@ pub(crate) fn run_hook(conn: &crate::store::db::Connection, hook: Option<Hook>) 
     match hook {
         None => Ok(()),
         Some(Hook::BackfillPins) => crate::store::pins::backfill(conn).map(|_| ()),
+        Some(Hook::SpellOutChecks) => match conn.kind() {
+            crate::store::BackendKind::Sqlite => spell_out_checks(conn.sqlite("the checks")?),
+            crate::store::BackendKind::Postgres => Ok(()),
+        },
     }
+}
+
+/// The columns' checks of a list of three or more values, on the tables a
+/// turn writes: (table, column, the values as the schema spells them).
+/// SQLite runs `CHECK (x IN (...))` of such a list by building a temporary
+/// b-tree of it at every row written; `redacted_rows.tbl`, written only by a
+/// redaction, keeps its list.
+pub(crate) const LISTED_CHECKS: &[(&str, &str, &[&str])] = &[
+    ("turns", "status", &["'running'", "'completed'", "'failed'"]),
+    (
+        "compactions",
+        "status",
+        &["'pending'", "'completed'", "'failed'"],
+    ),
+    (
+        "steps",
+        "status",
+        &["'running'", "'responded'", "'completed'", "'failed'"],
+    ),
+    (
+        "tool_invocations",
+        "effect",
+        &[
+            "'transactional'",
+            "'idempotent'",
+            "'at_most_once'",
+            "'none'",
+        ],
+    ),
+    (
+        "tool_invocations",
+        "status",
+        &["'started'", "'completed'", "'failed'"],
+    ),
+    (
+        "pins",
+        "source",
+        &["'user'", "'assistant'", "'tool'", "'host'"],
+    ),
+    ("pins", "windowed", &["0", "1", "2"]),
+    (
+        "approvals",
+        "effect",
+        &[
+            "'transactional'",
+            "'idempotent'",
+            "'at_most_once'",
+            "'deferred'",
+        ],
+    ),
+    (
+        "approvals",
+        "status",
+        &[
+            "'pending'",
+            "'approved'",
+            "'rejected'",
+            "'delivered'",
+            "'abandoned'",
+        ],
+    ),
+];
+
+/// A listed check as the schema wrote it, and spelled out: the same rule
+/// (a NULL passes both; the column's affinity and collation apply to each
+/// comparison as to the list's).
+pub(crate) fn listed_and_spelled(column: &str, values: &[&str]) -> (String, String) {
+    let listed = format!("CHECK ({column} IN ({}))", values.join(", "));
+    let spelled = values
+        .iter()
+        .map(|v| format!("{column} = {v}"))
+        .collect::<Vec<_>>()
+        .join(" OR ");
+    (listed, format!("CHECK ({spelled})"))
+}
+
+/// Version 14's hook, inside the migration's transaction: rewrites each of
+/// [`LISTED_CHECKS`] in its table's `CREATE TABLE` text, the way SQLite's
+/// documentation gives for a change of constraints that leaves every row as
+/// it is (`writable_schema`, the schema's version moved on so that every
+/// connection re-reads it), then re-reads the schema on this connection: a
+/// text SQLite would not parse fails the migration, which rolls back. A
+/// table whose text does not hold the check as written (a store made by
+/// other means) keeps its own.
+pub(crate) fn spell_out_checks(c: &Connection) -> Result<()> {
+    let mut rewritten: Vec<(&str, String)> = Vec::new();
+    for (table, column, values) in LISTED_CHECKS {
+        let at = rewritten.iter().position(|(t, _)| t == table);
+        let sql = match at {
+            Some(i) => rewritten[i].1.clone(),
+            None => {
+                let read: Option<String> = c
+                    .query_row(
+                        "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?1",
+                        [table],
+                        |r| r.get(0),
+                    )
+                    .optional()?;
+                let Some(read) = read else { continue };
+                read
+            }
+        };
+        let (listed, spelled) = listed_and_spelled(column, values);
+        if sql.matches(&listed).count() != 1 {
+            continue;
+        }
+        let sql = sql.replace(&listed, &spelled);
+        match at {
+            Some(i) => rewritten[i].1 = sql,
+            None => rewritten.push((table, sql)),
+        }
+    }
+    if rewritten.is_empty() {
+        return Ok(());
+    }
+    let version: i64 = c.query_row("PRAGMA schema_version", [], |r| r.get(0))?;
+    c.execute_batch("PRAGMA writable_schema = ON")?;
+    let written = (|| -> Result<()> {
+        for (table, sql) in &rewritten {
+            c.execute(
+                "UPDATE sqlite_schema SET sql = ?1 WHERE type = 'table' AND name = ?2",
+                rusqlite::params![sql, table],
+            )?;
+        }
+        c.execute_batch(&format!("PRAGMA schema_version = {}", version + 1))?;
+        Ok(())
+    })();
+    // RESET also drops this connection's copy of the schema.
+    c.execute_batch("PRAGMA writable_schema = RESET")?;
+    written?;
+    for (table, _) in &rewritten {
+        c.prepare(&format!("SELECT 1 FROM \"{table}\" LIMIT 0"))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
