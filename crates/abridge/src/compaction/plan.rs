@@ -189,7 +189,13 @@ impl Compactor {
         }
         let window = self.config.context_window(&session.model);
         if self.config.compact_at.tokens(window).is_some() {
-            store::prefetch_latest_context_tokens(c, session.id, turn_idx, step_idx)?;
+            store::prefetch_latest_context_tokens(
+                c,
+                session.id,
+                session.first_own_turn(),
+                turn_idx,
+                step_idx,
+            )?;
         }
         Ok(())
     }
@@ -293,7 +299,13 @@ impl Facts for StoreFacts<'_> {
     }
 
     fn latest_measure(&mut self) -> Result<Option<(i64, Option<CompactionId>)>> {
-        store::latest_context_tokens(self.c, self.session.id, self.turn_idx, self.step_idx)
+        store::latest_context_tokens(
+            self.c,
+            self.session.id,
+            self.session.first_own_turn(),
+            self.turn_idx,
+            self.step_idx,
+        )
     }
 
     fn compaction_at(&mut self, boundary: i64) -> Result<Option<CompactionRow>> {

@@ -120,9 +120,13 @@ pub(crate) fn latest_completed_id(
     session_id: SessionId,
     turn_idx: i64,
 ) -> Result<Option<CompactionId>> {
-    conn.prepare_cached(latest_completed_id_sql())?
-        .query_row(params![session_id, turn_idx], |r| r.get(0))
-        .optional()
+    Ok(conn
+        .prepare_cached(latest_completed_id_sql())?
+        .query_row(params![session_id, turn_idx], |r| {
+            r.get::<_, Option<CompactionId>>(0)
+        })
+        .optional()?
+        .flatten())
 }
 
 /// Made once, as [`compaction_at_sql`]. Reads ids and boundaries only (the
@@ -130,14 +134,19 @@ pub(crate) fn latest_completed_id(
 fn latest_completed_id_sql() -> &'static str {
     // A fork reads its base (its parent's, at or before the fork point)
     // until it completes one of its own, whose boundaries are all above the
-    // base's.
-    "SELECT id FROM (\
-     SELECT * FROM (SELECT id, up_to_turn_index FROM compactions WHERE session_id = ?1 \
-     AND status = 'completed' AND up_to_turn_index < ?2 \
-     ORDER BY up_to_turn_index DESC LIMIT 1) own \
-     UNION ALL SELECT * FROM (SELECT id, up_to_turn_index FROM compactions WHERE id = \
-     (SELECT base_compaction_id FROM sessions WHERE id = ?1) \
-     AND up_to_turn_index < ?2) base ORDER BY 2 DESC LIMIT 1) newest"
+    // base's. Of the two (`o`: the session's own newest, `b`: its base, each
+    // a lookup of at most one row) the one of the later boundary, compared
+    // only when both exist; no row when neither does. (A `UNION ALL` of the
+    // two under an `ORDER BY` built a temporary b-tree at every run.)
+    "SELECT CASE WHEN ids.b IS NULL THEN ids.o WHEN ids.o IS NULL THEN ids.b \
+     WHEN (SELECT up_to_turn_index FROM compactions WHERE id = ids.b) \
+     > (SELECT up_to_turn_index FROM compactions WHERE id = ids.o) THEN ids.b \
+     ELSE ids.o END FROM (SELECT \
+     (SELECT id FROM compactions WHERE session_id = ?1 AND status = 'completed' \
+     AND up_to_turn_index < ?2 ORDER BY up_to_turn_index DESC LIMIT 1) AS o, \
+     (SELECT id FROM compactions WHERE id = (SELECT base_compaction_id FROM sessions \
+     WHERE id = ?1) AND up_to_turn_index < ?2) AS b) ids \
+     WHERE ids.o IS NOT NULL OR ids.b IS NOT NULL"
 }
 
 /// Made once, as [`compaction_at_sql`]. The row is chosen by id and read

@@ -59,7 +59,9 @@ pub(crate) fn record_facts(
 /// (`pins_slotted_by_value`, `pins_held_by_value`, schema 13) and visits at
 /// most one row: a value restated every turn has a pin a turn, superseded
 /// but kept, which a look through all of them would visit at every step.
-const HELD_SQL: &str = "SELECT * FROM (\
+/// At most two rows, one a half; [`holder`] prefers the slotted one (an
+/// `ORDER BY` over the two would build a temporary b-tree at every run).
+const HELD_SQL: &str = "\
      SELECT * FROM (SELECT p.slot IS NOT NULL AS slotted, p.id, p.turn_index, p.windowed, \
      p.kind, p.sentence, p.source, 0 = 1 AS overtaken FROM pins p \
      WHERE p.session_id = ?1 AND p.value = ?2 AND p.slot IS NOT NULL LIMIT 1) slotted \
@@ -69,8 +71,23 @@ const HELD_SQL: &str = "SELECT * FROM (\
      AND n.superseded_at IS NULL AND n.turn_index > p.turn_index) AS overtaken \
      FROM pins p WHERE p.session_id = ?1 AND p.value = ?2 \
      AND p.slot IS NULL AND p.superseded_by IS NULL \
-     ORDER BY p.turn_index DESC, p.id DESC LIMIT 1) held\
-     ) holders ORDER BY 1 DESC LIMIT 1";
+     ORDER BY p.turn_index DESC, p.id DESC LIMIT 1) held";
+
+/// The holder of `value` ([`HELD_SQL`]): the slotted row if there is one,
+/// else the other, whichever order they came in.
+fn holder(conn: &Connection, session_id: SessionId, value: &str) -> Result<Option<Holder>> {
+    let mut st = conn.prepare_cached(HELD_SQL)?;
+    let mut rows = st.query(params![session_id, value])?;
+    let mut found = None;
+    while let Some(r) = rows.next()? {
+        let h = holder_from_row(&r)?;
+        if matches!(h, Holder::Slot) {
+            return Ok(Some(h));
+        }
+        found = Some(h);
+    }
+    Ok(found)
+}
 
 /// The pin that holds a value a fact without a slot states.
 #[derive(Clone)]
@@ -207,11 +224,7 @@ fn record_all(
             continue;
         }
         found.push(match &f.slot {
-            None => Found::Held(
-                conn.prepare_cached(HELD_SQL)?
-                    .query_row(params![session_id, f.value], holder_from_row)
-                    .optional()?,
-            ),
+            None => Found::Held(holder(conn, session_id, &f.value)?),
             Some(slot) => Found::Newest(
                 slot,
                 conn.prepare_cached(NEWEST_OF_SLOT_SQL)?

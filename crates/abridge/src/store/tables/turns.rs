@@ -311,20 +311,36 @@ pub(crate) fn abandon_turn(
 /// statistics are older than the session (PostgreSQL's, before autovacuum
 /// has analysed a table that grew fast) otherwise sorts every step of it.
 /// A fork's measure may be its parent's (its first step's newest executed
-/// step is the parent's at the fork point).
-fn latest_measure_sql() -> &'static str {
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SQL.get_or_init(|| {
-        format!(
-            "{} ORDER BY 3 DESC, 4 DESC LIMIT 1",
-            crate::store::history::over_lineage(
-                "SELECT s.context_tokens, s.compaction_id, t.idx, s.idx FROM turns t \
-                 JOIN steps s ON s.turn_id = t.id \
-                 WHERE t.session_id = ?1 AND t.idx >= ?4 AND t.idx <= ?2 \
-                 AND s.context_tokens IS NOT NULL AND (t.idx < ?2 OR s.idx < ?3)"
+/// step is the parent's at the fork point): a look that reaches below the
+/// session's first own turn (`lineage`) reads its ancestors' half too, and
+/// sorts the two halves' rows. One that does not, every look of a session
+/// that is no fork, reads its newest row in the indexes' order, without
+/// the sort (a temporary b-tree at every run).
+fn latest_measure_sql(lineage: bool) -> &'static str {
+    static SQL: [std::sync::OnceLock<String>; 2] =
+        [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+    const BRANCH: &str = "SELECT s.context_tokens, s.compaction_id, t.idx, s.idx FROM turns t \
+         JOIN steps s ON s.turn_id = t.id \
+         WHERE t.session_id = ?1 AND t.idx >= ?4 AND t.idx <= ?2 \
+         AND s.context_tokens IS NOT NULL AND (t.idx < ?2 OR s.idx < ?3)";
+    SQL[usize::from(lineage)].get_or_init(|| {
+        if lineage {
+            format!(
+                "{} ORDER BY 3 DESC, 4 DESC LIMIT 1",
+                crate::store::history::over_lineage(BRANCH)
             )
-        )
+        } else {
+            format!("{BRANCH} ORDER BY t.idx DESC, s.idx DESC LIMIT 1")
+        }
     })
+}
+
+/// Where [`latest_context_tokens`] looks first: this turn and the one
+/// before; whether that reaches below `own_from` (the session's first own
+/// turn, `SessionRow::first_own_turn`).
+fn first_look(turn_idx: i64, own_from: i64) -> (i64, bool) {
+    let from = (turn_idx - 1).max(0);
+    (from, from < own_from)
 }
 
 /// Queues [`latest_context_tokens`]'s first read (see
@@ -332,31 +348,38 @@ fn latest_measure_sql() -> &'static str {
 pub(crate) fn prefetch_latest_context_tokens(
     conn: &Connection,
     session_id: SessionId,
+    own_from: i64,
     turn_idx: i64,
     step_idx: i64,
 ) -> Result<()> {
+    let (from, lineage) = first_look(turn_idx, own_from);
     conn.prefetch(
-        latest_measure_sql(),
-        params![session_id, turn_idx, step_idx, turn_idx - 1],
+        latest_measure_sql(lineage),
+        params![session_id, turn_idx, step_idx, from],
     )
 }
 
+/// The newest executed step's context measure (and the compaction it read)
+/// before turn `turn_idx`'s step `step_idx`; `own_from` is the session's
+/// first own turn (0 unless it is a fork).
 pub(crate) fn latest_context_tokens(
     conn: &Connection,
     session_id: SessionId,
+    own_from: i64,
     turn_idx: i64,
     step_idx: i64,
 ) -> Result<Option<(i64, Option<CompactionId>)>> {
-    let newest = |from: i64| -> Result<Option<(i64, Option<CompactionId>)>> {
-        conn.prepare_cached(latest_measure_sql())?
+    let newest = |from: i64, lineage: bool| -> Result<Option<(i64, Option<CompactionId>)>> {
+        conn.prepare_cached(latest_measure_sql(lineage))?
             .query_row(params![session_id, turn_idx, step_idx, from], |r| {
                 Ok((r.get(0)?, r.get(1)?))
             })
             .optional()
     };
-    match newest(turn_idx - 1)? {
+    let (from, lineage) = first_look(turn_idx, own_from);
+    match newest(from, lineage)? {
         Some(found) => Ok(Some(found)),
-        None if turn_idx >= 2 => newest(i64::MIN),
+        None if turn_idx >= 2 => newest(0, 0 < own_from),
         None => Ok(None),
     }
 }
@@ -534,12 +557,12 @@ mod tests {
                 )?;
                 let sid = SessionId(1);
                 // Two turns back, past two turns without a measure.
-                assert_eq!(latest_context_tokens(c, sid, 3, 0)?, Some((700, None)));
+                assert_eq!(latest_context_tokens(c, sid, 0, 3, 0)?, Some((700, None)));
                 // In the turn itself, before the step.
-                assert_eq!(latest_context_tokens(c, sid, 3, 1)?, Some((900, None)));
-                assert_eq!(latest_context_tokens(c, sid, 1, 0)?, Some((700, None)));
-                assert_eq!(latest_context_tokens(c, sid, 0, 1)?, Some((500, None)));
-                assert_eq!(latest_context_tokens(c, sid, 0, 0)?, None);
+                assert_eq!(latest_context_tokens(c, sid, 0, 3, 1)?, Some((900, None)));
+                assert_eq!(latest_context_tokens(c, sid, 0, 1, 0)?, Some((700, None)));
+                assert_eq!(latest_context_tokens(c, sid, 0, 0, 1)?, Some((500, None)));
+                assert_eq!(latest_context_tokens(c, sid, 0, 0, 0)?, None);
                 Ok(())
             })
             .unwrap();
