@@ -329,8 +329,23 @@ pub(crate) fn listed_and_spelled(column: &str, values: &[&str]) -> (String, Stri
 /// table whose text does not hold the check as written (a store made by
 /// other means) keeps its own.
 pub(crate) fn spell_out_checks(c: &Connection) -> Result<()> {
+    let changes: Vec<(&str, String, String)> = LISTED_CHECKS
+        .iter()
+        .map(|(table, column, values)| {
+            let (listed, spelled) = listed_and_spelled(column, values);
+            (*table, listed, spelled)
+        })
+        .collect();
+    rewrite_checks(c, &changes)
+}
+
+/// Rewrites, in each `(table, from, to)`, the table's check `from` (when its
+/// `CREATE TABLE` text holds it once) as `to`, and re-reads the schema: see
+/// [`spell_out_checks`]. Called inside a transaction, which an error rolls
+/// back.
+fn rewrite_checks(c: &Connection, changes: &[(&str, String, String)]) -> Result<()> {
     let mut rewritten: Vec<(&str, String)> = Vec::new();
-    for (table, column, values) in LISTED_CHECKS {
+    for (table, from, to) in changes {
         let at = rewritten.iter().position(|(t, _)| t == table);
         let sql = match at {
             Some(i) => rewritten[i].1.clone(),
@@ -346,11 +361,10 @@ pub(crate) fn spell_out_checks(c: &Connection) -> Result<()> {
                 read
             }
         };
-        let (listed, spelled) = listed_and_spelled(column, values);
-        if sql.matches(&listed).count() != 1 {
+        if sql.matches(from.as_str()).count() != 1 {
             continue;
         }
-        let sql = sql.replace(&listed, &spelled);
+        let sql = sql.replace(from.as_str(), to);
         match at {
             Some(i) => rewritten[i].1 = sql,
             None => rewritten.push((table, sql)),
@@ -383,6 +397,52 @@ pub(crate) fn spell_out_checks(c: &Connection) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Version 14's safety net: a rewritten check that SQLite would not
+    /// parse fails the re-read inside the transaction, whose rollback leaves
+    /// the schema as it was (the check still refusing, the file whole for a
+    /// new connection).
+    #[test]
+    fn a_rewritten_check_sqlite_would_not_parse_rolls_the_migration_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let mut c = Connection::open(&path).unwrap();
+        c.execute_batch(SCHEMA_SQL).unwrap();
+        c.execute_batch(
+            "INSERT INTO sessions (id, external_id, model, system_prompt, created_at) \
+             VALUES (1, 's', 'm', '', 0)",
+        )
+        .unwrap();
+        let (listed, _) = listed_and_spelled("status", &["'running'", "'completed'", "'failed'"]);
+        let broken = "CHECK (status = 'running' OR".to_string();
+        let tx = c.transaction().unwrap();
+        let err = rewrite_checks(&tx, &[("turns", listed.clone(), broken)]).unwrap_err();
+        assert!(err.to_string().contains("malformed"), "{err}");
+        drop(tx);
+        let insert = |c: &Connection, status: &str, idx: i64| {
+            c.execute(
+                "INSERT INTO turns (session_id, idx, input, status, created_at) \
+                 VALUES (1, ?1, 'x', ?2, 0)",
+                rusqlite::params![idx, status],
+            )
+        };
+        let again = Connection::open(&path).unwrap();
+        for c in [&c, &again] {
+            let sql: String = c
+                .query_row(
+                    "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = 'turns'",
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert!(sql.contains(&listed), "{sql}");
+            let ok: String = c.query_row("PRAGMA quick_check", [], |r| r.get(0)).unwrap();
+            assert_eq!(ok, "ok");
+            let err = insert(c, "bogus", 0).unwrap_err().to_string();
+            assert!(err.contains("CHECK constraint failed"), "{err}");
+        }
+        insert(&again, "running", 0).unwrap();
+    }
 
     #[test]
     fn the_list_is_in_order_and_every_version_above_the_postgres_baseline_has_its_postgres_form() {
