@@ -251,7 +251,7 @@ pub(crate) fn run_hook(conn: &crate::store::db::Connection, hook: Option<Hook>) 
 /// SQLite runs `CHECK (x IN (...))` of such a list by building a temporary
 /// b-tree of it at every row written; `redacted_rows.tbl`, written only by a
 /// redaction, keeps its list.
-pub(crate) const LISTED_CHECKS: &[(&str, &str, &[&str])] = &[
+const LISTED_CHECKS: &[(&str, &str, &[&str])] = &[
     ("turns", "status", &["'running'", "'completed'", "'failed'"]),
     (
         "compactions",
@@ -310,7 +310,7 @@ pub(crate) const LISTED_CHECKS: &[(&str, &str, &[&str])] = &[
 /// A listed check as the schema wrote it, and spelled out: the same rule
 /// (a NULL passes both; the column's affinity and collation apply to each
 /// comparison as to the list's).
-pub(crate) fn listed_and_spelled(column: &str, values: &[&str]) -> (String, String) {
+fn listed_and_spelled(column: &str, values: &[&str]) -> (String, String) {
     let listed = format!("CHECK ({column} IN ({}))", values.join(", "));
     let spelled = values
         .iter()
@@ -344,11 +344,11 @@ pub(crate) fn spell_out_checks(c: &Connection) -> Result<()> {
 /// [`spell_out_checks`]. Called inside a transaction, which an error rolls
 /// back.
 fn rewrite_checks(c: &Connection, changes: &[(&str, String, String)]) -> Result<()> {
-    let mut rewritten: Vec<(&str, String)> = Vec::new();
+    // Each table's text as read, and as rewritten so far.
+    let mut texts: Vec<(&str, String, String)> = Vec::new();
     for (table, from, to) in changes {
-        let at = rewritten.iter().position(|(t, _)| t == table);
-        let sql = match at {
-            Some(i) => rewritten[i].1.clone(),
+        let i = match texts.iter().position(|(t, _, _)| t == table) {
+            Some(i) => i,
             None => {
                 let read: Option<String> = c
                     .query_row(
@@ -358,18 +358,20 @@ fn rewrite_checks(c: &Connection, changes: &[(&str, String, String)]) -> Result<
                     )
                     .optional()?;
                 let Some(read) = read else { continue };
-                read
+                texts.push((table, read.clone(), read));
+                texts.len() - 1
             }
         };
-        if sql.matches(from.as_str()).count() != 1 {
-            continue;
-        }
-        let sql = sql.replace(from.as_str(), to);
-        match at {
-            Some(i) => rewritten[i].1 = sql,
-            None => rewritten.push((table, sql)),
+        let text = &mut texts[i].2;
+        if text.matches(from.as_str()).count() == 1 {
+            *text = text.replace(from.as_str(), to);
         }
     }
+    let rewritten: Vec<(&str, String)> = texts
+        .into_iter()
+        .filter(|(_, read, text)| read != text)
+        .map(|(table, _, text)| (table, text))
+        .collect();
     if rewritten.is_empty() {
         return Ok(());
     }
@@ -413,7 +415,9 @@ mod tests {
              VALUES (1, 's', 'm', '', 0)",
         )
         .unwrap();
-        let (listed, _) = listed_and_spelled("status", &["'running'", "'completed'", "'failed'"]);
+        let (table, column, values) = LISTED_CHECKS[0];
+        assert_eq!((table, column), ("turns", "status"));
+        let (listed, _) = listed_and_spelled(column, values);
         let broken = "CHECK (status = 'running' OR".to_string();
         let tx = c.transaction().unwrap();
         let err = rewrite_checks(&tx, &[("turns", listed.clone(), broken)]).unwrap_err();

@@ -120,13 +120,9 @@ pub(crate) fn latest_completed_id(
     session_id: SessionId,
     turn_idx: i64,
 ) -> Result<Option<CompactionId>> {
-    Ok(conn
-        .prepare_cached(latest_completed_id_sql())?
-        .query_row(params![session_id, turn_idx], |r| {
-            r.get::<_, Option<CompactionId>>(0)
-        })
-        .optional()?
-        .flatten())
+    conn.prepare_cached(latest_completed_id_sql())?
+        .query_row(params![session_id, turn_idx], |r| r.get(0))
+        .optional()
 }
 
 /// Made once, as [`compaction_at_sql`]. Reads ids and boundaries only (the
@@ -136,8 +132,9 @@ fn latest_completed_id_sql() -> &'static str {
     // until it completes one of its own, whose boundaries are all above the
     // base's. Of the two (`o`: the session's own newest, `b`: its base, each
     // a lookup of at most one row) the one of the later boundary, compared
-    // only when both exist; no row when neither does. (A `UNION ALL` of the
-    // two under an `ORDER BY` built a temporary b-tree at every run.)
+    // only when both exist; no row when neither does, so the id is never
+    // NULL. (A `UNION ALL` of the two under an `ORDER BY` built a temporary
+    // b-tree at every run.)
     "SELECT CASE WHEN ids.b IS NULL THEN ids.o WHEN ids.o IS NULL THEN ids.b \
      WHEN (SELECT up_to_turn_index FROM compactions WHERE id = ids.b) \
      > (SELECT up_to_turn_index FROM compactions WHERE id = ids.o) THEN ids.b \
