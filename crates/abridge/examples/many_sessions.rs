@@ -28,7 +28,9 @@
 //! store: the group commits of the measured window over its steps, and the
 //! turns' write transactions each committed; `--no-group-commit` commits
 //! each alone), and the counts behind them. `--full` runs the store (and
-//! its floor) with every commit fsynced (`Synchronous::Full`). Machines are
+//! its floor) with every commit fsynced (`Synchronous::Full`); `--slots K`
+//! sets the runner's fair-queue slots and `--workers W` the runtime's worker
+//! threads (by default one a core), each process's. Machines are
 //! shared and noisy: read the ratios of one run.
 
 use abridge::events::EventKind;
@@ -108,6 +110,8 @@ struct Opts {
     json: bool,
     /// The runner's fair-queue slots (None: the default).
     slots: Option<usize>,
+    /// The runtime's worker threads (None: tokio's default, one a core).
+    workers: Option<usize>,
     /// A child process: its index (its sessions are named after it).
     child: Option<usize>,
     /// This run's name, in every session's: a run on a store that earlier
@@ -137,7 +141,7 @@ impl Opts {
 }
 
 const USAGE: &str = "usage: many_sessions [--sessions N] [--procs P] [--db PATH|URL] \
-[--seconds S] [--slots K] [--warmup S] [--no-group-commit] [--full] [--json]";
+[--seconds S] [--slots K] [--workers W] [--warmup S] [--no-group-commit] [--full] [--json]";
 
 fn parse() -> Opts {
     let mut o = Opts {
@@ -147,6 +151,7 @@ fn parse() -> Opts {
         seconds: 10.0,
         json: false,
         slots: None,
+        workers: None,
         child: None,
         run: format!(
             "{:x}",
@@ -173,6 +178,7 @@ fn parse() -> Opts {
             "--seconds" => o.seconds = value(i).parse().expect("--seconds S"),
             "--child" => o.child = Some(value(i).parse().expect("--child I")),
             "--slots" => o.slots = Some(value(i).parse().expect("--slots K")),
+            "--workers" => o.workers = Some(value(i).parse().expect("--workers W")),
             "--run" => o.run = value(i),
             "--warmup" => o.warmup = Some(value(i).parse().expect("--warmup S")),
             "--help" | "-h" => {
@@ -485,10 +491,11 @@ fn main() {
     let db =
         o.db.clone()
             .unwrap_or_else(|| dir.path().join("many.db").display().to_string());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(w) = o.workers {
+        rt.worker_threads(w);
+    }
+    let rt = rt.enable_all().build().expect("a runtime");
     if let Some(child) = o.child {
         let tag = format!("{}-p{child}", o.run);
         let m = rt.block_on(run_sessions(&db, o.sessions, o.seconds, &tag, &o));
@@ -545,6 +552,12 @@ fn main() {
                     .args(
                         o.slots
                             .map(|k| ["--slots".to_string(), k.to_string()])
+                            .into_iter()
+                            .flatten(),
+                    )
+                    .args(
+                        o.workers
+                            .map(|w| ["--workers".to_string(), w.to_string()])
                             .into_iter()
                             .flatten(),
                     )
