@@ -27,7 +27,9 @@
 //! `group_commits_per_step` and `turn_writes_per_group_commit` (on an SQLite
 //! store: the group commits of the measured window over its steps, and the
 //! turns' write transactions each committed; `--no-group-commit` commits
-//! each alone), and the counts behind them. `--full` runs the store (and
+//! each alone), `turn_retries` (turns that ended in a resumable error and
+//! were run again: a retry's time is in no turn's latency), and the counts
+//! behind them. `--full` runs the store (and
 //! its floor) with every commit fsynced (`Synchronous::Full`); `--slots K`
 //! sets the runner's fair-queue slots and `--workers W` the runtime's worker
 //! threads (by default one a core), each process's. Machines are
@@ -247,6 +249,9 @@ struct Measured {
     /// transactions they committed.
     group_commits: u64,
     group_parts: u64,
+    /// Turns that ended in a resumable error and were run again (each
+    /// retry's time is in no turn's latency).
+    turn_retries: u64,
 }
 
 impl Measured {
@@ -258,7 +263,8 @@ impl Measured {
                "busy_sleep_us": self.busy_sleep_us, "queue_waits": self.queue_waits,
                "queue_wait_us": self.queue_wait_us, "summary_waits": self.summary_waits,
                "summary_wait_ms": self.summary_wait_ms,
-               "group_commits": self.group_commits, "group_parts": self.group_parts})
+               "group_commits": self.group_commits, "group_parts": self.group_parts,
+               "turn_retries": self.turn_retries})
     }
 
     fn from_json(v: &Value) -> Measured {
@@ -295,6 +301,7 @@ impl Measured {
             summary_wait_ms: v["summary_wait_ms"].as_u64().unwrap_or(0),
             group_commits: v["group_commits"].as_u64().unwrap_or(0),
             group_parts: v["group_parts"].as_u64().unwrap_or(0),
+            turn_retries: v["turn_retries"].as_u64().unwrap_or(0),
         }
     }
 
@@ -310,6 +317,7 @@ impl Measured {
         self.elapsed_s = self.elapsed_s.max(other.elapsed_s);
         self.busy_sleep_us += other.busy_sleep_us;
         self.queue_waits += other.queue_waits;
+        self.turn_retries += other.turn_retries;
         self.queue_wait_us += other.queue_wait_us;
         self.summary_waits += other.summary_waits;
         self.summary_wait_ms += other.summary_wait_ms;
@@ -397,6 +405,7 @@ async fn run_sessions(db: &str, sessions: usize, seconds: f64, tag: &str, o: &Op
         let runner = runner.clone();
         tasks.spawn(async move {
             let (mut turns, mut turn_us, mut windows) = (0u64, Vec::new(), Vec::new());
+            let mut retries = 0u64;
             while Instant::now() < until {
                 let t = Instant::now();
                 match runner
@@ -411,16 +420,20 @@ async fn run_sessions(db: &str, sessions: usize, seconds: f64, tag: &str, o: &Op
                         }
                         turns += 1;
                     }
-                    Err(e) if e.is_resumable() => continue,
+                    Err(e) if e.is_resumable() => {
+                        retries += 1;
+                        continue;
+                    }
                     Err(e) => panic!("turn failed: {e}"),
                 }
             }
-            (turns, turn_us, windows)
+            (turns, turn_us, windows, retries)
         });
     }
     let mut m = Measured::default();
     while let Some(r) = tasks.join_next().await {
-        let (turns, turn_us, windows) = r.expect("a session task");
+        let (turns, turn_us, windows, retries) = r.expect("a session task");
+        m.turn_retries += retries;
         m.turns += turns;
         m.session_turns.push(turns);
         m.turn_us.extend(turn_us);
@@ -608,6 +621,7 @@ fn main() {
         "summary_wait_s": m.summary_wait_ms as f64 / 1e3,
         "group_commits_per_step": m.group_commits as f64 / (m.steps.max(1)) as f64,
         "turn_writes_per_group_commit": m.group_parts as f64 / (m.group_commits.max(1)) as f64,
+        "turn_retries": m.turn_retries,
     });
     if o.json {
         println!("{out}");
