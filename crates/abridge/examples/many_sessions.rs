@@ -27,13 +27,13 @@
 //! `group_commits_per_step` and `turn_writes_per_group_commit` (on an SQLite
 //! store: the group commits of the measured window over its steps, and the
 //! turns' write transactions each committed; `--no-group-commit` commits
-//! each alone), `turn_retries` (turns that ended in a resumable error and
-//! were run again: a retry's time is in no turn's latency), and the counts
-//! behind them. `--full` runs the store (and
-//! its floor) with every commit fsynced (`Synchronous::Full`); `--slots K`
-//! sets the runner's fair-queue slots and `--workers W` the runtime's worker
-//! threads (by default one a core), each process's. Machines are
-//! shared and noisy: read the ratios of one run.
+//! each alone), `turn_retries` (turn attempts that ended in a resumable
+//! error and were run again: a failed attempt's time is in no turn's
+//! latency), and the counts behind them. `--full` runs the store (and its
+//! floor) with every commit fsynced (`Synchronous::Full`); `--slots K` sets
+//! the runner's fair-queue slots and `--workers W` the runtime's worker
+//! threads (by default one a core), each process's. Machines are shared and
+//! noisy: read the ratios of one run.
 
 use abridge::events::EventKind;
 use abridge::{
@@ -249,8 +249,8 @@ struct Measured {
     /// transactions they committed.
     group_commits: u64,
     group_parts: u64,
-    /// Turns that ended in a resumable error and were run again (each
-    /// retry's time is in no turn's latency).
+    /// Turn attempts that ended in a resumable error and were run again (a
+    /// failed attempt's time is in no turn's latency).
     turn_retries: u64,
 }
 
@@ -317,12 +317,12 @@ impl Measured {
         self.elapsed_s = self.elapsed_s.max(other.elapsed_s);
         self.busy_sleep_us += other.busy_sleep_us;
         self.queue_waits += other.queue_waits;
-        self.turn_retries += other.turn_retries;
         self.queue_wait_us += other.queue_wait_us;
         self.summary_waits += other.summary_waits;
         self.summary_wait_ms += other.summary_wait_ms;
         self.group_commits += other.group_commits;
         self.group_parts += other.group_parts;
+        self.turn_retries += other.turn_retries;
     }
 }
 
