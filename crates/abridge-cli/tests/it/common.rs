@@ -35,11 +35,20 @@ pub fn temp_db() -> (tempfile::TempDir, PathBuf) {
 }
 
 /// The key the core tests' stores are encrypted with in a build with the
-/// `encryption` feature (CI runs the core tests once so).
+/// `encryption` feature (CI runs the core tests once so): a raw key, so every
+/// page is encrypted as with any key but no open derives one. A passphrase's
+/// derivation (PBKDF2-HMAC-SHA512, 256,000 rounds at every connection's open)
+/// was 97% of these suites' CPU; `encryption::` opens, reopens, rekeys and
+/// refuses stores keyed by passphrases.
 #[cfg(feature = "encryption")]
 pub fn test_key() -> abridge::store::Key {
-    abridge::store::Key::passphrase("correct horse battery staple").unwrap()
+    abridge::store::Key::passphrase(TEST_KEY).unwrap()
 }
+
+/// [`test_key`] as `ABRIDGE_KEY` holds it: SQLCipher's raw-key form, 32 bytes
+/// in hex.
+#[cfg(feature = "encryption")]
+pub const TEST_KEY: &str = "x'c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00'";
 
 /// Store options: with [`test_key`] in a build with the `encryption` feature.
 pub fn store_options() -> abridge::store::StoreOptions {
@@ -130,7 +139,7 @@ pub fn abridge_cmd() -> std::process::Command {
     #[allow(unused_mut)]
     let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_abridge"));
     #[cfg(feature = "encryption")]
-    c.env("ABRIDGE_KEY", "correct horse battery staple");
+    c.env("ABRIDGE_KEY", TEST_KEY);
     c
 }
 

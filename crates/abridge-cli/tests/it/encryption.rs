@@ -110,7 +110,13 @@ mod encrypted {
     async fn an_encrypted_store_holds_no_plaintext_and_opens_only_with_its_key() {
         assert!(abridge::store::encryption_available());
         let (_dir, db) = common::temp_db();
-        let store = common::open(&db);
+        // A passphrase (the other suites' stores have a raw key): the key
+        // SQLCipher derives from it, at every open.
+        let key = Key::passphrase("correct horse battery staple").unwrap();
+        let store = Store::open_with(&db, keyed(&key)).unwrap();
+        store
+            .with_conn(abridge_testkit::demo_tables::create_demo_tables)
+            .unwrap();
         let runner = common::demo_runner(&store, 7, Threshold::Tokens(1_500), None);
         let sid = common::demo_session(&runner, 7, 0).await;
         let inputs: Vec<String> = (0..10)
@@ -142,7 +148,7 @@ mod encrypted {
         drop(runner);
         drop(store);
 
-        let again = common::store_at(&db);
+        let again = Store::open_with(&db, keyed(&key)).unwrap();
         assert_eq!(common::assert_all_steps_rebuild(&again), {
             again
                 .with_conn(|c| Ok(abridge::inspect::executed_step_ids(c)?.len()))
@@ -150,10 +156,8 @@ mod encrypted {
         });
         common::assert_verified(&again);
         drop(again);
-        let read = abridge::store::read_only_keyed(&db, Some(&common::test_key()), |c| {
-            abridge::verify::verify(c)
-        })
-        .unwrap();
+        let read =
+            abridge::store::read_only_keyed(&db, Some(&key), abridge::verify::verify).unwrap();
         assert!(read.ok);
 
         let before = std::fs::read(&db).unwrap();
@@ -178,7 +182,7 @@ mod encrypted {
         Store::open(&plain).unwrap();
         let before = std::fs::read(&plain).unwrap();
         assert!(matches!(
-            Store::open_with(&plain, keyed(&common::test_key())),
+            Store::open_with(&plain, keyed(&key)),
             Err(Error::WrongKey { .. })
         ));
         assert_eq!(std::fs::read(&plain).unwrap(), before);
