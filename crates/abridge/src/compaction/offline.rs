@@ -122,12 +122,9 @@ fn parse_fact(line: &str) -> Option<FactLine> {
     } else {
         None
     };
-    let mut parts = None;
-    for p in 0..=len {
-        if p == len {
-            parts = Some((p, None, None));
-            break;
-        }
+    // With no optional part, the value is the whole tail.
+    let mut parts = (len, None, None);
+    for p in 0..len {
         if b[p] != b' ' {
             continue;
         }
@@ -148,16 +145,16 @@ fn parse_fact(line: &str) -> Option<FactLine> {
             // other: never both.)
             if let Some(q) = before_sentence.or(at_end) {
                 let sentence = (q + 1 < len).then(|| &s[q + 1 + SENTENCE.len()..len - 1]);
-                parts = Some((p, Some(&s[from..q]), sentence));
+                parts = (p, Some(&s[from..q]), sentence);
                 break;
             }
         }
         if sentence_at(p) {
-            parts = Some((p, None, Some(&s[p + SENTENCE.len()..len - 1])));
+            parts = (p, None, Some(&s[p + SENTENCE.len()..len - 1]));
             break;
         }
     }
-    let (end, replaces, sentence) = parts?;
+    let (end, replaces, sentence) = parts;
     Some(FactLine {
         turn,
         slotted: FactKind::parse(label).is_none(),
