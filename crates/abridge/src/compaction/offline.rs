@@ -93,6 +93,7 @@ impl FactLine {
 fn parse_fact(line: &str) -> Option<FactLine> {
     const REPLACES: &str = " (replaces ";
     const SENTENCE: &str = " | \"";
+    const CLOSE_THEN_SENTENCE: &str = ") | \"";
     let rest = line.strip_prefix("- [turn ")?;
     let digits = rest.strip_prefix('-').unwrap_or(rest);
     let n = digits.bytes().take_while(u8::is_ascii_digit).count();
@@ -114,11 +115,12 @@ fn parse_fact(line: &str) -> Option<FactLine> {
     let b = s.as_bytes();
     let len = b.len();
     // The tail `s[q..]` is a sentence part: ` | "…"`, its quote the last byte.
-    let sentence_at = |q: usize| s[q..].starts_with(SENTENCE) && len - q >= 5 && b[len - 1] == b'"';
+    let sentence_at =
+        |q: usize| s[q..].starts_with(SENTENCE) && len - q > SENTENCE.len() && b[len - 1] == b'"';
     // The last `) | "` whose quote is not the line's last byte: a replaced
     // value can end before a sentence part only where one begins.
     let last_close_then_sentence = if b.last() == Some(&b'"') {
-        s[..len - 1].rfind(") | \"")
+        s[..len - 1].rfind(CLOSE_THEN_SENTENCE)
     } else {
         None
     };
@@ -136,7 +138,7 @@ fn parse_fact(line: &str) -> Option<FactLine> {
                 .filter(|&l| l >= from)
                 .and_then(|_| {
                     s[from..]
-                        .match_indices(") | \"")
+                        .match_indices(CLOSE_THEN_SENTENCE)
                         .map(|(i, _)| from + i)
                         .find(|&q| sentence_at(q + 1))
                 });
