@@ -19,7 +19,9 @@
 //! (bare one-row insert transactions on the same store, one writer, measured
 //! right after), `cpu_us_per_step` (process CPU, user and system, over
 //! steps), `step_p50_ms`/`step_p99_ms` (from a step's start event to its
-//! completion event), `turn_p50_ms`/`turn_p99_ms` (one `run_turn_at`),
+//! completion event; `step_samples` steps were timed, and
+//! `step_events_lagged` events were lost to a full channel: 0 in a sound
+//! run), `turn_p50_ms`/`turn_p99_ms` (one `run_turn_at`),
 //! `progressed_share` (sessions that finished a turn in every whole 10 s
 //! window; every session when the run is shorter than one),
 //! `session_turns_min`/`session_turns_p50`/`session_turns_max` (the turns
@@ -29,7 +31,9 @@
 //! turns' write transactions each committed; `--no-group-commit` commits
 //! each alone), `turn_retries` (turn attempts that ended in a resumable
 //! error and were run again: a failed attempt's time is in no turn's
-//! latency), and the counts behind them. `--full` runs the store (and its
+//! latency), `summary_waits`/`summary_wait_s` (the steps that waited for a
+//! summary, and how long in all, as the store recorded them), and the
+//! counts behind them. `--full` runs the store (and its
 //! floor) with every commit fsynced (`Synchronous::Full`); `--slots K` sets
 //! the runner's fair-queue slots and `--workers W` the runtime's worker
 //! threads (by default one a core), each process's. Machines are shared and
@@ -45,6 +49,7 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::broadcast::error::TryRecvError;
 
 /// Step 0 of every turn calls `lookup`; step 1 answers. Input tokens: the
 /// request's characters / 4.
@@ -351,16 +356,24 @@ async fn run_sessions(db: &str, sessions: usize, seconds: f64, tag: &str, o: &Op
         .compaction(CompactionConfig::default().with_compact_at(Threshold::Tokens(4_000)))
         .build()
         .expect("a runner");
-    // Step latencies from the runner's events: start to completion.
+    // Step latencies from the runner's events: start to completion. The
+    // listener has a thread of its own: as one more task on the runtime's
+    // workers it ran behind every session's task, and the channel (1,024
+    // events) overflowed between its turns, so the percentiles came from
+    // whichever steps it happened to see (318 of 23,918 with 1,000
+    // sessions). It polls, every millisecond, instead of waiting in
+    // `blocking_recv`: a receiver that waits is woken by every event sent, a
+    // system call on the sending step's thread (1.2x the CPU a step, and the
+    // summaries starved). `step_samples` and `step_events_lagged` say how
+    // many steps it saw and how many events it lost.
     let step_us = Arc::new(Mutex::new(Vec::new()));
     let lagged = Arc::new(Mutex::new(0u64));
-    let waits = Arc::new(Mutex::new((0u64, 0u64)));
     let mut events = runner.subscribe();
-    let (su, lg, sw) = (step_us.clone(), lagged.clone(), waits.clone());
-    let listener = tokio::spawn(async move {
+    let (su, lg) = (step_us.clone(), lagged.clone());
+    let listener = std::thread::spawn(move || {
         let mut started: HashMap<abridge::StepId, Instant> = HashMap::new();
         loop {
-            match events.recv().await {
+            match events.try_recv() {
                 Ok(e) => match e.kind {
                     EventKind::StepStarted { step_id, .. } => {
                         started.insert(step_id, Instant::now());
@@ -370,17 +383,11 @@ async fn run_sessions(db: &str, sessions: usize, seconds: f64, tag: &str, o: &Op
                             su.lock().unwrap().push(t.elapsed().as_micros() as u64);
                         }
                     }
-                    EventKind::WaitedForSummary { waited_ms, .. } => {
-                        let mut w = sw.lock().unwrap();
-                        w.0 += 1;
-                        w.1 += waited_ms.max(0) as u64;
-                    }
                     _ => {}
                 },
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                    *lg.lock().unwrap() += n
-                }
-                Err(_) => return,
+                Err(TryRecvError::Empty) => std::thread::sleep(Duration::from_millis(1)),
+                Err(TryRecvError::Lagged(n)) => *lg.lock().unwrap() += n,
+                Err(TryRecvError::Closed) => return,
             }
         }
     });
@@ -452,11 +459,33 @@ async fn run_sessions(db: &str, sessions: usize, seconds: f64, tag: &str, o: &Op
     (m.queue_waits, m.queue_wait_us) = (q.waits, q.waited_us);
     runner.finish_background().await;
     drop(runner);
-    listener.abort();
+    // The channel closes once the runner's last handle is gone; the
+    // listener has then read every event sent before it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !listener.is_finished() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     m.step_us = std::mem::take(&mut *step_us.lock().unwrap());
     m.lagged = *lagged.lock().unwrap();
-    (m.summary_waits, m.summary_wait_ms) = *waits.lock().unwrap();
+    (m.summary_waits, m.summary_wait_ms) = summary_waits(&store, tag);
     m
+}
+
+/// The steps of this process's sessions that waited for a summary, and
+/// their waits summed (ms), as the store recorded them: every one, where an
+/// event stream may drop some.
+fn summary_waits(store: &Store, tag: &str) -> (u64, u64) {
+    store
+        .with_conn(|c| {
+            c.query_row(
+                "SELECT count(s.summary_wait_ms), coalesce(sum(s.summary_wait_ms), 0) \
+                 FROM steps s JOIN turns t ON t.id = s.turn_id \
+                 JOIN sessions x ON x.id = t.session_id WHERE x.external_id LIKE ?1",
+                [format!("many-{tag}-s%")],
+                |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
+            )
+        })
+        .expect("the steps' summary waits")
 }
 
 /// Bare one-row insert transactions per second on the same store, over
@@ -607,6 +636,7 @@ fn main() {
         "cpu_us_per_step": m.cpu_us as f64 / (m.steps.max(1)) as f64,
         "step_p50_ms": percentile(&mut m.step_us, 0.50),
         "step_p99_ms": percentile(&mut m.step_us, 0.99),
+        "step_samples": m.step_us.len(),
         "turn_p50_ms": percentile(&mut m.turn_us, 0.50),
         "turn_p99_ms": percentile(&mut m.turn_us, 0.99),
         "progressed_share": progressed as f64 / sessions as f64,
@@ -623,6 +653,13 @@ fn main() {
         "turn_writes_per_group_commit": m.group_parts as f64 / (m.group_commits.max(1)) as f64,
         "turn_retries": m.turn_retries,
     });
+    if m.lagged > 0 {
+        eprintln!(
+            "many_sessions: {} events lost to a full channel: the step percentiles are of the \
+             {} steps seen, not of all {}",
+            m.lagged, out["step_samples"], m.steps
+        );
+    }
     if o.json {
         println!("{out}");
     } else {
