@@ -123,8 +123,16 @@ async fn run(log_content: bool) -> (Vec<String>, String) {
         .unwrap();
     assert!(stored.contains(SECRET), "the store keeps the error whole");
     let mut seen = Vec::new();
-    while let Ok(e) = events.try_recv() {
-        seen.push(format!("{:?}", e.kind));
+    loop {
+        // A lost event could be the one holding the secret: the stream is
+        // whole or the test fails.
+        match events.try_recv() {
+            Ok(e) => seen.push(format!("{:?}", e.kind)),
+            Err(tokio::sync::broadcast::error::TryRecvError::Lagged(n)) => {
+                panic!("the test's subscriber lost {n} events")
+            }
+            Err(_) => break,
+        }
     }
     assert!(
         seen.iter().any(|e| e.starts_with("TurnFailed")),

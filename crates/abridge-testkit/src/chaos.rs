@@ -555,9 +555,18 @@ pub async fn run_workload(
         // process mid-summary and make another worker meet the pending row.
         let mut events = runner.subscribe();
         tokio::spawn(async move {
-            while let Ok(e) = events.recv().await {
-                if let abridge::events::EventKind::CompactionClaimed { .. } = e.kind {
-                    say("PHASE compacting");
+            loop {
+                match events.recv().await {
+                    Ok(e) => {
+                        if let abridge::events::EventKind::CompactionClaimed { .. } = e.kind {
+                            say("PHASE compacting");
+                        }
+                    }
+                    // Behind a busy runtime it may lose the oldest events:
+                    // it goes on (stopping here would end the phases the
+                    // parent times its kills by).
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                 }
             }
         });

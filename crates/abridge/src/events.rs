@@ -10,14 +10,29 @@
 //! operator; the stream is for code that wants to react (a progress view, a
 //! metrics exporter). Sending never blocks: a subscriber that falls more than
 //! 1,024 events behind misses the oldest (tokio broadcast semantics,
-//! `RecvError::Lagged`).
+//! `RecvError::Lagged`), and goes on from the oldest still held. A
+//! subscriber that is one more task on a runtime busy with many sessions can
+//! fall that far behind between its turns: give it a thread of its own where
+//! it must see every event, and read counts that must be exact (steps that
+//! waited for a summary, compactions) from the store, which records each one
+//! ([`crate::inspect`], `abridge report`).
 //!
 //! ```no_run
 //! use abridge::events::EventKind;
+//! use tokio::sync::broadcast::error::RecvError;
 //! # async fn run(runner: abridge::Runner) {
 //! let mut events = runner.subscribe();
 //! tokio::spawn(async move {
-//!     while let Ok(e) = events.recv().await {
+//!     loop {
+//!         let e = match events.recv().await {
+//!             Ok(e) => e,
+//!             // Fell behind: the oldest events are gone, the stream goes on.
+//!             Err(RecvError::Lagged(missed)) => {
+//!                 eprintln!("missed {missed} events");
+//!                 continue;
+//!             }
+//!             Err(RecvError::Closed) => break,
+//!         };
 //!         match &e.kind {
 //!             EventKind::TurnStarted { .. } => println!("{} turn {:?}: working", e.subject.session, e.subject.turn),
 //!             EventKind::ToolStarted { tool, effect, .. } => println!("  calling {tool} ({effect:?})"),

@@ -262,7 +262,7 @@ async fn a_call_that_needs_approval_parks_its_turn_and_runs_once_approved() {
 
     let mut events = events;
     let mut seen = Vec::new();
-    while let Ok(e) = events.try_recv() {
+    for e in drained(&mut events) {
         let name = serde_json::to_value(&e).unwrap()["event"]
             .as_str()
             .unwrap()

@@ -412,3 +412,20 @@ impl<M: abridge::Summariser> abridge::Summariser for Counting<M> {
         self.inner.model()
     }
 }
+
+/// Every event `rx` holds now, in order. A receiver that fell behind has
+/// lost the oldest, and a test that counts or looks for one could then pass
+/// on a part of the stream: it fails instead.
+pub fn drained(rx: &mut tokio::sync::broadcast::Receiver<abridge::Event>) -> Vec<abridge::Event> {
+    use tokio::sync::broadcast::error::TryRecvError;
+    let mut out = Vec::new();
+    loop {
+        match rx.try_recv() {
+            Ok(e) => out.push(e),
+            Err(TryRecvError::Empty | TryRecvError::Closed) => return out,
+            Err(TryRecvError::Lagged(n)) => {
+                panic!("the test's subscriber lost {n} events: it saw only part of the stream")
+            }
+        }
+    }
+}

@@ -255,7 +255,7 @@ async fn an_unknown_window_with_a_fraction_threshold_is_refused_and_a_stored_one
     }
     assert!(rows(&store).is_empty());
     let mut warnings = 0;
-    while let Ok(e) = events.try_recv() {
+    for e in common::drained(&mut events) {
         if let EventKind::Warning { message } = e.kind {
             assert!(message.contains("model-nobody-knows"));
             warnings += 1;
@@ -542,7 +542,7 @@ async fn a_stale_completer_cannot_overwrite_the_winners_summary() {
     assert_eq!(written(&stored), "WINNER summary ORD-1");
     // The stale holder claimed (Compacting) but never reported a completion.
     let mut stale_saw = Vec::new();
-    while let Ok(e) = stale_events.try_recv() {
+    for e in common::drained(&mut stale_events) {
         stale_saw.push(e);
     }
     assert!(
@@ -870,7 +870,7 @@ async fn manual_compaction_records_focus_and_prompt_hash_and_emits_events() {
         r.compact_now(empty.id, None).await,
         Err(Error::NothingToCompact { .. })
     ));
-    let got: Vec<Event> = std::iter::from_fn(|| events.try_recv().ok()).collect();
+    let got: Vec<Event> = common::drained(&mut events);
     assert!(
         matches!(
             got[0].kind,

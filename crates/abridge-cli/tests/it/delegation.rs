@@ -234,7 +234,7 @@ async fn events_carry_the_tree() {
     r.run_turn(s.id, "Where are the lanterns?").await.unwrap();
     let mut delegated = None;
     let mut child_events = 0;
-    while let Ok(e) = events.try_recv() {
+    for e in common::drained(&mut events) {
         if let abridge::events::EventKind::Delegated { child, created, .. } = &e.kind {
             assert!(*created);
             assert_eq!(e.subject.session, "boss");

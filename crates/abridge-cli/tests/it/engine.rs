@@ -401,7 +401,7 @@ async fn a_turn_emits_its_life_in_order_naming_the_session() {
         .await
         .unwrap();
     runner.run_turn_at(s.id, 0, "go").await.unwrap();
-    let got: Vec<abridge::Event> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+    let got: Vec<abridge::Event> = common::drained(&mut rx);
     for e in &got {
         assert_eq!(
             (
@@ -473,7 +473,10 @@ async fn a_resumed_turn_reports_the_takeover_and_a_failed_turn_its_error() {
     let host = demo_runner(&store, 1, Threshold::Off, None);
     let mut rx = host.subscribe();
     host.run_turn_at(sid, 0, &input).await.unwrap();
-    let got: Vec<K> = std::iter::from_fn(|| rx.try_recv().ok().map(|e| e.kind)).collect();
+    let got: Vec<K> = common::drained(&mut rx)
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
     assert!(
         matches!(&got[0], K::LeaseTakenOver { from, .. } if from == "first-host"),
         "{got:?}"
@@ -495,7 +498,10 @@ async fn a_resumed_turn_reports_the_takeover_and_a_failed_turn_its_error() {
         .unwrap();
     let mut rx = failing.subscribe();
     failing.run_turn_at(sid, 1, "hello").await.unwrap_err();
-    let got: Vec<K> = std::iter::from_fn(|| rx.try_recv().ok().map(|e| e.kind)).collect();
+    let got: Vec<K> = common::drained(&mut rx)
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
     // The provider's words ("no") show as their length and a hash: they can
     // quote a conversation (RunnerConfig::log_content shows them whole).
     assert!(

@@ -379,7 +379,7 @@ async fn pins_over_budget_are_all_kept_and_reported() {
         assert!(summary.contains(v), "{v} dropped: {summary}");
     }
     let mut over = 0;
-    while let Ok(e) = events.try_recv() {
+    for e in common::drained(&mut events) {
         if let EventKind::PinsOverBudget { chars, budget, .. } = e.kind {
             assert!(chars > budget);
             over += 1;
@@ -618,7 +618,7 @@ async fn compacting_in_consecutive_turns_is_reported_by_an_event_and_verify() {
         r.run_turn(s.id, &padded("more")).await.unwrap();
     }
     let mut often = 0;
-    while let Ok(e) = events.try_recv() {
+    for e in common::drained(&mut events) {
         if let EventKind::CompactingOften {
             boundary,
             previous_boundary,
@@ -1153,7 +1153,7 @@ async fn rules_that_fill_the_share_are_all_kept_and_reported() {
         assert!(summary.contains(rule.as_str()), "{rule} dropped: {summary}");
     }
     let mut over = 0;
-    while let Ok(e) = events.try_recv() {
+    for e in common::drained(&mut events) {
         if let EventKind::PinsOverShare { chars, share, .. } = e.kind {
             assert!(chars > share);
             over += 1;

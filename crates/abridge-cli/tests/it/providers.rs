@@ -558,7 +558,7 @@ async fn limited_server(limit: usize, calls: usize, pad: u64) -> Fake {
 
 fn overflow_events(rx: &mut tokio::sync::broadcast::Receiver<abridge::Event>) -> Vec<&'static str> {
     let mut out = Vec::new();
-    while let Ok(e) = rx.try_recv() {
+    for e in common::drained(rx) {
         if let EventKind::ContextOverflow { remedy, .. } = e.kind {
             out.push(remedy);
         }

@@ -64,7 +64,8 @@ async fn a_session_reads_back_through_the_api_as_stored() {
     assert!(store.verify(Vec::new()).await.unwrap().ok);
     // Each completed compaction was announced with what triggered it, by whom,
     // in which turn of which session.
-    let compacted: Vec<abridge::Event> = std::iter::from_fn(|| events.try_recv().ok())
+    let compacted: Vec<abridge::Event> = common::drained(&mut events)
+        .into_iter()
         .filter(|e| matches!(e.kind, abridge::EventKind::Compacted { .. }))
         .collect();
     assert_eq!(compacted.len(), compactions.len());

@@ -630,7 +630,7 @@ async fn a_streamed_and_an_unstreamed_run_store_identical_rows_and_hashes() {
                 assert_eq!(out.output, TEXT, "{wire:?}");
             }
             let mut deltas = Vec::new();
-            while let Ok(e) = events.try_recv() {
+            for e in common::drained(&mut events) {
                 if let EventKind::ModelDelta { step, delta, .. } = e.kind {
                     assert_eq!(e.subject.session, "user-1");
                     deltas.push((e.subject.turn, step, delta));
@@ -694,7 +694,7 @@ async fn a_cut_stream_is_retried_from_the_step_and_nothing_partial_is_kept() {
         assert_eq!(out.output, TEXT);
         assert_eq!(srv.requests(), 3, "{wire:?}");
         let mut attempts = std::collections::BTreeSet::new();
-        while let Ok(e) = events.try_recv() {
+        for e in common::drained(&mut events) {
             if let EventKind::ModelDelta {
                 step: 0, attempt, ..
             } = e.kind

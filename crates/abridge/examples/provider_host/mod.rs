@@ -66,7 +66,13 @@ pub async fn main_for(wire: Wire) -> Result<(), Box<dyn std::error::Error>> {
     // The answer's text as it arrives.
     let mut events = runner.subscribe();
     let printer = tokio::spawn(async move {
-        while let Ok(e) = events.recv().await {
+        loop {
+            let e = match events.recv().await {
+                Ok(e) => e,
+                // Fell behind: the oldest pieces are gone, the stream goes on.
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            };
             if let EventKind::ModelDelta {
                 delta: Delta::Text { text },
                 ..

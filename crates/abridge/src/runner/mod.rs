@@ -141,7 +141,9 @@ impl Runner {
         &self.inner.cfg
     }
 
-    /// Subscribes to compaction events.
+    /// Subscribes to the runner's events: its turns, steps, tool calls and
+    /// compactions ([`crate::events`]). A receiver more than 1,024 events
+    /// behind misses the oldest (`RecvError::Lagged`) and goes on.
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.inner.events.subscribe()
     }
