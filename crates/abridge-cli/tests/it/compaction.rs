@@ -541,10 +541,7 @@ async fn a_stale_completer_cannot_overwrite_the_winners_summary() {
         .unwrap();
     assert_eq!(written(&stored), "WINNER summary ORD-1");
     // The stale holder claimed (Compacting) but never reported a completion.
-    let mut stale_saw = Vec::new();
-    for e in common::drained(&mut stale_events) {
-        stale_saw.push(e);
-    }
+    let stale_saw = common::drained(&mut stale_events);
     assert!(
         stale_saw
             .iter()
