@@ -13,9 +13,12 @@
 //! transcript and step hashes must equal those of a control run with the same
 //! seed and no kills or races.
 //!
-//! Faults are a pure function of the request and the attempt number within one
-//! process, so the control run meets the same faults: a turn that fails by
-//! policy fails the same way in both.
+//! Faults are a function of the request and of how many times this process
+//! has sent it: a process that runs a step again (after its lease was taken,
+//! or a frozen call timed out) meets other faults than the control run did.
+//! So transient faults never use up a call's attempts ([`FAULT_FREE_EVERY`]
+//! and [`ATTEMPTS`]): a turn fails by policy only by a rule of the request
+//! alone (a request answered empty on every attempt), the same in both runs.
 
 use crate::demo::{
     demo_tools, stable_hash, user_turn, OutsideService, Rng, ScriptedModel, SlowSummariser,
@@ -67,7 +70,14 @@ pub struct Workload {
     /// timing: the comparison with the control run leaves compaction records
     /// and step hashes out (every step still rebuilds to its own hash, G3).
     pub background: bool,
+    /// Model faults per thousand attempts that may fail (errors and late
+    /// replies, eight to three). Default [`MODEL_FAULTS_PER_MILLE`].
+    pub model_faults_per_mille: u64,
 }
+
+/// The model's transient faults per thousand attempts, by default: 40
+/// errors and 15 late replies.
+pub const MODEL_FAULTS_PER_MILLE: u64 = 55;
 
 impl Workload {
     /// (external id, seed for its turns, index) of every session.
@@ -86,11 +96,13 @@ impl Workload {
     }
 }
 
-/// A model wrapper that injects errors, timeouts and empty replies as a pure
-/// function of (request, attempt in this process).
+/// A model wrapper that injects errors, timeouts and empty replies, as a
+/// function of (request, attempt in this process) that never uses up a
+/// call's attempts by transient faults alone (see the module docs).
 pub struct FaultyModel {
     inner: ScriptedModel,
     seed: u64,
+    faults_per_mille: u64,
     attempts: Mutex<HashMap<String, u32>>,
     report: bool,
 }
@@ -112,8 +124,22 @@ fn turn_key(request: &ModelRequest) -> String {
     sha256_hex(&to_bytes(&request.messages[from..]))
 }
 
-fn fault_roll(seed: u64, key: &str, attempt: u32) -> u64 {
-    stable_hash(seed, &[key, &attempt.to_string()]) % 1000
+/// Every this-many-th time a process sends a request, no transient fault is
+/// injected: any [`FAULT_FREE_EVERY`] attempts in a row hold one that
+/// answers, whichever attempt of its process a call starts at.
+pub const FAULT_FREE_EVERY: u32 = 3;
+
+/// Attempts of a model call or a summary in the chaos workload: twice
+/// [`FAULT_FREE_EVERY`], so that a call fails only if two of its fault-free
+/// attempts time out for real (a worker frozen or starved past the 200 ms
+/// timeout in each).
+pub const ATTEMPTS: u32 = 2 * FAULT_FREE_EVERY;
+
+/// The roll (0..1000) of a transient fault at a process's `attempt`-th
+/// sending of a request; `None` on the fault-free attempts.
+fn fault_roll(seed: u64, key: &str, attempt: u32) -> Option<u64> {
+    (!attempt.is_multiple_of(FAULT_FREE_EVERY))
+        .then(|| stable_hash(seed, &[key, &attempt.to_string()]) % 1000)
 }
 
 fn say(line: &str) {
@@ -136,9 +162,10 @@ impl ModelClient for FaultyModel {
         let lat = stable_hash(self.seed, &[&key, "lat"]) % 6;
         tokio::time::sleep(Duration::from_millis(lat)).await;
         let roll = fault_roll(self.seed, &key, attempt);
+        let errors = self.faults_per_mille * 8 / 11;
         let fault = match roll {
-            0..=39 => Some("model_error"),
-            40..=54 => Some("model_timeout"),
+            Some(r) if r < errors => Some("model_error"),
+            Some(r) if r < self.faults_per_mille => Some("model_timeout"),
             _ => None,
         };
         // One request in 400 gets an empty reply on every attempt: the turn fails by policy.
@@ -212,10 +239,15 @@ impl Summariser for FaultySummariser {
         let lat = 5 + stable_hash(self.seed, &[&key, "lat"]) % 40;
         tokio::time::sleep(Duration::from_millis(lat)).await;
         let roll = fault_roll(self.seed ^ 0x5eed, &key, attempt);
+        // One summary request in 100 is answered empty on every attempt:
+        // its compaction fails (a rule of the request alone, as the model's
+        // empty replies).
+        let always_empty = stable_hash(self.seed ^ 0x5eed, &[&key, "empty"]).is_multiple_of(100);
         let fault = match roll {
-            0..=79 => Some("summary_error"),
-            80..=109 => Some("summary_timeout"),
-            110..=139 => Some("summary_empty"),
+            _ if always_empty => Some("summary_empty"),
+            Some(0..=79) => Some("summary_error"),
+            Some(80..=109) => Some("summary_timeout"),
+            Some(110..=139) => Some("summary_empty"),
             _ => None,
         };
         if let (true, Some(f)) = (self.report, fault) {
@@ -248,6 +280,7 @@ fn chaos_compaction(w: &Workload) -> CompactionConfig {
         compaction.background = None;
     }
     compaction.retry = abridge::retry::RetryPolicy::default()
+        .with_max_attempts(ATTEMPTS)
         .with_backoff(Duration::from_millis(2), Duration::from_millis(20))
         .with_jitter(0.0);
     compaction.attempt_timeout = Duration::from_millis(300);
@@ -266,6 +299,7 @@ fn chaos_config(owner: String, hook: Option<FaultHook>, w: &Workload) -> RunnerC
     cfg.lease_ttl = Duration::from_millis(500);
     cfg.max_steps = 8;
     cfg.model_retry = abridge::retry::RetryPolicy::default()
+        .with_max_attempts(ATTEMPTS)
         .with_backoff(Duration::from_millis(2), Duration::from_millis(20))
         .with_jitter(0.0);
     cfg.model_timeout = Duration::from_millis(200);
@@ -305,6 +339,7 @@ fn chaos_runner(
         Arc::new(FaultyModel {
             inner: model,
             seed: w.seed,
+            faults_per_mille: w.model_faults_per_mille,
             attempts: Mutex::default(),
             report,
         }),
@@ -693,6 +728,9 @@ pub struct ChaosOptions {
     pub compact_at: u64,
     /// Background compaction (see [`Workload::background`]). Default true.
     pub background: bool,
+    /// Model faults per thousand attempts (see
+    /// [`Workload::model_faults_per_mille`]).
+    pub model_faults_per_mille: u64,
     /// Probability of freezing a worker as it starts a summary.
     pub freeze_mid_summary: f64,
     /// Give up after this long (a hung run is a failure).
@@ -713,6 +751,7 @@ impl Default for ChaosOptions {
             point_kill_p: 0.01,
             compact_at: 1_200,
             background: true,
+            model_faults_per_mille: MODEL_FAULTS_PER_MILLE,
             freeze_mid_summary: 0.15,
             max_duration: Duration::from_secs(1_800),
             exe: None,
@@ -798,6 +837,7 @@ fn worker_command(exe: &Path, db: &Path, w: &Workload, id: u64) -> Command {
         ("--epochs", w.epochs),
         ("--worker", id),
         ("--compact-at", w.compact_at),
+        ("--model-faults-per-mille", w.model_faults_per_mille),
     ] {
         c.arg(flag).arg(v.to_string());
     }
@@ -880,6 +920,7 @@ pub async fn run_chaos(o: &ChaosOptions) -> Result<ChaosReport> {
         epochs: 1,
         compact_at: o.compact_at,
         background: o.background,
+        model_faults_per_mille: o.model_faults_per_mille,
     };
     open_workload_db(&o.db)?;
     let tally: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
@@ -1270,6 +1311,29 @@ fn same_before_cut(t1: &str, t2: &str, line_start: usize, keep_last_turns: u32) 
     want == got
 }
 
+/// Where two transcripts part: the first record that differs, in each run
+/// (shortened), so that a failed run says what differed.
+fn first_difference(got: &str, want: &str) -> String {
+    let short = |l: Option<&str>| match l {
+        None => "(none)".to_string(),
+        Some(l) if l.chars().count() > 400 => {
+            format!("{}...", l.chars().take(400).collect::<String>())
+        }
+        Some(l) => l.to_string(),
+    };
+    let (mut g, mut w) = (got.lines(), want.lines());
+    for n in 1.. {
+        let (a, b) = (g.next(), w.next());
+        if a != b {
+            return format!("record {n}: here {}; control {}", short(a), short(b));
+        }
+        if a.is_none() {
+            break;
+        }
+    }
+    "records equal".to_string()
+}
+
 /// Verifies the chaos database and compares it with the control database.
 fn compare(
     o: &ChaosOptions,
@@ -1335,7 +1399,8 @@ fn compare(
             }
         } else if t1 != t2 {
             report.violations.push(format!(
-                "session {ext}: transcript differs from the control run"
+                "session {ext}: transcript differs from the control run ({})",
+                first_difference(t1, t2)
             ));
         } else if h1 != h2 && !w.background {
             report.violations.push(format!(
@@ -1436,6 +1501,7 @@ pub async fn run_enumerate(o: &ChaosOptions) -> Result<ChaosReport> {
         epochs: 1,
         compact_at: o.compact_at,
         background: o.background,
+        model_faults_per_mille: o.model_faults_per_mille,
     };
     let mut report = ChaosReport::default();
     let control_path = build_control(o, &w).await?;
@@ -1539,5 +1605,46 @@ mod cut_tests {
         // A compaction decided before the cut's turn must match too.
         let other_summary = [user(3, "a"), compaction(2, "y"), user(5, "b")].join("\n");
         assert!(!same_before_cut(&t1, &other_summary, cut_of(&t1), 0));
+    }
+}
+
+#[cfg(test)]
+mod fault_tests {
+    use super::{fault_roll, first_difference, ATTEMPTS, FAULT_FREE_EVERY};
+
+    /// Regression: faults were rolled at every attempt a process made with a
+    /// request, so a worker that sent a step's request again (after its lease
+    /// was taken, or a frozen call timed out) could use up the call's attempts
+    /// where the control run answered, or answer where the control's turn
+    /// failed by policy. Now any `FAULT_FREE_EVERY` attempts in a row, from
+    /// wherever a call starts counting, hold one without a fault.
+    #[test]
+    fn transient_faults_never_use_up_a_calls_attempts() {
+        for key in ["a", "b", "a request", "another request"] {
+            for start in 1..=50u32 {
+                let free = (start..start + ATTEMPTS)
+                    .filter(|&a| fault_roll(7, key, a).is_none())
+                    .count();
+                assert!(free >= 2, "{key} from attempt {start}: {free} fault-free");
+                assert!((start..start + FAULT_FREE_EVERY).any(|a| fault_roll(7, key, a).is_none()));
+            }
+        }
+        // The other attempts still roll (faults are injected at all).
+        let rolled = (1..=300u32)
+            .filter(|&a| fault_roll(7, "a", a).is_some())
+            .count();
+        assert_eq!(rolled, 200);
+    }
+
+    #[test]
+    fn a_difference_is_reported_with_both_records() {
+        let d = first_difference("a\nb\nc", "a\nB\nc");
+        assert_eq!(d, "record 2: here b; control B");
+        assert_eq!(
+            first_difference("a", "a\nb"),
+            "record 2: here (none); control b"
+        );
+        let long = "x".repeat(1_000);
+        assert!(first_difference(&long, "y").len() < 500);
     }
 }

@@ -41,6 +41,12 @@ pub struct Args {
     /// the whole transcript and every step hash must equal the control's).
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub background: String,
+    /// Share of the model's attempts that fail (errors, and replies later
+    /// than the 200 ms timeout, eight to three); every third attempt a
+    /// worker makes with a request never does, so faults alone never fail a
+    /// turn.
+    #[arg(long, default_value_t = 0.055, allow_negative_numbers = true, value_parser = probability)]
+    pub model_faults: f64,
     /// Kill at point 1, 2, 3, … of the workload in turn, until none is left.
     #[arg(long)]
     pub enumerate: bool,
@@ -72,6 +78,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         point_kill_p,
         compact_at,
         background,
+        model_faults,
         enumerate,
         max_seconds,
         json,
@@ -86,6 +93,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Failure> {
         point_kill_p,
         compact_at,
         background: background == "on",
+        model_faults_per_mille: (model_faults * 1000.0).round() as u64,
         max_duration: Duration::from_secs(max_seconds),
         exe: None,
         ..Default::default()
@@ -126,6 +134,8 @@ pub struct WorkerArgs {
     pub compact_at: u64,
     #[arg(long, value_parser = ["on", "off"])]
     pub background: String,
+    #[arg(long)]
+    pub model_faults_per_mille: u64,
 }
 
 /// Runs the verb.
@@ -139,6 +149,7 @@ pub async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
         worker,
         compact_at,
         background,
+        model_faults_per_mille,
     } = args;
     let w = abridge_testkit::chaos::Workload {
         seed,
@@ -147,6 +158,7 @@ pub async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
         epochs,
         compact_at,
         background: background == "on",
+        model_faults_per_mille,
     };
     abridge_testkit::chaos::worker_main(&db, &w, worker).await?;
     Ok(ExitCode::SUCCESS)

@@ -60,6 +60,34 @@ fn bounded_chaos_run_of_200_kills_holds_every_guarantee() {
     println!("{r}");
 }
 
+/// Regression: the model's faults were rolled at every attempt a worker
+/// made with a request, so a worker that sent a step's request again (its
+/// lease taken meanwhile, or a frozen call timed out) met other faults than
+/// the control run: a turn failed by policy in one run and answered in the
+/// other, and the run reported a transcript differing from the control's
+/// (one run in many at the default rate, every run at this one). Faults
+/// alone now never use up a call's attempts; the turns must equal the
+/// control's however many faults are met.
+#[test]
+fn a_chaos_run_with_a_model_fault_at_a_third_of_attempts_equals_the_control() {
+    let r = chaos(&[
+        "--workers",
+        "4",
+        "--kills",
+        "60",
+        "--seed",
+        "7",
+        "--model-faults",
+        "0.35",
+        "--max-seconds",
+        "110",
+    ]);
+    assert_eq!(r["violations"].as_array().unwrap().len(), 0, "{r}");
+    let faults = r["faults"].as_object().unwrap();
+    let model = faults["model_error"].as_u64().unwrap() + faults["model_timeout"].as_u64().unwrap();
+    assert!(model > 100, "{r}");
+}
+
 #[test]
 fn enumeration_kills_at_every_point_of_the_workload() {
     let r = chaos(&[

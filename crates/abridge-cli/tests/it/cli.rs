@@ -585,6 +585,10 @@ fn numbers_out_of_range_get_one_clear_line_and_create_nothing() {
             "from 0 to 1",
         ),
         (vec!["chaos", "--db", f, "--turns", "-3"], "at least 1"),
+        (
+            vec!["chaos", "--db", f, "--model-faults", "1.5"],
+            "from 0 to 1",
+        ),
     ] {
         let err = fails(&args, needle);
         assert!(err.starts_with("abridge: error: "), "{err}");
