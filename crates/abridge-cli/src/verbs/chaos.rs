@@ -42,9 +42,9 @@ pub struct Args {
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub background: String,
     /// Share of the model's attempts that fail (errors, and replies later
-    /// than the 200 ms timeout, eight to three); every third attempt a
-    /// worker makes with a request never does, so faults alone never fail a
-    /// turn.
+    /// than the 200 ms timeout, eight to three), among those not spared:
+    /// every third attempt a worker makes with a request is, so faults alone
+    /// never fail a turn.
     #[arg(long, default_value_t = 0.055, allow_negative_numbers = true, value_parser = probability)]
     pub model_faults: f64,
     /// Kill at point 1, 2, 3, … of the workload in turn, until none is left.
