@@ -403,14 +403,21 @@ async fn run_sessions(db: &str, sessions: usize, seconds: f64, tag: &str, o: &Op
             .expect("a session");
         ids.push(s.id);
     }
-    let cpu0 = cpu_time();
-    let commits0 = store.group_commits();
-    let start = Instant::now();
-    let until = start + Duration::from_secs_f64(seconds);
+    // Every session's task is spawned first and starts at one signal: a task
+    // spawned early would otherwise run turns alone while the others are
+    // still being spawned (at 10,000 sessions, dozens of turns), which the
+    // turns a session finished would count as the run's unfairness.
+    let (go, ready) = tokio::sync::watch::channel(None::<(Instant, Instant)>);
     let mut tasks = tokio::task::JoinSet::new();
     for id in ids {
         let runner = runner.clone();
+        let mut ready = ready.clone();
         tasks.spawn(async move {
+            let (start, until) = ready
+                .wait_for(Option::is_some)
+                .await
+                .expect("the start signal")
+                .expect("a start");
             let (mut turns, mut turn_us, mut windows) = (0u64, Vec::new(), Vec::new());
             let mut retries = 0u64;
             while Instant::now() < until {
@@ -437,6 +444,10 @@ async fn run_sessions(db: &str, sessions: usize, seconds: f64, tag: &str, o: &Op
             (turns, turn_us, windows, retries)
         });
     }
+    let cpu0 = cpu_time();
+    let commits0 = store.group_commits();
+    let start = Instant::now();
+    go.send_replace(Some((start, start + Duration::from_secs_f64(seconds))));
     let mut m = Measured::default();
     while let Some(r) = tasks.join_next().await {
         let (turns, turn_us, windows, retries) = r.expect("a session task");
