@@ -403,10 +403,10 @@ async fn run_sessions(db: &str, sessions: usize, seconds: f64, tag: &str, o: &Op
             .expect("a session");
         ids.push(s.id);
     }
-    // Every session's task is spawned first and starts at one signal: a task
-    // spawned early would otherwise run turns alone while the others are
-    // still being spawned (at 10,000 sessions, dozens of turns), which the
-    // turns a session finished would count as the run's unfairness.
+    // Every session's task is spawned first and starts at one signal, and the
+    // window (its clock, CPU and commit counters) begins there: otherwise the
+    // first tasks could run turns before the last were spawned, and the
+    // spawning would be counted in the window's CPU.
     let (go, ready) = tokio::sync::watch::channel(None::<(Instant, Instant)>);
     let mut tasks = tokio::task::JoinSet::new();
     for id in ids {
