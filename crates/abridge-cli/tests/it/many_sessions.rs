@@ -188,6 +188,59 @@ async fn every_session_makes_progress_through_one_slot() {
     assert!(report.ok, "{report:#?}");
 }
 
+/// Sessions whose model answers at once (a scripted or cached model, an
+/// offline demo) never hand their task back to the runtime inside a turn:
+/// each turn still begins behind every session that is ready to run one.
+/// 30 sessions start together and run 4 turns each; before any of them
+/// finishes its third turn, every one has finished its first. Without the
+/// turn's yield to the runtime, the first task polled ran turn after turn
+/// (until tokio's cooperative budget ran out) while the rest, woken but not
+/// yet polled, had not even asked the fair queue for a slot: at 10,000
+/// sessions in the many-sessions benchmark, 300 sessions ran 21-35 turns
+/// one after the other before the others began their first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn every_ready_session_begins_a_turn_before_one_session_runs_its_third() {
+    let (_d, path) = common::temp_db();
+    let store = Store::open(common::db_for(&path)).unwrap();
+    let r = runner(&store, 4, Meeting { barrier: None }, None);
+    let mut ids = Vec::new();
+    for i in 0..30 {
+        let s = r
+            .create_session(&format!("ready-{i}"), "test-model", "sys")
+            .await
+            .unwrap();
+        ids.push(s.id);
+    }
+    let finished = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (go, ready) = tokio::sync::watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, id) in ids.into_iter().enumerate() {
+        let (r, finished, mut ready) = (r.clone(), finished.clone(), ready.clone());
+        tasks.spawn(async move {
+            ready.wait_for(|go| *go).await.unwrap();
+            for t in 0..4 {
+                r.run_turn_at(id, t, "hello").await.unwrap();
+                finished.lock().unwrap().push((i, t));
+            }
+        });
+    }
+    go.send_replace(true);
+    while let Some(t) = tasks.join_next().await {
+        t.unwrap();
+    }
+    let finished = finished.lock().unwrap().clone();
+    assert_eq!(finished.len(), 120);
+    let third = finished.iter().position(|&(_, t)| t == 2).unwrap();
+    let first_turns = finished[..third].iter().filter(|&&(_, t)| t == 0).count();
+    assert_eq!(
+        first_turns,
+        30,
+        "only {first_turns} of 30 sessions had finished a turn when one finished its third: \
+         {:?}",
+        &finished[..third]
+    );
+}
+
 /// Turns rows in the store, every session's.
 fn turn_rows(store: &Store) -> i64 {
     store

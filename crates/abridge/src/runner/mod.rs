@@ -231,7 +231,7 @@ impl Runner {
         // The turn's begin (its row, its first step found and planned) works
         // the store and the CPU: it waits in the fair queue's line as every
         // other such part does, and its slot goes on to the first step.
-        let slot = self.inner.queue.take().await;
+        let slot = self.inner.queue.take_for_turn().await;
         let begun = self
             .inner
             .store
@@ -258,7 +258,7 @@ impl Runner {
         let ttl = self.inner.cfg.lease_ttl.as_millis() as i64;
         let gone = self.gone_check();
         let this = self.clone();
-        let slot = self.inner.queue.take().await;
+        let slot = self.inner.queue.take_for_turn().await;
         let begun = self
             .inner
             .store
