@@ -194,7 +194,7 @@ async fn every_session_makes_progress_through_one_slot() {
 /// 30 sessions start together and run 4 turns each; before any of them
 /// finishes its third turn, every one has finished its first. Without the
 /// turn's yield to the runtime, the first task polled ran turn after turn
-/// (until tokio's cooperative budget ran out) while the rest, woken but not
+/// (until one of its awaits first had to wait) while the rest, woken but not
 /// yet polled, had not even asked the fair queue for a slot: at 10,000
 /// sessions in the many-sessions benchmark, 300 sessions ran 21-35 turns
 /// one after the other before the others began their first.

@@ -107,8 +107,8 @@ impl StepQueue {
     /// cached model, an offline demo) otherwise never returned to the runtime
     /// inside a turn: it found a slot free, ran its turn and began the next
     /// while the others had not reached the line (with 10,000 sessions on one
-    /// runtime worker, 300 of them ran 21-35 turns one after another, until
-    /// tokio's cooperative budget ran out, before the rest began their first).
+    /// runtime worker, 300 of them ran 21-35 turns one after another before
+    /// the rest began their first).
     pub(crate) async fn take_for_turn(&self) -> Slot {
         let Some(slots) = &self.slots else {
             tokio::task::yield_now().await;
