@@ -191,15 +191,23 @@ async fn every_session_makes_progress_through_one_slot() {
 /// Sessions whose model answers at once (a scripted or cached model, an
 /// offline demo) never hand their task back to the runtime inside a turn:
 /// each turn still begins behind every session that is ready to run one.
-/// 30 sessions start together and run 4 turns each; before any of them
-/// finishes its third turn, every one has finished its first. Without the
-/// turn's yield to the runtime, the first task polled ran turn after turn
-/// (until one of its awaits first had to wait) while the rest, woken but not
-/// yet polled, had not even asked the fair queue for a slot: at 10,000
-/// sessions in the many-sessions benchmark, 300 sessions ran 21-35 turns
-/// one after the other before the others began their first.
+/// 30 sessions are made ready together and run 4 turns each; before any of
+/// them finishes its third turn, every one has finished its first. Without
+/// the turn's yield to the runtime, the first task polled ran turn after
+/// turn (until one of its awaits first had to wait) while the rest, woken
+/// but not yet polled, had not even asked the fair queue for a slot: at
+/// 10,000 sessions in the many-sessions benchmark, 300 sessions ran 21-35
+/// turns one after the other before the others began their first.
+///
+/// All 30 are woken in one poll on the runtime's only worker, after each has
+/// reached its wait, so all are ready at once. Woken from the test's own
+/// thread instead (outside the runtime, one wake-up at a time, each through
+/// the runtime's shared queue while the sessions woken first already ran),
+/// they were not: beside the whole suite on a loaded machine, 16 of 848 runs
+/// failed the assertion below, against none of 1,586 runs started as here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn every_ready_session_begins_a_turn_before_one_session_runs_its_third() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     let (_d, path) = common::temp_db();
     let store = Store::open(common::db_for(&path)).unwrap();
     let r = runner(&store, 4, Meeting { barrier: None }, None);
@@ -212,22 +220,37 @@ async fn every_ready_session_begins_a_turn_before_one_session_runs_its_third() {
         ids.push(s.id);
     }
     let finished = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let (go, ready) = tokio::sync::watch::channel(false);
-    let mut tasks = tokio::task::JoinSet::new();
-    for (i, id) in ids.into_iter().enumerate() {
-        let (r, finished, mut ready) = (r.clone(), finished.clone(), ready.clone());
-        tasks.spawn(async move {
-            ready.wait_for(|go| *go).await.unwrap();
-            for t in 0..4 {
-                r.run_turn_at(id, t, "hello").await.unwrap();
-                finished.lock().unwrap().push((i, t));
+    let waiting = Arc::new(AtomicUsize::new(0));
+    let starter = {
+        let finished = finished.clone();
+        tokio::spawn(async move {
+            let (go, ready) = tokio::sync::watch::channel(false);
+            let mut tasks = tokio::task::JoinSet::new();
+            for (i, id) in ids.into_iter().enumerate() {
+                let (r, finished, waiting, mut ready) =
+                    (r.clone(), finished.clone(), waiting.clone(), ready.clone());
+                tasks.spawn(async move {
+                    // Counted in the same poll that parks the task on `ready`.
+                    waiting.fetch_add(1, Ordering::SeqCst);
+                    ready.wait_for(|go| *go).await.unwrap();
+                    for t in 0..4 {
+                        r.run_turn_at(id, t, "hello").await.unwrap();
+                        finished.lock().unwrap().push((i, t));
+                    }
+                });
             }
-        });
-    }
-    go.send_replace(true);
-    while let Some(t) = tasks.join_next().await {
-        t.unwrap();
-    }
+            // One worker: the 30 tasks run up to their wait before this
+            // task is polled again.
+            while waiting.load(Ordering::SeqCst) < 30 {
+                tokio::task::yield_now().await;
+            }
+            go.send_replace(true);
+            while let Some(t) = tasks.join_next().await {
+                t.unwrap();
+            }
+        })
+    };
+    starter.await.unwrap();
     let finished = finished.lock().unwrap().clone();
     assert_eq!(finished.len(), 120);
     let third = finished.iter().position(|&(_, t)| t == 2).unwrap();
