@@ -55,7 +55,7 @@ pub struct RunnerConfig {
     /// served, so that every session with work makes progress and a ready
     /// step waits for at most the parts queued before it. A step holds no
     /// slot while it calls the model, makes or waits for a summary, or runs
-    /// a tool outside its transaction. A turn's begin first lets every task
+    /// a tool outside its transaction. A turn's begin first lets the tasks
     /// ready before it run once (a yield to the runtime), so a session whose
     /// model answers at once does not run turn after turn while the others
     /// have not reached the line. Default two per CPU the process may use,

@@ -100,10 +100,11 @@ impl StepQueue {
     }
 
     /// Takes a slot for a turn's begin. A slot found free is held while the
-    /// task hands itself back to the runtime once (`yield_now`), so every
-    /// task ready to run before it (another session's turn, woken but not
-    /// yet polled) runs and asks for its slot, and waits in the line if none
-    /// is left. A session whose model and tools answer at once (a scripted or
+    /// task hands itself back to the runtime once (`yield_now`), so the
+    /// tasks ready to run before it (another session's turn, woken but not
+    /// yet polled) run and ask for their slots, and wait in the line if none
+    /// is left (tokio polls a yielded task again once its worker's queue is
+    /// empty, or at the worker's periodic check, every 61 polls). A session whose model and tools answer at once (a scripted or
     /// cached model, an offline demo) otherwise never returned to the runtime
     /// inside a turn: it found a slot free, ran its turn and began the next
     /// while the others had not reached the line (with 10,000 sessions on one
