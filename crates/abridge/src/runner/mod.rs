@@ -230,7 +230,7 @@ impl Runner {
         let this = self.clone();
         // The turn's begin (its row, its first step found and planned) works
         // the store and the CPU: it waits in the fair queue's line as every
-        // other such part does (behind every task ready before it, see
+        // other such part does (behind the tasks ready before it, see
         // `take_for_turn`), and its slot goes on to the first step.
         let slot = self.inner.queue.take_for_turn().await;
         let begun = self

@@ -14,8 +14,8 @@
 //! alone.
 //!
 //! The bound: a part that asks for a slot waits for at most the parts queued
-//! before it, served `slots` at a time; a turn's begin first lets every task
-//! ready before it run (and ask for its slot), so a session whose model
+//! before it, served `slots` at a time; a turn's begin first lets the tasks
+//! ready before it run (and ask for their slots), so a session whose model
 //! answers at once runs one turn, not turn after turn, while others wait. A
 //! step holds no slot while it calls the model, waits for or makes a
 //! summary, or runs a tool outside its transaction, so a slow model, tool or
@@ -104,12 +104,13 @@ impl StepQueue {
     /// tasks ready to run before it (another session's turn, woken but not
     /// yet polled) run and ask for their slots, and wait in the line if none
     /// is left (tokio polls a yielded task again once its worker's queue is
-    /// empty, or at the worker's periodic check, every 61 polls). A session whose model and tools answer at once (a scripted or
-    /// cached model, an offline demo) otherwise never returned to the runtime
-    /// inside a turn: it found a slot free, ran its turn and began the next
-    /// while the others had not reached the line (with 10,000 sessions on one
-    /// runtime worker, 300 of them ran 21-35 turns one after another before
-    /// the rest began their first).
+    /// empty, or at the worker's periodic check, every 61 polls). A session
+    /// whose model and tools answer at once (a scripted or cached model, an
+    /// offline demo) otherwise never returned to the runtime inside a turn:
+    /// it found a slot free, ran its turn and began the next while the others
+    /// had not reached the line (with 10,000 sessions on one runtime worker,
+    /// 300 of them ran 21-35 turns one after another before the rest began
+    /// their first).
     pub(crate) async fn take_for_turn(&self) -> Slot {
         let Some(slots) = &self.slots else {
             tokio::task::yield_now().await;
