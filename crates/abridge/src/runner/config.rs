@@ -56,11 +56,12 @@ pub struct RunnerConfig {
     /// step waits for at most the parts queued before it. A step holds no
     /// slot while it calls the model, makes or waits for a summary, or runs
     /// a tool outside its transaction. A turn's begin first lets the tasks
-    /// ready before it run once (a yield to the runtime), so a session whose
-    /// model answers at once does not run turn after turn while the others
-    /// have not reached the line. Default two per CPU the process may use,
-    /// at least 4; 0 turns the queue off (tokio's scheduling alone, with the
-    /// yield at a turn's begin). See [`Runner::queue_stats`].
+    /// ready before it run (it yields to the runtime once, and again while
+    /// the runtime's global queue holds tasks), so a session whose model
+    /// answers at once does not run turn after turn while the others have
+    /// not reached the line. Default two per CPU the process may use, at
+    /// least 4; 0 turns the queue off (tokio's scheduling alone, with the
+    /// yields at a turn's begin). See [`Runner::queue_stats`].
     pub step_slots: usize,
     /// Compaction settings.
     pub compaction: CompactionConfig,

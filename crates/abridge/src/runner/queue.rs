@@ -15,8 +15,9 @@
 //!
 //! The bound: a part that asks for a slot waits for at most the parts queued
 //! before it, served `slots` at a time; a turn's begin first lets the tasks
-//! ready before it run (and ask for their slots), so a session whose model
-//! answers at once runs one turn, not turn after turn, while others wait. A
+//! ready before it run (and ask for their slots; `let_ready_tasks_run`),
+//! so a session whose model answers at once runs one turn, not turn after
+//! turn, while others wait. A
 //! step holds no slot while it calls the model, waits for or makes a
 //! summary, or runs a tool outside its transaction, so a slow model, tool or
 //! summariser never holds up other sessions' steps.
@@ -100,27 +101,25 @@ impl StepQueue {
     }
 
     /// Takes a slot for a turn's begin. A slot found free is held while the
-    /// task hands itself back to the runtime once (`yield_now`), so the
-    /// tasks ready to run before it (another session's turn, woken but not
-    /// yet polled) run and ask for their slots, and wait in the line if none
-    /// is left (tokio polls a yielded task again once its worker's queue is
-    /// empty, or at the worker's periodic check, every 61 polls). A session
-    /// whose model and tools answer at once (a scripted or cached model, an
-    /// offline demo) otherwise never returned to the runtime inside a turn:
-    /// it found a slot free, ran its turn and began the next while the others
-    /// had not reached the line (with 10,000 sessions on one runtime worker,
-    /// 300 of them ran 21-35 turns one after another before the rest began
-    /// their first).
+    /// task hands itself back to the runtime ([`let_ready_tasks_run`]), so
+    /// the tasks ready to run before it (another session's turn, woken but
+    /// not yet polled) run and ask for their slots, and wait in the line if
+    /// none is left. A session whose model and tools answer at once (a
+    /// scripted or cached model, an offline demo) otherwise never returned
+    /// to the runtime inside a turn: it found a slot free, ran its turn and
+    /// began the next while the others had not reached the line (with 10,000
+    /// sessions on one runtime worker, 300 of them ran 21-35 turns one after
+    /// another before the rest began their first).
     pub(crate) async fn take_for_turn(&self) -> Slot {
-        let Some(slots) = &self.slots else {
-            tokio::task::yield_now().await;
-            return Slot(None);
+        let slot = match &self.slots {
+            None => Slot(None),
+            Some(slots) => match slots.clone().try_acquire_owned() {
+                Ok(p) => Slot(Some(p)),
+                Err(_) => return self.wait(slots).await,
+            },
         };
-        if let Ok(p) = slots.clone().try_acquire_owned() {
-            tokio::task::yield_now().await;
-            return Slot(Some(p));
-        }
-        self.wait(slots).await
+        let_ready_tasks_run().await;
+        slot
     }
 
     /// Takes a slot again after a part that held none.
@@ -137,6 +136,30 @@ impl StepQueue {
             waited_us: self.waited_us.load(Ordering::Relaxed),
             longest_us: self.longest_us.load(Ordering::Relaxed),
         }
+    }
+}
+
+/// Hands the task back to the runtime until the tasks ready before it have
+/// been polled: once (tokio polls a yielded task again once its worker's
+/// queue is empty, or at the worker's periodic check, every 61 polls), then
+/// again while the runtime's global queue holds tasks, at most once for each
+/// task it held at the first look. A worker's own queue holds 256 tasks; the
+/// tasks woken past that (a host with more sessions ready at once than its
+/// workers' queues hold) wait in the global queue, which a worker takes from
+/// only every 61 polls or when its own queue is empty, while the tasks its
+/// polls wake (the line's, this one's) go to its own queue. Without the
+/// second part, with 300 sessions ready at once on one worker, one ran its
+/// third turn while 86 had not finished their first.
+async fn let_ready_tasks_run() {
+    tokio::task::yield_now().await;
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let metrics = runtime.metrics();
+    let mut left = metrics.global_queue_depth();
+    while left > 0 && metrics.global_queue_depth() > 0 {
+        left -= 1;
+        tokio::task::yield_now().await;
     }
 }
 
