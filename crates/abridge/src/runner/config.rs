@@ -61,7 +61,13 @@ pub struct RunnerConfig {
     /// answers at once does not run turn after turn while the others have
     /// not reached the line. Default two per CPU the process may use, at
     /// least 4; 0 turns the queue off (tokio's scheduling alone, with the
-    /// yields at a turn's begin). See [`Runner::queue_stats`].
+    /// yields at a turn's begin). On SQLite, which writes one transaction
+    /// at a time, fewer slots spend less CPU a step where the store is the
+    /// limit (many sessions of a model that answers at once: one slot ran
+    /// 1.1-1.15x the steps a second of the default on two cores, see
+    /// docs/benchmarks.md, "One slot, or no group"); more slots let a slow
+    /// part (a long history's rebuild, a slow transactional tool) hold up
+    /// fewer sessions. See [`Runner::queue_stats`].
     pub step_slots: usize,
     /// Compaction settings.
     pub compaction: CompactionConfig,
