@@ -33,10 +33,12 @@
 //! error and were run again: a failed attempt's time is in no turn's
 //! latency), `summary_waits`/`summary_wait_s` (the steps that waited for a
 //! summary, and how long in all, as the store recorded them), and the
-//! counts behind them. `--full` runs the store (and its
-//! floor) with every commit fsynced (`Synchronous::Full`); `--slots K` sets
-//! the runner's fair-queue slots and `--workers W` the runtime's worker
-//! threads (by default one a core), each process's. Machines are shared and
+//! counts behind them, and `model_ms` (the latency below). `--full` runs the
+//! store (and its floor) with every commit fsynced (`Synchronous::Full`);
+//! `--slots K` sets the runner's fair-queue slots and `--workers W` the
+//! runtime's worker threads (by default one a core), each process's;
+//! `--model-ms M` makes every model call take M ms (a model's I/O, waited on
+//! the runtime; by default 0, an instant model). Machines are shared and
 //! noisy: read the ratios of one run.
 
 use abridge::events::EventKind;
@@ -52,12 +54,18 @@ use std::time::{Duration, Instant};
 use tokio::sync::broadcast::error::TryRecvError;
 
 /// Step 0 of every turn calls `lookup`; step 1 answers. Input tokens: the
-/// request's characters / 4.
-struct Scripted;
+/// request's characters / 4. Each call takes `latency` (`--model-ms`; zero:
+/// an instant model), waited out on the runtime as a model's I/O would be.
+struct Scripted {
+    latency: Duration,
+}
 
 #[async_trait::async_trait]
 impl ModelClient for Scripted {
     async fn complete(&self, req: &ModelRequest) -> Result<ModelResponse, ModelError> {
+        if !self.latency.is_zero() {
+            tokio::time::sleep(self.latency).await;
+        }
         let chars: usize = req
             .messages
             .iter()
@@ -132,6 +140,8 @@ struct Opts {
     group_commit: bool,
     /// `--full`: every commit fsynced (`Synchronous::Full`).
     full: bool,
+    /// `--model-ms M`: each model call takes M ms (0: instant).
+    model_ms: u64,
 }
 
 impl Opts {
@@ -148,7 +158,8 @@ impl Opts {
 }
 
 const USAGE: &str = "usage: many_sessions [--sessions N] [--procs P] [--db PATH|URL] \
-[--seconds S] [--slots K] [--workers W] [--warmup S] [--no-group-commit] [--full] [--json]";
+[--seconds S] [--slots K] [--workers W] [--warmup S] [--model-ms M] [--no-group-commit] [--full] \
+[--json]";
 
 fn parse() -> Opts {
     let mut o = Opts {
@@ -169,6 +180,7 @@ fn parse() -> Opts {
         warmup: None,
         group_commit: true,
         full: false,
+        model_ms: 0,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -188,6 +200,7 @@ fn parse() -> Opts {
             "--workers" => o.workers = Some(value(i).parse().expect("--workers W")),
             "--run" => o.run = value(i),
             "--warmup" => o.warmup = Some(value(i).parse().expect("--warmup S")),
+            "--model-ms" => o.model_ms = value(i).parse().expect("--model-ms M"),
             "--help" | "-h" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -344,18 +357,23 @@ async fn run_sessions(db: &str, sessions: usize, seconds: f64, tag: &str, o: &Op
         },
         Lookup,
     );
-    let runner = Runner::builder(store.clone(), Arc::new(Scripted))
-        .tools(tools)
-        .config({
-            let mut cfg = RunnerConfig::default().with_owner(format!("many-{tag}"));
-            if let Some(k) = o.slots {
-                cfg.step_slots = k;
-            }
-            cfg
-        })
-        .compaction(CompactionConfig::default().with_compact_at(Threshold::Tokens(4_000)))
-        .build()
-        .expect("a runner");
+    let runner = Runner::builder(
+        store.clone(),
+        Arc::new(Scripted {
+            latency: Duration::from_millis(o.model_ms),
+        }),
+    )
+    .tools(tools)
+    .config({
+        let mut cfg = RunnerConfig::default().with_owner(format!("many-{tag}"));
+        if let Some(k) = o.slots {
+            cfg.step_slots = k;
+        }
+        cfg
+    })
+    .compaction(CompactionConfig::default().with_compact_at(Threshold::Tokens(4_000)))
+    .build()
+    .expect("a runner");
     // Step latencies from the runner's events: start to completion. The
     // listener has a thread of its own: as one more task on the runtime's
     // workers it ran behind every session's task, and the channel (1,024
@@ -602,6 +620,7 @@ fn main() {
                     .args(["--db", &db, "--child", &i.to_string(), "--run", &o.run])
                     .args((!o.group_commit).then_some("--no-group-commit"))
                     .args(o.full.then_some("--full"))
+                    .args(["--model-ms", &o.model_ms.to_string()])
                     .args(
                         o.slots
                             .map(|k| ["--slots".to_string(), k.to_string()])
@@ -638,6 +657,7 @@ fn main() {
     let out = json!({
         "sessions": o.sessions,
         "procs": o.procs,
+        "model_ms": o.model_ms,
         "seconds": m.elapsed_s,
         "steps": m.steps,
         "turns": m.turns,

@@ -63,11 +63,16 @@ pub struct RunnerConfig {
     /// least 4; 0 turns the queue off (tokio's scheduling alone, with the
     /// yields at a turn's begin). On SQLite, which writes one transaction
     /// at a time, fewer slots spend less CPU a step where the store is the
-    /// limit (many sessions of a model that answers at once: one slot ran
-    /// 1.1-1.15x the steps a second of the default on two cores, see
-    /// docs/benchmarks.md, "One slot, or no group"); more slots let a slow
-    /// part (a long history's rebuild, a slow transactional tool) hold up
-    /// fewer sessions. See [`Runner::queue_stats`].
+    /// limit: on two cores under the default `Synchronous::Normal`, one slot
+    /// ran 1.1-1.15x the steps a second of the default with a model that
+    /// answers at once, and 1.24-1.37x (a turn's p50 0.72-0.80x) with 200 ms
+    /// model calls and 3,000 sessions (docs/benchmarks.md, "One slot, or no
+    /// group" and "With a model's latency"). More slots let commits share a
+    /// transaction (under `Synchronous::Full` the default ran 1.25-1.32x one
+    /// slot's steps a second), let a part waiting on PostgreSQL's round
+    /// trips leave the CPU to others, and let a slow part (a long history's
+    /// rebuild, a slow transactional tool) hold up fewer sessions. See
+    /// [`Runner::queue_stats`].
     pub step_slots: usize,
     /// Compaction settings.
     pub compaction: CompactionConfig,
