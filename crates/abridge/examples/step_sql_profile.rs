@@ -10,6 +10,10 @@
 //!
 //! `cargo run --release --example step_sql_profile -- [TURNS] [pool|inplace] [background] [pooled] [spawned]`
 //!
+//! Before the statements it prints the measured turns' completed
+//! compactions a step and the steps that waited for a summary (and how long
+//! in all), read from the store once the run's background summaries are done.
+//!
 //! SQLite reports a statement's time in whole milliseconds of its clock, so a
 //! statement's figure is an average over many runs of it: run enough turns
 //! (the default is 2,000) for the table to settle.
@@ -94,8 +98,32 @@ fn main() {
     }
     let wall = t0.elapsed();
     let steps = (2 * turns) as f64;
-    let guard = PROFILE.lock().unwrap();
-    let mut rows: Vec<_> = guard.iter().flat_map(|m| m.iter()).collect();
+    // The measured statements, before the reads below run through the hook.
+    let profile = PROFILE.lock().unwrap().take();
+    // Let a background summary claimed by the last turns finish, untimed.
+    rt.block_on(runner.finish_background());
+    // The measured turns' compactions and the steps that waited for one.
+    let first = f.h + 200;
+    let sid = session.id;
+    let (compactions, waits, wait_ms) = store
+        .with_conn(move |c| {
+            let compactions: i64 = c.query_row(
+                "SELECT count(*) FROM compactions WHERE session_id = ?1 \
+                 AND up_to_turn_index >= ?2 AND status = 'completed'",
+                rusqlite::params![sid, first - 1],
+                |r| r.get(0),
+            )?;
+            let (waits, wait_ms): (i64, i64) = c.query_row(
+                "SELECT count(*), coalesce(sum(s.summary_wait_ms), 0) FROM steps s \
+                 JOIN turns t ON t.id = s.turn_id WHERE t.session_id = ?1 AND t.idx >= ?2 \
+                 AND s.summary_wait_ms > 0",
+                rusqlite::params![sid, first],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            Ok((compactions, waits, wait_ms))
+        })
+        .unwrap();
+    let mut rows: Vec<_> = profile.iter().flat_map(|m| m.iter()).collect();
     rows.sort_by_key(|(_, (_, took))| std::cmp::Reverse(*took));
     let in_sql: Duration = rows.iter().map(|(_, (_, took))| *took).sum();
     let us = |d: Duration| d.as_secs_f64() * 1e6 / steps;
@@ -107,6 +135,11 @@ fn main() {
         us(wall),
         us(in_sql),
         100.0 * in_sql.as_secs_f64() / wall.as_secs_f64()
+    );
+    let _ = writeln!(
+        out,
+        "compactions: {:.3} a step; steps that waited for a summary: {waits} ({wait_ms} ms in all)",
+        compactions as f64 / steps
     );
     let _ = writeln!(out, "{:>10} {:>10}  statement", "µs/step", "runs/step");
     for (sql, (runs, took)) in rows {
