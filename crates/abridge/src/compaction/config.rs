@@ -137,7 +137,11 @@ pub struct Background {
     /// [`MAX_HEADROOM_TURNS`]), each as large as the largest growth of its
     /// context in one of its last 8 turns; never below half the hard
     /// threshold, never above `soft_share`. A step then waits for a summary
-    /// only when a single turn outgrows that headroom.
+    /// only when a single turn outgrows that headroom. Under a threshold it
+    /// brought down, a claim also waits until the context has grown, since
+    /// the summary it reads, by at least that largest growth: a summary
+    /// that folds less buys less room than the turn it keeps room for, and
+    /// leaves the context where the next turn would claim again.
     pub adaptive: bool,
 }
 

@@ -190,12 +190,14 @@ pub(crate) fn decide(p: &Policy, f: &mut impl Facts) -> Result<Decision> {
             let mut soft = bg.soft_tokens(limit);
             // Between half the hard threshold and the soft one, the session's
             // pace may bring the soft threshold down (Background::adaptive).
+            let mut lowered_for = None;
             if bg.adaptive
                 && planner::should_compact(m, limit / 2)
                 && !planner::should_compact(m, soft)
             {
                 let (growth, summary_ms, turn_ms) = f.pace()?;
                 soft = bg.adaptive_soft_tokens(limit, growth, summary_ms, turn_ms);
+                lowered_for = growth;
             }
             if !planner::should_compact(m, soft) {
                 return Ok(Decision::Read(base));
@@ -205,6 +207,21 @@ pub(crate) fn decide(p: &Policy, f: &mut impl Facts) -> Result<Decision> {
             // rather than a summariser call every turn.
             if latest.as_ref().is_some_and(|l| b - l.up_to_turn_index <= 1) {
                 return Ok(Decision::Read(base));
+            }
+            // Under a soft threshold the pace brought down for a large turn,
+            // a summary would fold what the context grew by since the one it
+            // reads (at most: the measure counts the system prompt and the
+            // tail too). Less than that large turn buys less room than the
+            // turn it keeps room for, and leaves the context where the next
+            // turn claims again: a summariser call every other turn for a
+            // few turns' growth. The claim waits for a later turn (or the
+            // hard threshold).
+            if let (Some(growth), Some(m), Some(after)) =
+                (lowered_for, m, base.as_ref().and_then(|r| r.tokens_after))
+            {
+                if m.saturating_sub(after) < growth {
+                    return Ok(Decision::Read(base));
+                }
             }
             // One background summary of a session at a time: one still
             // pending at an earlier boundary is let finish (taken over when
@@ -338,6 +355,9 @@ mod tests {
         at: HashMap<i64, CompactionRow>,
         pending: Option<CompactionRow>,
         held: bool,
+        /// The session's pace: (largest growth of a recent turn, summary
+        /// ms, turn ms).
+        pace: (Option<i64>, Option<i64>, Option<i64>),
         asked: Vec<&'static str>,
     }
 
@@ -373,6 +393,10 @@ mod tests {
         fn held_by_live_other(&mut self, _row: &CompactionRow) -> bool {
             self.asked.push("held");
             self.held
+        }
+        fn pace(&mut self) -> Result<(Option<i64>, Option<i64>, Option<i64>)> {
+            self.asked.push("pace");
+            Ok(self.pace)
         }
     }
 
@@ -683,13 +707,61 @@ mod tests {
                 },
                 background(6, None, None, None),
             ),
+            (
+                "under a soft threshold brought down for a large turn (350: 1,000 - 2 x 350 \
+                 is below half, so 500), a summary that would fold less than that turn (600 \
+                 measured on a summary of 300): left to a later turn",
+                policy(),
+                Table {
+                    latest: Some(summary_of(300)),
+                    measure: Some((600, Some(6))),
+                    threshold: Some(1_000),
+                    pace: (Some(350), None, None),
+                    ..Table::default()
+                },
+                Decision::Read(Some(summary_of(300))),
+            ),
+            (
+                "the same once the context has grown by that turn since the summary: claim \
+                 in the background under the lowered threshold",
+                policy(),
+                Table {
+                    latest: Some(summary_of(250)),
+                    measure: Some((600, Some(6))),
+                    threshold: Some(1_000),
+                    pace: (Some(350), None, None),
+                    ..Table::default()
+                },
+                background(9, Some(600), Some(500), Some(summary_of(250))),
+            ),
+            (
+                "at the configured soft threshold (not brought down), the summary's size does \
+                 not hold a claim back",
+                policy(),
+                Table {
+                    latest: Some(summary_of(700)),
+                    measure: Some((800, Some(6))),
+                    threshold: Some(1_000),
+                    pace: (Some(350), None, None),
+                    ..Table::default()
+                },
+                background(9, Some(800), Some(800), Some(summary_of(700))),
+            ),
         ];
         let n = cases.len();
         for (what, p, mut facts, want) in cases {
             let got = decide(&p, &mut facts).unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_eq!(got, want, "{what}");
         }
-        assert!(n >= 24);
+        assert!(n >= 27);
+    }
+
+    /// A completed summary at turn 6 of `tokens` tokens.
+    fn summary_of(tokens: i64) -> CompactionRow {
+        CompactionRow {
+            tokens_after: Some(tokens),
+            ..row(6, 6, Completed)
+        }
     }
 
     /// The deliberately broken build's knob (`Sabotage::read_drafts`) does
