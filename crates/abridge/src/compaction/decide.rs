@@ -712,39 +712,21 @@ mod tests {
                  is below half, so 500), a summary that would fold less than that turn (600 \
                  measured on a summary of 300): left to a later turn",
                 policy(),
-                Table {
-                    latest: Some(summary_of(300)),
-                    measure: Some((600, Some(6))),
-                    threshold: Some(1_000),
-                    pace: (Some(350), None, None),
-                    ..Table::default()
-                },
+                after_a_large_turn(300, 600),
                 Decision::Read(Some(summary_of(300))),
             ),
             (
                 "the same once the context has grown by that turn since the summary: claim \
                  in the background under the lowered threshold",
                 policy(),
-                Table {
-                    latest: Some(summary_of(250)),
-                    measure: Some((600, Some(6))),
-                    threshold: Some(1_000),
-                    pace: (Some(350), None, None),
-                    ..Table::default()
-                },
+                after_a_large_turn(250, 600),
                 background(9, Some(600), Some(500), Some(summary_of(250))),
             ),
             (
                 "at the configured soft threshold (not brought down), the summary's size does \
                  not hold a claim back",
                 policy(),
-                Table {
-                    latest: Some(summary_of(700)),
-                    measure: Some((800, Some(6))),
-                    threshold: Some(1_000),
-                    pace: (Some(350), None, None),
-                    ..Table::default()
-                },
+                after_a_large_turn(700, 800),
                 background(9, Some(800), Some(800), Some(summary_of(700))),
             ),
         ];
@@ -761,6 +743,18 @@ mod tests {
         CompactionRow {
             tokens_after: Some(tokens),
             ..row(6, 6, Completed)
+        }
+    }
+
+    /// A threshold of 1,000, the newest measure `tokens` taken on a summary
+    /// of `summary` tokens at turn 6, and a recent turn that grew by 350.
+    fn after_a_large_turn(summary: i64, tokens: i64) -> Table {
+        Table {
+            latest: Some(summary_of(summary)),
+            measure: Some((tokens, Some(6))),
+            threshold: Some(1_000),
+            pace: (Some(350), None, None),
+            ..Table::default()
         }
     }
 
