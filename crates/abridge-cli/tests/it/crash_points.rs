@@ -14,7 +14,9 @@ use crate::common;
 use abridge::{FaultPoint, Threshold};
 use common::*;
 use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
+use std::time::Duration;
 
 const SEED: u64 = 11;
 const TURNS: u64 = 12;
@@ -56,6 +58,206 @@ async fn crash_at_every_point_resumes_to_the_control_transcript() {
                 want,
                 "{point} #{nth}: transcript differs"
             );
+            assert_eq!(
+                effects(&store),
+                want_effects,
+                "{point} #{nth}: effects differ"
+            );
+            assert_verified(&store);
+            assert!(assert_all_steps_rebuild(&store) > 0);
+        }
+    }
+}
+
+/// The session beside the one that fails (session 1; the failing one is 0),
+/// on a runner of its own over the same store: their turns' writes are parts
+/// of the same group commits. It runs twice the failing session's turns, so
+/// it is still writing when that one resumes.
+const MATE: u64 = 1;
+
+/// The points a turn's write transaction (a part of a group commit's batch)
+/// is open at.
+const INSIDE_A_PART: [FaultPoint; 4] = [
+    FaultPoint::AfterResponseWritten,
+    FaultPoint::BetweenTools,
+    FaultPoint::InsideTransactionalTool,
+    FaultPoint::BeforeStepComplete,
+];
+
+/// How long either session waits for the other at a meeting (a bound, not
+/// a timing: each normally waits for the other's next step).
+const MEETING: Duration = Duration::from_millis(200);
+
+/// Sets the two sessions' steps to meet: before each of its step's write
+/// transactions (its response's, and the one an outside tool's result
+/// opens), the failing session waits until the mate's step holds the writer
+/// at its end (its part kept so far); the mate's part waits there until the
+/// failing session's write queues for the writer, then ends and hands it
+/// over. The failing session's write transaction then joins a batch that
+/// holds the mate's part. The mate begins each step only once the failing
+/// session waits (or is done), so it never runs out of turns first.
+#[derive(Default)]
+struct Meeting {
+    /// The failing session waits for the mate's part.
+    ready: AtomicBool,
+    /// The mate's part holds the writer, waiting.
+    mate_in_part: AtomicBool,
+    /// The failing session has run all its turns.
+    done: AtomicBool,
+}
+
+fn wait_until(what: impl Fn() -> bool) {
+    let until = std::time::Instant::now() + MEETING;
+    while !what() && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
+/// The failing session's hook: meets the mate before each of its step's
+/// write transactions, and with `fault` (point, nth) fails at the `nth`
+/// arrival at the point or, for a point inside a turn's write transaction
+/// on a store with a group commit, at the first arrival from the `nth` on
+/// whose transaction joined a batch holding a kept part of the mate's.
+fn failing_hook(
+    store: &abridge::Store,
+    meeting: &Arc<Meeting>,
+    fault: Option<(FaultPoint, usize)>,
+) -> abridge::FaultHook {
+    let (store, meeting) = (store.clone(), meeting.clone());
+    let grouped = store.backend() == abridge::store::BackendKind::Sqlite;
+    let hits = Arc::new(AtomicUsize::new(0));
+    let fired = Arc::new(AtomicBool::new(false));
+    Arc::new(move |p| {
+        if grouped && matches!(p, FaultPoint::BeforeModelCall | FaultPoint::AfterToolEffect) {
+            meeting.ready.store(true, SeqCst);
+            wait_until(|| meeting.mate_in_part.load(SeqCst));
+        }
+        let Some((point, nth)) = fault else {
+            return Ok(());
+        };
+        if p != point || fired.load(SeqCst) || hits.fetch_add(1, SeqCst) + 1 < nth {
+            return Ok(());
+        }
+        let beside = !grouped || !INSIDE_A_PART.contains(&p) || store.group_commit_open_parts() > 0;
+        match beside && !fired.swap(true, SeqCst) {
+            true => Err(p),
+            false => Ok(()),
+        }
+    })
+}
+
+/// The mate's hook (on a store with a group commit): begins a step once the
+/// failing session waits to meet it, and at the step's end holds its part
+/// until another write queues for the writer.
+fn mate_hook(store: &abridge::Store, meeting: &Arc<Meeting>) -> abridge::FaultHook {
+    let (store, meeting) = (store.clone(), meeting.clone());
+    let grouped = store.backend() == abridge::store::BackendKind::Sqlite;
+    Arc::new(move |p| {
+        if !grouped {
+            return Ok(());
+        }
+        if p == FaultPoint::BeforeModelCall {
+            wait_until(|| meeting.ready.load(SeqCst) || meeting.done.load(SeqCst));
+        }
+        if p == FaultPoint::BeforeStepComplete && meeting.ready.swap(false, SeqCst) {
+            meeting.mate_in_part.store(true, SeqCst);
+            wait_until(|| store.group_commit_waiting() > 0);
+            meeting.mate_in_part.store(false, SeqCst);
+        }
+        Ok(())
+    })
+}
+
+/// Runs session 0 with the fault and the mate (session [`MATE`]) at the same
+/// time on the same store, every turn write on the batched path. Returns the
+/// faults seen and the group commits' (batches, parts, parts undone beside
+/// kept ones).
+async fn run_beside_the_mate(
+    fault: Option<(FaultPoint, usize)>,
+) -> (tempfile::TempDir, abridge::Store, usize, (u64, u64, u64)) {
+    let (d, path) = temp_db();
+    let store = open(&path);
+    store.group_commit_every_write(true);
+    let meeting = Arc::new(Meeting::default());
+    let runner = |hook, owner: &str| {
+        demo_runner_with(
+            &store,
+            SEED,
+            Threshold::Tokens(1_500),
+            Some(hook),
+            EXTRAS,
+            owner,
+        )
+    };
+    // The mate on a runtime of its own: its part waiting on a worker of the
+    // failing session's runtime could hold up that session's task behind it.
+    let mate = runner(mate_hook(&store, &meeting), "mate");
+    let mate = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async { run_script(&mate, || mate.clone(), SEED, MATE, 2 * TURNS).await })
+    });
+    let first = runner(failing_hook(&store, &meeting, fault), "runner");
+    // A resumed runner meets the mate too, without the fault.
+    let fresh = || runner(failing_hook(&store, &meeting, None), "runner");
+    let faults = run_script(&first, fresh, SEED, 0, TURNS).await;
+    meeting.done.store(true, SeqCst);
+    let mate_faults = tokio::task::block_in_place(|| mate.join()).unwrap();
+    assert_eq!(mate_faults, 0, "the failing session's batch-mate failed");
+    let (batches, parts) = store.group_commits();
+    let undone = store.group_commits_undone_beside_kept();
+    (d, store, faults, (batches, parts, undone))
+}
+
+/// The enumeration above on the batched path: while the failing session
+/// runs, a mate runs its turns on the same store, and the failing session's
+/// steps write in batches that hold a part of the mate's; a fault inside a
+/// step's write transaction lands in such a batch. The failing part is
+/// rolled back alone: the mate never sees an error (any error fails the
+/// test), both sessions' transcripts equal the control run's, every effect
+/// was applied once, and every executed step rebuilds to its hash. On
+/// PostgreSQL (the suite run against a server) there is no group: the
+/// server commits the sessions side by side, and the same holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn crash_at_every_point_beside_a_batch_mate_fails_no_other_session() {
+    let (_c, control, faults, _) = run_beside_the_mate(None).await;
+    assert_eq!(faults, 0);
+    let grouped = control.backend() == abridge::store::BackendKind::Sqlite;
+    let want = [
+        transcript(&control, SEED, 0),
+        transcript(&control, SEED, MATE),
+    ];
+    let want_effects = effects(&control);
+    assert_verified(&control);
+    for point in FaultPoint::ALL {
+        for nth in [1, 2, 5] {
+            let (_d, store, faults, (b, p, u)) = run_beside_the_mate(Some((point, nth))).await;
+            assert_eq!(
+                faults, 1,
+                "{point} #{nth} was never reached beside the mate"
+            );
+            if grouped {
+                assert!(
+                    p > b,
+                    "{point} #{nth}: no batch held two parts ({b} of {p})"
+                );
+                if INSIDE_A_PART.contains(&point) {
+                    assert_eq!(
+                        u, 1,
+                        "{point} #{nth}: the fault's part was not undone beside a kept one"
+                    );
+                }
+            }
+            for (i, want) in [0, MATE].into_iter().zip(&want) {
+                assert_eq!(
+                    &transcript(&store, SEED, i),
+                    want,
+                    "{point} #{nth}: session {i}'s transcript differs"
+                );
+            }
             assert_eq!(
                 effects(&store),
                 want_effects,

@@ -879,6 +879,42 @@ impl Store {
         self.pool.group().map_or(0, |g| g.alone())
     }
 
+    /// Sends every turn's write transaction to the group commit's batch
+    /// (`on`), as if each had met another one running, or back to the
+    /// default rule (a write joins the batch unless none of the last 64 met
+    /// one): a test that runs its faults on the batched path whatever the
+    /// timing. No effect without a group commit.
+    #[doc(hidden)]
+    pub fn group_commit_every_write(&self, on: bool) {
+        if let Some(g) = self.pool.group() {
+            g.set_every_write(on);
+        }
+    }
+
+    /// The turns' write transactions waiting for the group commit's writer
+    /// right now (another one holds it). 0 without a group commit.
+    #[doc(hidden)]
+    pub fn group_commit_waiting(&self) -> usize {
+        self.pool.group().map_or(0, |g| g.waiting())
+    }
+
+    /// The turns' write transactions kept in the group commit's open batch
+    /// right now, waiting for its `COMMIT`: a turn's write transaction
+    /// running now (a fault hook inside one) shares its batch with that
+    /// many. 0 without a group commit.
+    #[doc(hidden)]
+    pub fn group_commit_open_parts(&self) -> usize {
+        self.pool.group().map_or(0, |g| g.open_parts())
+    }
+
+    /// The turns' write transactions that failed (were rolled back) in a
+    /// group commit's batch holding other turns' kept parts, which stayed
+    /// in the batch. 0 without a group commit.
+    #[doc(hidden)]
+    pub fn group_commits_undone_beside_kept(&self) -> u64 {
+        self.pool.group().map_or(0, |g| g.undone_beside_kept())
+    }
+
     /// Runs `f` on a pooled connection off the async runtime's worker threads:
     /// on tokio's blocking pool, or in place per [`StoreOptions::blocking`].
     pub async fn call<R, F>(&self, f: F) -> Result<R>

@@ -40,7 +40,7 @@
 
 use crate::error::{Error, Result};
 use crate::store::db::Connection;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -79,6 +79,10 @@ pub(crate) struct Group {
     recent: AtomicU64,
     /// Turn write transactions run alone, on the caller's connection.
     alone: AtomicU64,
+    /// Parts rolled back while the batch held other members' kept parts.
+    undone_beside_kept: AtomicU64,
+    /// Every turn write joins the batch, met or not (a test's switch).
+    every_write: AtomicBool,
     /// The pool's count of the writer: dropped after it closes.
     _held: Box<dyn std::any::Any + Send + Sync>,
 }
@@ -155,6 +159,8 @@ impl Group {
             // Until the store has seen its writes, they may meet.
             recent: AtomicU64::new(u64::MAX),
             alone: AtomicU64::new(0),
+            undone_beside_kept: AtomicU64::new(0),
+            every_write: AtomicBool::new(false),
             _held: held,
         }
     }
@@ -176,6 +182,29 @@ impl Group {
         self.alone.load(Ordering::Relaxed)
     }
 
+    /// Sends every turn write to the batch (`on`), as if each had met
+    /// another, or back to the rule of [`Group::arrive`].
+    pub(crate) fn set_every_write(&self, on: bool) {
+        self.every_write.store(on, Ordering::Relaxed);
+    }
+
+    /// Members waiting for the writer right now.
+    pub(crate) fn waiting(&self) -> usize {
+        self.state().waiting
+    }
+
+    /// Parts kept in the open batch right now (the members waiting for its
+    /// end): a part running now is a batch-mate of that many.
+    pub(crate) fn open_parts(&self) -> usize {
+        self.state().parts
+    }
+
+    /// Parts rolled back (failed) in a batch that held other members'
+    /// kept parts, which stayed in it.
+    pub(crate) fn undone_beside_kept(&self) -> u64 {
+        self.undone_beside_kept.load(Ordering::Relaxed)
+    }
+
     /// Counts a turn's write transaction in (until the returned [`Writing`]
     /// is dropped) and says whether it joins the batch: unless none of the
     /// last [`RECENT`] turn writes, this one included, met another running.
@@ -189,7 +218,8 @@ impl Group {
             .recent
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| Some(shift(m)))
             .unwrap_or_else(|m| m);
-        let join = shift(before) & (u64::MAX >> (64 - RECENT)) != 0;
+        let join = shift(before) & (u64::MAX >> (64 - RECENT)) != 0
+            || self.every_write.load(Ordering::Relaxed);
         if !join {
             self.alone.fetch_add(1, Ordering::Relaxed);
         }
@@ -392,6 +422,8 @@ impl Group {
         let mut st = self.state();
         if kept {
             st.parts += 1;
+        } else if !first && st.parts > 0 {
+            self.undone_beside_kept.fetch_add(1, Ordering::Relaxed);
         }
         let batch = st.batch.clone();
         let open = !raw.is_autocommit();
@@ -448,14 +480,6 @@ impl Group {
         } else {
             undone
         }
-    }
-}
-
-#[cfg(test)]
-impl Group {
-    /// Members waiting for the writer right now.
-    fn waiting(&self) -> usize {
-        self.state().waiting
     }
 }
 
@@ -579,6 +603,7 @@ mod tests {
         assert_eq!(ok, vec![true, true, false, true]);
         assert_eq!(rows(&store), vec![1, 4]);
         assert_eq!(store.group_commits(), (1, 2));
+        assert_eq!(store.group_commits_undone_beside_kept(), 2);
     }
 
     #[test]
