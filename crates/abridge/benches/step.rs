@@ -8,7 +8,9 @@
 //! runs them); `floor` (one
 //! bare rusqlite IMMEDIATE transaction inserting the bytes a step persists);
 //! `ensure_noop`; `claim_race` (16 tasks on one boundary); `build` (the message
-//! builder with its history read). Under `synchronous=NORMAL` and `FULL`.
+//! builder with its history read); `extract` (the built-in pin extractor over
+//! a demo session's texts, apart from the step). Under `synchronous=NORMAL`
+//! and `FULL`.
 //!
 //! At the end a table of ratios measured in this one run is printed (the
 //! machine is shared and noisy: compare ratios, not absolute times).
@@ -226,6 +228,71 @@ fn bench_ensure_noop(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
     g.finish();
 }
 
+/// The texts a session of the demo workload gives the pin extractor: user
+/// turns, `lookup_order` results (one in eight a long history of dated
+/// events), shipping quotes and assistant answers, 1,600 in all.
+fn extract_texts() -> Vec<(abridge::pins::FactSource, String)> {
+    use abridge::pins::FactSource;
+    use abridge_testkit::demo::{tool_result, user_turn};
+    let mut texts = Vec::new();
+    for t in 0..400u64 {
+        texts.push((FactSource::User, user_turn(7, t % 10, t)));
+        let order = format!("ORD-{}", 10_000 + t * 37 % 90_000);
+        let postcode = format!("{:05}", t * 7_919 % 100_000);
+        for (name, args) in [
+            ("lookup_order", serde_json::json!({"order_id": order})),
+            (
+                "quote_shipping",
+                serde_json::json!({"order_id": order, "postcode": postcode}),
+            ),
+        ] {
+            let result = tool_result(name, &args).unwrap();
+            texts.push((FactSource::Tool, result.to_string()));
+        }
+        texts.push((
+            FactSource::Assistant,
+            format!(
+                "Order {order} is on its way; it should arrive on 2026-12-{:02}. I have noted \
+                 the postal code {postcode} and will write to jane.doe{t}@example.com.",
+                1 + t % 28
+            ),
+        ));
+    }
+    texts
+}
+
+/// The built-in pin extractor over [`extract_texts`] (a whole pass a
+/// sample): what a turn's extraction costs apart from the step.
+fn bench_extract(c: &mut Criterion) {
+    use abridge::pins::{PinExtractor, RuleExtractor};
+    let texts = extract_texts();
+    let bytes: usize = texts.iter().map(|(_, t)| t.len()).sum();
+    let facts: usize = texts
+        .iter()
+        .map(|(s, t)| RuleExtractor.extract(t, *s).len())
+        .sum();
+    println!(
+        "extract: {} texts, {bytes} bytes, {facts} facts a pass",
+        texts.len()
+    );
+    let mut g = c.benchmark_group("extract");
+    g.sample_size(20).measurement_time(Duration::from_secs(2));
+    g.bench_function("demo_texts", |b| {
+        b.iter_custom(|iters| {
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                for (source, text) in &texts {
+                    std::hint::black_box(RuleExtractor.extract(text, *source));
+                }
+            }
+            let d = t0.elapsed();
+            record("extract/demo_texts", d, iters);
+            d
+        })
+    });
+    g.finish();
+}
+
 fn bench_claim_race(c: &mut Criterion, rt: &tokio::runtime::Runtime) {
     let f = fixture(
         rt,
@@ -377,6 +444,7 @@ fn main() {
     bench_ensure_noop(&mut c, &rt);
     bench_claim_race(&mut c, &rt);
     bench_build(&mut c, &rt);
+    bench_extract(&mut c);
     c.final_summary();
 
     println!("\n== means in this run (µs) and ratios");

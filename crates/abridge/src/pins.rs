@@ -772,6 +772,12 @@ fn trim_token(w: &str) -> &str {
 }
 
 fn is_path(w: &str) -> bool {
+    // Every path below holds a slash or a backslash, which most words do
+    // not: one scan of the bytes rules them out before the tests that scan
+    // again (about a tenth of an extraction's time went to this test).
+    if !w.bytes().any(|b| b == b'/' || b == b'\\') {
+        return false;
+    }
     if w.contains("://") || w.len() < 3 || w.contains('@') {
         return false;
     }
@@ -783,17 +789,17 @@ fn is_path(w: &str) -> bool {
     }
     // dir/file.ext: a slash between word characters and an extension at the end.
     let last = w.rsplit(['/', '\\']).next().unwrap_or("");
-    (w.contains('/') || w.contains('\\'))
-        && last.contains('.')
+    last.contains('.')
         && !last.ends_with('.')
         && w.chars()
             .all(|c| c.is_alphanumeric() || matches!(c, '/' | '\\' | '.' | '_' | '-'))
 }
 
 fn is_mixed_id(w: &str) -> bool {
-    let n = w.chars().count();
-    (3..=40).contains(&n)
-        && w.chars().any(|c| c.is_ascii_digit())
+    // An ASCII digit first: most words have none, and counting a word's
+    // characters scans it.
+    w.bytes().any(|b| b.is_ascii_digit())
+        && (3..=40).contains(&w.chars().count())
         && w.chars().any(|c| c.is_alphabetic())
         && w.chars()
             .all(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | '#' | '.' | '/'))
