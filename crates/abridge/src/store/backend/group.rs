@@ -422,7 +422,9 @@ impl Group {
         let mut st = self.state();
         if kept {
             st.parts += 1;
-        } else if !first && st.parts > 0 {
+        } else if !first && st.parts > 0 && !raw.is_autocommit() {
+            // Undone to its savepoint, the batch-mates' parts still in the
+            // open transaction (not lost with a transaction that ended).
             self.undone_beside_kept.fetch_add(1, Ordering::Relaxed);
         }
         let batch = st.batch.clone();
