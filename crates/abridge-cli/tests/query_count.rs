@@ -290,6 +290,7 @@ fn assert_no_history_scan(store: &Store) {
         "steps",
         "tool_invocations",
         "compactions",
+        "pins",
     ];
     store
         .with_conn(move |c| {

@@ -569,6 +569,14 @@ fn shipped_migrations_are_never_edited() {
             "cd36dba8dd441d6e193ea47d051e31bfedfb1bc019a17ecd9de960e563a3bb51",
         ),
         (
+            "v15",
+            "6ffaf1116fdaa0736a1e3896ecda06e10a2a736c3e76269ffbb049f6c9a5fa42",
+        ),
+        (
+            "v15 (PostgreSQL)",
+            "1a2704bb48a7a32b1d734aec64a4c779d973280245c37a57586912ba7a38cb23",
+        ),
+        (
             "schema_pg.sql (PostgreSQL baseline)",
             "519649a80dc5008c7aaf8accd7cbd44adef54017a733e0f51b46d9e4e4fdfcaa",
         ),

@@ -116,6 +116,14 @@ pub const MIGRATIONS: &[Migration] = &[
         )),
         hook: Some(Hook::SpellOutChecks),
     },
+    Migration {
+        version: 15,
+        sqlite: include_str!("migrations/0015_pins_by_value_dropped.sql"),
+        postgres: Some(include_str!(
+            "migrations/postgres/0015_pins_by_value_dropped.sql"
+        )),
+        hook: None,
+    },
 ];
 
 /// The schema version this build writes (`PRAGMA user_version`; the

@@ -73,6 +73,16 @@ const HELD_SQL: &str = "\
      AND p.slot IS NULL AND p.superseded_by IS NULL \
      ORDER BY p.turn_index DESC, p.id DESC LIMIT 1) held";
 
+/// Marks a value's earlier pin (`?4`) superseded by the one just written in
+/// turn `?3`, read in the same statement. That row is not superseded, which
+/// the read says, so `pins_held_by_value` (which holds just such rows, by
+/// session, value and turn) finds it and gives the newest first: with the
+/// value alone it would go through every pin of the session and sort them.
+const MARK_RESTATED_SQL: &str = "UPDATE pins SET superseded_by = (SELECT n.id FROM pins n \
+     WHERE n.session_id = ?1 AND n.value = ?2 AND n.turn_index = ?3 \
+     AND n.slot IS NULL AND n.superseded_by IS NULL ORDER BY n.id DESC LIMIT 1), \
+     superseded_at = ?3 WHERE id = ?4 AND superseded_by IS NULL";
+
 /// The holder of `value` ([`HELD_SQL`]): the slotted row if there is one,
 /// else the other, whichever order they came in.
 fn holder(conn: &Connection, session_id: SessionId, value: &str) -> Result<Option<Holder>> {
@@ -328,10 +338,7 @@ fn record_all(
             // both go with the next request on PostgreSQL (no round trip).
             conn.execute_later(sql, values_of)?;
             conn.execute_later(
-                "UPDATE pins SET superseded_by = (SELECT n.id FROM pins n \
-                 WHERE n.session_id = ?1 AND n.value = ?2 AND n.turn_index = ?3 \
-                 AND n.slot IS NULL ORDER BY n.id DESC LIMIT 1), superseded_at = ?3 \
-                 WHERE id = ?4 AND superseded_by IS NULL",
+                MARK_RESTATED_SQL,
                 params![session_id, f.value, turn_index, old],
             )?;
             values.insert(&f.value);
@@ -635,6 +642,69 @@ mod tests {
                 .count();
             // Two sorts, and the `IN` list's own table of ids.
             assert_eq!(sorts, 3, "{ops:?}");
+            Ok(())
+        });
+    }
+
+    /// The mark of a restated value's earlier pin finds the pin just written
+    /// through `pins_held_by_value`, newest first as the index holds them:
+    /// no other index of the pins' values is left to serve it (schema 15
+    /// dropped `pins_by_value`), and through `pins_live` it would visit every
+    /// pin of the session and sort them at every restatement.
+    #[test]
+    fn the_mark_of_a_restated_value_reads_one_index_entry() {
+        with_session(|c, _| {
+            let raw = c.as_sqlite().expect("an SQLite store");
+            let mut st = raw.prepare(&format!("EXPLAIN QUERY PLAN {MARK_RESTATED_SQL}"))?;
+            let plan: Vec<String> = st
+                .query_map(params![1, "ORD-1", 2, 1], |r| r.get::<_, String>(3))?
+                .collect::<rusqlite::Result<_>>()?;
+            assert!(
+                plan.iter().any(|l| l.starts_with("SEARCH n USING INDEX pins_held_by_value (session_id=? AND value=? AND turn_index=?)")),
+                "{plan:?}"
+            );
+            assert!(!plan.iter().any(|l| l.contains("TEMP B-TREE")), "{plan:?}");
+            let indexes: Vec<String> = raw
+                .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'pins' ORDER BY name")?
+                .query_map([], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            assert!(!indexes.iter().any(|n| n == "pins_by_value"), "{indexes:?}");
+            Ok(())
+        });
+    }
+
+    /// The mark of a restated value names the pin written in its turn, and
+    /// only the earlier pin changes.
+    #[test]
+    fn a_restated_value_supersedes_its_earlier_pin_with_the_new_one() {
+        with_session(|c, sid| {
+            record_facts(c, sid, 0, FactSource::Tool, &[id("ORD-1")])?;
+            // Overtaken in its window by later values, then restated.
+            for turn in 1..4 {
+                record_facts(
+                    c,
+                    sid,
+                    turn,
+                    FactSource::Tool,
+                    &[id(&format!("ORD-{}", turn + 1))],
+                )?;
+            }
+            let before: Vec<Pin> = list_pins(c, sid)?;
+            record_facts(c, sid, 4, FactSource::Tool, &[id("ORD-1")])?;
+            let after: Vec<Pin> = list_pins(c, sid)?;
+            let rows: Vec<(i64, i64, Option<i64>, Option<i64>)> = c
+                .prepare(
+                    "SELECT id, turn_index, superseded_by, superseded_at FROM pins \
+                     WHERE value = 'ORD-1' ORDER BY id",
+                )?
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+                .collect::<rusqlite::Result<_>>()?;
+            assert_eq!(rows.len(), 2, "{rows:?}");
+            let (old, new) = (rows[0], rows[1]);
+            assert_eq!((old.1, new.1), (0, 4));
+            assert_eq!((old.2, old.3), (Some(new.0), Some(4)), "{rows:?}");
+            assert_eq!((new.2, new.3), (None, None), "{rows:?}");
+            assert_eq!(after.len(), before.len() + 1);
             Ok(())
         });
     }

@@ -1,0 +1,11 @@
+-- abridge schema, version 15: one index of the pins' values fewer.
+--
+-- `pins_by_value` (session_id, value), from version 3, served the question
+-- of who holds a value until version 13 gave each half of it a partial index
+-- of its own (`pins_slotted_by_value`, `pins_held_by_value`). Its last reader
+-- was the statement that marks a value's earlier pin superseded by the one
+-- just written in this turn; that row is not superseded, so the statement
+-- says so and is served by `pins_held_by_value`, which holds (session_id,
+-- value, turn_index) for exactly those rows. Every pin written paid for one
+-- more b-tree entry (and its page in the commit) that nothing read.
+DROP INDEX pins_by_value;
