@@ -63,8 +63,15 @@ impl Runner {
         let tell = self.inner.events.listened();
         let tx = store::fenced_tx(c, lease)?;
         let fresh = persist.is_some();
+        // A final answer (no tool call) is completed in this transaction with
+        // nothing between: its response is written as completed at once.
+        let then = if n == 0 {
+            store::ResponseThen::Completed
+        } else {
+            store::ResponseThen::Responded
+        };
         if let Some(r) = persist {
-            store::write_response(&tx, lease, &r)?;
+            store::write_response(&tx, lease, &r, then)?;
             crate::error::check_fault(hook, FaultPoint::AfterResponseWritten)?;
             if tell {
                 happened.push(EventKind::StepResponded {
@@ -146,6 +153,7 @@ impl Runner {
             plan.step_id,
             plan.step_idx,
             final_output,
+            fresh && then == store::ResponseThen::Completed,
         )?;
         let mut ctx = plan.ctx.lock().unwrap_or_else(|e| e.into_inner()).take();
         let step_completed = || EventKind::StepCompleted {

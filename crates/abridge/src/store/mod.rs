@@ -114,7 +114,7 @@ pub(crate) use tables::sessions::{
 };
 pub(crate) use tables::steps::{
     claim_step, complete_step, get_step, last_step, list_steps, step_read, write_response,
-    Responded,
+    Responded, ResponseThen,
 };
 #[cfg(test)]
 pub(crate) use tables::turns::session_pace;

@@ -102,15 +102,40 @@ pub(crate) struct Responded {
     pub elided_steps: i64,
 }
 
+/// How a step's response is written: the step left `responded` for its tool
+/// calls, or (a final answer, no call) `completed` by the same statement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ResponseThen {
+    /// `running` → `responded`; [`complete_step`] marks it completed later.
+    Responded,
+    /// `running` → `completed` at once, `responded_at` and `completed_at`
+    /// the same instant: the transaction that writes the response also
+    /// completes the step (nothing runs between), so the row is rewritten
+    /// once, not twice. [`complete_step`] is told so.
+    Completed,
+}
+
 /// Writes a step's response, usage, hash, compaction read and context measure
-/// inside the caller's fenced transaction: `running` → `responded`. A step that
-/// is no longer running means the lease was lost.
-pub(crate) fn write_response(tx: &Transaction<'_>, lease: &Lease, r: &Responded) -> Result<()> {
+/// inside the caller's fenced transaction: `running` → `responded` (or
+/// `completed`, see [`ResponseThen`]). A step that is no longer running means
+/// the lease was lost.
+pub(crate) fn write_response(
+    tx: &Transaction<'_>,
+    lease: &Lease,
+    r: &Responded,
+    then: ResponseThen,
+) -> Result<()> {
+    let now = tx.now_ms();
+    let (status, completed_at) = match then {
+        ResponseThen::Responded => ("responded", None),
+        ResponseThen::Completed => ("completed", Some(now)),
+    };
     tx.execute_later_or(
-        "UPDATE steps SET status = 'responded', compaction_id = ?1, messages_sha256 = ?2, \
+        "UPDATE steps SET status = ?15, compaction_id = ?1, messages_sha256 = ?2, \
              response = ?3, input_tokens = ?4, output_tokens = ?5, context_tokens = ?6, \
              estimated = ?7, responded_at = ?8, render_format = ?10, summary_wait_ms = ?11, \
-             cache_read_tokens = ?12, cache_write_tokens = ?13, elided_steps = ?14 \
+             cache_read_tokens = ?12, cache_write_tokens = ?13, elided_steps = ?14, \
+             completed_at = ?16 \
              WHERE id = ?9 AND status = 'running'",
         params![
             r.compaction_id,
@@ -120,22 +145,26 @@ pub(crate) fn write_response(tx: &Transaction<'_>, lease: &Lease, r: &Responded)
             r.output_tokens,
             r.context_tokens,
             r.estimated,
-            tx.now_ms(),
+            now,
             r.step_id,
             crate::render_format::RenderFormat::CURRENT.as_i64(),
             r.summary_wait_ms,
             r.cache_read_tokens,
             r.cache_write_tokens,
-            r.elided_steps
+            r.elided_steps,
+            status,
+            completed_at
         ],
         lease.lost(),
     )
 }
 
-/// Marks a responded step completed inside the caller's fenced transaction;
-/// with `final_output` also completes the turn (releasing its lease) and
-/// returns it, otherwise claims the next step (`running`), so that the next
-/// step starts with a read, not a write.
+/// Marks a responded step completed inside the caller's fenced transaction
+/// (unless `marked`: its response was written as completed in this
+/// transaction, [`ResponseThen::Completed`]); with `final_output` also
+/// completes the turn (releasing its lease) and returns it, otherwise claims
+/// the next step (`running`), so that the next step starts with a read, not a
+/// write.
 pub(crate) fn complete_step(
     tx: &Transaction<'_>,
     lease: &Lease,
@@ -143,13 +172,16 @@ pub(crate) fn complete_step(
     step_id: StepId,
     step_idx: i64,
     final_output: Option<&str>,
+    marked: bool,
 ) -> Result<Option<TurnRow>> {
     let now = tx.now_ms();
-    tx.execute_later(
-        "UPDATE steps SET status = 'completed', completed_at = ?1 \
-         WHERE id = ?2 AND status = 'responded'",
-        params![now, step_id],
-    )?;
+    if !marked {
+        tx.execute_later(
+            "UPDATE steps SET status = 'completed', completed_at = ?1 \
+             WHERE id = ?2 AND status = 'responded'",
+            params![now, step_id],
+        )?;
+    }
     match final_output {
         Some(out) => Ok(Some(complete_turn(tx, lease, turn, out, now)?)),
         None => {
