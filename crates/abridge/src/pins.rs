@@ -432,6 +432,15 @@ static AMOUNT: LazyLock<Regex> = LazyLock::new(|| {
     )
     .expect("static regex")
 });
+/// Whether `text` holds a decimal digit of any script: what [`DATE`] and
+/// [`AMOUNT`] (every branch of each has a `\d`, Unicode's decimal digits)
+/// need to match at all. `char::is_numeric` takes in more than those (other
+/// numerals too), so a text it says no to has none.
+fn has_digit(text: &str) -> bool {
+    text.bytes().any(|b| b.is_ascii_digit())
+        || (!text.is_ascii() && text.chars().any(char::is_numeric))
+}
+
 static DATE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
         r"(?i)(?-u:\b)(?:\d{4}-\d{2}-\d{2}|\d{1,2}/\d{1,2}/\d{2,4}|(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.?\s+\d{1,2}(?:st|nd|rd|th)?(?:,?\s+\d{4})?|\d{1,2}(?:st|nd|rd|th)?\s+(?:of\s+)?(?:january|february|march|april|may|june|july|august|september|october|november|december)(?:\s+\d{4})?)(?-u:\b)",
@@ -921,7 +930,14 @@ impl RuleExtractor {
         }
         // Byte offset of a sub-slice of `sentence` within it.
         let offset = |w: &str| w.as_ptr() as usize - sentence.as_ptr() as usize;
-        for (kind, re) in [(FactKind::Date, &*DATE), (FactKind::Amount, &*AMOUNT)] {
+        // Every date and every amount holds a digit (`\d`, a decimal digit of
+        // any script): a sentence without one is not scanned for them.
+        let scans: &[(FactKind, &Regex)] = if has_digit(sentence) {
+            &[(FactKind::Date, &DATE), (FactKind::Amount, &AMOUNT)]
+        } else {
+            &[]
+        };
+        for &(kind, re) in scans {
             for m in re.find_iter(sentence) {
                 if out.full() {
                     return;
@@ -1431,6 +1447,38 @@ pub fn render_block(missing: &[&Pin], budget_chars: usize) -> (String, bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Dates and amounts are looked for only in a text with a digit: every
+    /// character the patterns' `\d` matches (every script's decimal digits)
+    /// is one `has_digit` sees, so a text it says no to holds neither.
+    #[test]
+    fn a_text_without_a_digit_holds_no_date_and_no_amount() {
+        let digit = Regex::new(r"\d").unwrap();
+        let mut digits = 0;
+        for c in (0..=0x10FFFF_u32).filter_map(char::from_u32) {
+            let s = c.to_string();
+            if digit.is_match(&s) {
+                digits += 1;
+                assert!(has_digit(&s), "{c:?} (U+{:04X})", c as u32);
+            }
+        }
+        assert!(digits > 600, "{digits}");
+        for t in [
+            "on March 3rd, 2026",
+            "١٢٣ EUR",
+            "$ 5",
+            "the 5th of May",
+            "no figure here, only € and dollars",
+            "Ⅻ dollars",
+            "due on the fifth of May",
+        ] {
+            if !has_digit(t) {
+                assert!(!DATE.is_match(t) && !AMOUNT.is_match(t), "{t}");
+            } else {
+                assert!(t.chars().any(char::is_numeric), "{t}");
+            }
+        }
+    }
 
     fn facts(text: &str, source: FactSource) -> Vec<(FactKind, Option<String>, String)> {
         RuleExtractor
