@@ -1463,19 +1463,19 @@ mod tests {
             }
         }
         assert!(digits > 600, "{digits}");
-        for t in [
-            "on March 3rd, 2026",
-            "١٢٣ EUR",
-            "$ 5",
-            "the 5th of May",
-            "no figure here, only € and dollars",
-            "Ⅻ dollars",
-            "due on the fifth of May",
+        for (t, digit) in [
+            ("on March 3rd, 2026", true),
+            ("١٢٣ EUR", true),
+            ("$ 5", true),
+            ("the 5th of May", true),
+            ("no figure here, only € and dollars", false),
+            // A numeral that is no decimal digit: looked at, never matched.
+            ("Ⅻ dollars", true),
+            ("due on the fifth of May", false),
         ] {
-            if !has_digit(t) {
+            assert_eq!(has_digit(t), digit, "{t}");
+            if !digit {
                 assert!(!DATE.is_match(t) && !AMOUNT.is_match(t), "{t}");
-            } else {
-                assert!(t.chars().any(char::is_numeric), "{t}");
             }
         }
     }
