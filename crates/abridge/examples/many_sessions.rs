@@ -29,7 +29,9 @@
 //! `group_commits_per_step` and `turn_writes_per_group_commit` (on an SQLite
 //! store: the group commits of the measured window over its steps, and the
 //! turns' write transactions each committed; `--no-group-commit` commits
-//! each alone), `turn_retries` (turn attempts that ended in a resumable
+//! each alone), `reads_lent_per_step` (the steps' read transactions run on
+//! the group commit's idle writer, whose page cache its commits keep, over
+//! steps), `turn_retries` (turn attempts that ended in a resumable
 //! error and were run again: a failed attempt's time is in no turn's
 //! latency), `summary_waits`/`summary_wait_s` (the steps that waited for a
 //! summary, and how long in all, as the store recorded them), and the
@@ -267,6 +269,8 @@ struct Measured {
     /// transactions they committed.
     group_commits: u64,
     group_parts: u64,
+    /// Steps' read transactions run on the group commit's idle writer.
+    reads_lent: u64,
     /// Turn attempts that ended in a resumable error and were run again (a
     /// failed attempt's time is in no turn's latency).
     turn_retries: u64,
@@ -282,6 +286,7 @@ impl Measured {
                "queue_wait_us": self.queue_wait_us, "summary_waits": self.summary_waits,
                "summary_wait_ms": self.summary_wait_ms,
                "group_commits": self.group_commits, "group_parts": self.group_parts,
+               "reads_lent": self.reads_lent,
                "turn_retries": self.turn_retries})
     }
 
@@ -319,6 +324,7 @@ impl Measured {
             summary_wait_ms: v["summary_wait_ms"].as_u64().unwrap_or(0),
             group_commits: v["group_commits"].as_u64().unwrap_or(0),
             group_parts: v["group_parts"].as_u64().unwrap_or(0),
+            reads_lent: v["reads_lent"].as_u64().unwrap_or(0),
             turn_retries: v["turn_retries"].as_u64().unwrap_or(0),
         }
     }
@@ -340,6 +346,7 @@ impl Measured {
         self.summary_wait_ms += other.summary_wait_ms;
         self.group_commits += other.group_commits;
         self.group_parts += other.group_parts;
+        self.reads_lent += other.reads_lent;
         self.turn_retries += other.turn_retries;
     }
 }
@@ -464,6 +471,7 @@ async fn run_sessions(db: &str, sessions: usize, seconds: f64, tag: &str, o: &Op
     }
     let cpu0 = cpu_time();
     let commits0 = store.group_commits();
+    let lent0 = store.group_commit_reads_lent();
     let start = Instant::now();
     go.send_replace(Some((start, start + Duration::from_secs_f64(seconds))));
     let mut m = Measured::default();
@@ -484,6 +492,7 @@ async fn run_sessions(db: &str, sessions: usize, seconds: f64, tag: &str, o: &Op
     m.busy_sleep_us = store.busy_sleep().as_micros() as u64;
     let commits = store.group_commits();
     (m.group_commits, m.group_parts) = (commits.0 - commits0.0, commits.1 - commits0.1);
+    m.reads_lent = store.group_commit_reads_lent() - lent0;
     let q = runner.queue_stats();
     (m.queue_waits, m.queue_wait_us) = (q.waits, q.waited_us);
     runner.finish_background().await;
@@ -682,6 +691,7 @@ fn main() {
         "summary_wait_s": m.summary_wait_ms as f64 / 1e3,
         "group_commits_per_step": m.group_commits as f64 / (m.steps.max(1)) as f64,
         "turn_writes_per_group_commit": m.group_parts as f64 / (m.group_commits.max(1)) as f64,
+        "reads_lent_per_step": m.reads_lent as f64 / (m.steps.max(1)) as f64,
         "turn_retries": m.turn_retries,
     });
     if m.lagged > 0 {

@@ -260,7 +260,7 @@ impl Runner {
         // PostgreSQL.
         let mut running = None;
         let compactor = &self.inner.compactor;
-        let fast = store::in_read_tx(c, |c| {
+        let fast = store::in_step_read_tx(c, |c| {
             let next = Context::prefetch_next(ctx.as_ref(), c, session.id, turn.idx)?;
             compactor.prefetch_decision(c, session, turn.idx, next)?;
             match store::last_step(c, lease.turn_id)? {
@@ -288,7 +288,7 @@ impl Runner {
                         },
                     ));
                 }
-                let found = store::in_read_tx(c, |c| {
+                let found = store::in_step_read_tx(c, |c| {
                     compactor.prefetch_decision(c, session, turn.idx, step.idx)?;
                     self.read_step(c, session, turn, &step, ctx)
                 })?;

@@ -56,7 +56,7 @@ pub(crate) use key::{apply_key, map_keyed_err, set_key};
 pub use key::{encryption_available, rekey_copy, Key};
 #[cfg(feature = "postgres")]
 pub use pg::SCHEMA_PG_SQL;
-pub(crate) use tx::{in_read_tx, write_tx};
+pub(crate) use tx::{in_read_tx, in_step_read_tx, write_tx};
 
 // Where a store lives, its schema, its read-only snapshots.
 pub use location::{is_url, Location};
@@ -877,6 +877,14 @@ impl Store {
     #[doc(hidden)]
     pub fn group_commits_alone(&self) -> u64 {
         self.pool.group().map_or(0, |g| g.alone())
+    }
+
+    /// The steps' read transactions a store with a group commit ran on its
+    /// idle writer, whose page cache its commits keep, while the turns'
+    /// writes ran in its batches. 0 without a group commit.
+    #[doc(hidden)]
+    pub fn group_commit_reads_lent(&self) -> u64 {
+        self.pool.group().map_or(0, |g| g.lent())
     }
 
     /// Sends every turn's write transaction to the group commit's batch

@@ -402,6 +402,21 @@ impl Connection {
         Ok(())
     }
 
+    /// [`Connection::in_read_tx`] for a step's reads, which are short and
+    /// neither write nor wait for anything: on an SQLite store whose turns'
+    /// writes run in the group commit's batches, they run on the group's
+    /// writer when it is idle, whose page cache its own commits keep (see
+    /// `Group::lend_idle_writer`); else on this connection. The writer is
+    /// held while `f` runs: a member that joins meanwhile waits for it.
+    pub(crate) fn in_step_read_tx<R>(&self, f: impl FnOnce(&Connection) -> Result<R>) -> Result<R> {
+        if self.is_autocommit() {
+            if let Some(lent) = self.group.as_ref().and_then(|g| g.lend_idle_writer()) {
+                return lent.conn().in_read_tx(f);
+            }
+        }
+        self.in_read_tx(f)
+    }
+
     /// Runs `f`'s reads in one read transaction (one snapshot for all of
     /// them; on SQLite the file and WAL-index locks are taken once instead of
     /// once per statement). Inside a transaction already, just runs `f`.

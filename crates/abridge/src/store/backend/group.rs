@@ -83,6 +83,8 @@ pub(crate) struct Group {
     undone_beside_kept: AtomicU64,
     /// Every turn write joins the batch, met or not (a test's switch).
     every_write: AtomicBool,
+    /// Read transactions run on the idle writer.
+    lent: AtomicU64,
     /// The pool's count of the writer: dropped after it closes.
     _held: Box<dyn std::any::Any + Send + Sync>,
 }
@@ -161,6 +163,7 @@ impl Group {
             alone: AtomicU64::new(0),
             undone_beside_kept: AtomicU64::new(0),
             every_write: AtomicBool::new(false),
+            lent: AtomicU64::new(0),
             _held: held,
         }
     }
@@ -180,6 +183,12 @@ impl Group {
     /// Turn write transactions run alone on the caller's connection.
     pub(crate) fn alone(&self) -> u64 {
         self.alone.load(Ordering::Relaxed)
+    }
+
+    /// Read transactions run on the idle writer
+    /// ([`Group::lend_idle_writer`]).
+    pub(crate) fn lent(&self) -> u64 {
+        self.lent.load(Ordering::Relaxed)
     }
 
     /// Sends every turn write to the batch (`on`), as if each had met
@@ -271,6 +280,73 @@ impl Group {
             return Err(e.into());
         }
         Ok(member)
+    }
+}
+
+impl Group {
+    /// Lends the writer for a read transaction when it is idle: no batch
+    /// open, no member waiting for it, and the turns' writes running in the
+    /// batch (see [`Group::arrive`]). None otherwise: the caller reads on its
+    /// own connection.
+    ///
+    /// A read on the writer finds its page cache as the writer's last
+    /// commit left it. Every other connection of the store drops its whole
+    /// cache at its next read once anything was written (SQLite sees the WAL
+    /// changed and cannot tell which pages), so while many sessions run, a
+    /// step's reads on a connection of the pool fetch every page again from
+    /// the WAL or the file.
+    pub(crate) fn lend_idle_writer(&self) -> Option<Lent<'_>> {
+        let mut st = self.state();
+        let joining = self.recent.load(Ordering::Relaxed) & (u64::MAX >> (64 - RECENT)) != 0
+            || self.every_write.load(Ordering::Relaxed);
+        if !joining || st.parts != 0 || st.waiting != 0 || self.writing.load(Ordering::Acquire) != 0
+        {
+            return None;
+        }
+        if !st.writer.as_ref()?.is_autocommit() {
+            // A batch's transaction left open (its end failed): not for a
+            // read, which must see committed rows only.
+            return None;
+        }
+        let writer = st.writer.take()?;
+        self.lent.fetch_add(1, Ordering::Relaxed);
+        Some(Lent {
+            group: self,
+            writer: Some(writer),
+        })
+    }
+}
+
+/// The writer lent for a read transaction ([`Group::lend_idle_writer`]),
+/// handed back when dropped.
+pub(crate) struct Lent<'g> {
+    group: &'g Group,
+    writer: Option<Connection>,
+}
+
+impl Lent<'_> {
+    /// The writer, to read on.
+    pub(crate) fn conn(&self) -> &Connection {
+        self.writer.as_ref().expect("held until handed back")
+    }
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        let Some(writer) = self.writer.take() else {
+            return;
+        };
+        if let Some(raw) = writer.as_sqlite() {
+            if !raw.is_autocommit() {
+                // A read that did not end its transaction (a panic in it):
+                // the writer goes back with none open.
+                let _ = raw.execute_batch("ROLLBACK");
+            }
+        }
+        let mut st = self.group.state();
+        st.writer = Some(writer);
+        drop(st);
+        self.group.free.notify_one();
     }
 }
 
@@ -763,5 +839,129 @@ mod tests {
             .unwrap();
             assert_eq!(s.group_commits(), (0, 0));
         }
+    }
+
+    /// A step's read transaction (`in_step_read_tx`) while the turns' writes
+    /// run in the batch: on the idle writer, which it hands back; the rows
+    /// it reads are the committed ones.
+    #[test]
+    fn a_steps_read_runs_on_the_idle_writer_and_hands_it_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let group = store.pool.group().unwrap().clone();
+        group.set_every_write(true);
+        write(&store, 1);
+        let writer_handle = |c: &crate::store::Connection| {
+            // SAFETY: the handle is only compared, never used.
+            unsafe { c.as_sqlite().unwrap().handle() as usize }
+        };
+        let on_writer = group.state().writer.as_ref().map(writer_handle).unwrap();
+        let before = group.lent();
+        let (read, own) = store
+            .with_conn(|c| {
+                let own = writer_handle(c);
+                c.in_step_read_tx(|r| {
+                    assert!(group.state().writer.is_none(), "the writer is lent");
+                    assert!(!r.is_autocommit(), "in a read transaction");
+                    let xs: i64 = r.query_row("SELECT sum(x) FROM t", [], |r| r.get(0))?;
+                    Ok(((xs, writer_handle(r)), own))
+                })
+            })
+            .unwrap();
+        assert_eq!(read.0, 1);
+        assert_eq!(read.1, on_writer, "read on the writer");
+        assert_ne!(own, on_writer);
+        assert_eq!(group.lent(), before + 1);
+        let st = group.state();
+        assert!(st.writer.as_ref().unwrap().is_autocommit());
+        drop(st);
+        // The writer goes on taking parts.
+        write(&store, 2);
+        assert_eq!(rows(&store), vec![1, 2]);
+    }
+
+    /// While a member holds the writer (an open batch), a step's read runs
+    /// on its own connection at once, and does not see the batch's rows.
+    #[test]
+    fn a_steps_read_does_not_wait_for_the_writer_nor_read_an_open_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let group = store.pool.group().unwrap().clone();
+        group.set_every_write(true);
+        write(&store, 1);
+        let (held, hold) = mpsc::channel::<()>();
+        let (begun, began) = mpsc::channel();
+        let s = store.clone();
+        let member = std::thread::spawn(move || {
+            s.with_conn(|c| {
+                let tx = c.write_tx_of(Owner::Turn(TurnId(2)))?;
+                tx.execute("INSERT INTO t (x) VALUES (2)", [])?;
+                begun.send(()).unwrap();
+                hold.recv().unwrap();
+                tx.commit()
+            })
+            .unwrap()
+        });
+        began.recv().unwrap();
+        let before = group.lent();
+        let xs: i64 = store
+            .with_conn(|c| {
+                c.in_step_read_tx(|r| r.query_row("SELECT sum(x) FROM t", [], |r| r.get(0)))
+            })
+            .unwrap();
+        assert_eq!(xs, 1, "the open batch's row is not read");
+        assert_eq!(group.lent(), before, "read on its own connection");
+        held.send(()).unwrap();
+        member.join().unwrap();
+        assert_eq!(rows(&store), vec![1, 2]);
+    }
+
+    /// A read on the lent writer that panics hands it back with no
+    /// transaction open.
+    #[test]
+    fn a_steps_read_that_panics_hands_the_writer_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let group = store.pool.group().unwrap().clone();
+        group.set_every_write(true);
+        let s = store.clone();
+        let g = group.clone();
+        let panicked = std::thread::spawn(move || {
+            s.with_conn(|c| {
+                c.in_step_read_tx(|r| {
+                    assert!(g.state().writer.is_none());
+                    let _: i64 = r.query_row("SELECT count(*) FROM t", [], |r| r.get(0))?;
+                    panic!("a bug in a step's read");
+                    #[allow(unreachable_code)]
+                    Ok(())
+                })
+            })
+        })
+        .join();
+        assert!(panicked.is_err());
+        assert_eq!(group.lent(), 1);
+        assert!(group.state().writer.as_ref().unwrap().is_autocommit());
+        let ok = batch_of(&store, vec![(3, None, true), (4, None, true)]);
+        assert_eq!(ok, vec![true, true]);
+        assert_eq!(rows(&store), vec![3, 4]);
+    }
+
+    /// Writes that run alone (one session at a time) keep their own
+    /// connection's cache warm: a step's read stays on it.
+    #[test]
+    fn a_steps_read_stays_on_its_connection_while_writes_run_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let group = store.pool.group().unwrap().clone();
+        for x in 1..=i64::from(super::RECENT) + 1 {
+            write(&store, x);
+        }
+        assert!(store.group_commits_alone() > 0);
+        store
+            .with_conn(|c| {
+                c.in_step_read_tx(|r| r.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)))
+            })
+            .unwrap();
+        assert_eq!(group.lent(), 0);
     }
 }

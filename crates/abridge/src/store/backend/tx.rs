@@ -15,6 +15,15 @@ pub(crate) fn in_read_tx<R>(
     conn.in_read_tx(f)
 }
 
+/// [`in_read_tx`] for a step's reads (short; no write, no wait): on the
+/// group commit's idle writer when the turns' writes run in its batches.
+pub(crate) fn in_step_read_tx<R>(
+    conn: &Connection,
+    f: impl FnOnce(&Connection) -> Result<R>,
+) -> Result<R> {
+    conn.in_step_read_tx(f)
+}
+
 /// Starts an IMMEDIATE transaction: every write in abridge goes through here.
 pub(crate) fn write_tx(conn: &mut Connection) -> Result<Transaction<'_>> {
     conn.write_tx()
