@@ -83,7 +83,7 @@ pub(crate) fn approval_for_call(
     step_id: StepId,
     tool_call_id: &str,
 ) -> Result<Option<ApprovalRow>> {
-    conn.prepare_cached(&format!(
+    conn.prepare_cached(sql_once!(
         "SELECT {} FROM approvals WHERE step_id = ?1 AND tool_call_id = ?2",
         ApprovalRow::COLUMNS
     ))?
@@ -94,7 +94,7 @@ pub(crate) fn approval_for_call(
 /// A parked call's row by id, over a connection (a read-only snapshot's
 /// too).
 pub fn get_approval(conn: &Connection, id: CallId) -> Result<ApprovalRow> {
-    conn.prepare_cached(&format!(
+    conn.prepare_cached(sql_once!(
         "SELECT {} FROM approvals WHERE id = ?1",
         ApprovalRow::COLUMNS
     ))?

@@ -64,7 +64,7 @@ pub struct CompactionStats {
 }
 
 pub(crate) fn get_compaction(conn: &Connection, id: CompactionId) -> Result<CompactionRow> {
-    conn.prepare_cached(&format!(
+    conn.prepare_cached(sql_once!(
         "SELECT {} FROM compactions WHERE id = ?1",
         CompactionRow::COLUMNS
     ))?
@@ -362,7 +362,7 @@ pub(crate) fn newest_pending(
     conn: &Connection,
     session_id: SessionId,
 ) -> Result<Option<CompactionRow>> {
-    conn.prepare_cached(&format!(
+    conn.prepare_cached(sql_once!(
         "SELECT {} FROM compactions WHERE session_id = ?1 AND status = 'pending' \
              ORDER BY up_to_turn_index DESC LIMIT 1",
         CompactionRow::COLUMNS
@@ -374,7 +374,7 @@ pub(crate) fn newest_pending(
 /// Every pending row of the store, oldest first: what a background server
 /// looks at (it claims only those no live other holds).
 pub(crate) fn pending_compactions(conn: &Connection) -> Result<Vec<CompactionRow>> {
-    let mut st = conn.prepare_cached(&format!(
+    let mut st = conn.prepare_cached(sql_once!(
         "SELECT {} FROM compactions WHERE status = 'pending' ORDER BY created_at, id",
         CompactionRow::COLUMNS
     ))?;

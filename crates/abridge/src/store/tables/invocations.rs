@@ -34,7 +34,7 @@ pub(crate) fn insert_or_get_invocation(
     )?
     .is_some();
     let row = tx
-        .prepare_cached(&format!(
+        .prepare_cached(sql_once!(
             "SELECT {} FROM tool_invocations WHERE step_id = ?1 AND tool_call_id = ?2",
             InvocationRow::COLUMNS
         ))?
@@ -216,7 +216,7 @@ fn get_invocation_by_call(
     step_id: StepId,
     tool_call_id: &str,
 ) -> Result<Option<InvocationRow>> {
-    tx.prepare_cached(&format!(
+    tx.prepare_cached(sql_once!(
         "SELECT {} FROM tool_invocations WHERE step_id = ?1 AND tool_call_id = ?2",
         InvocationRow::COLUMNS
     ))?
@@ -225,7 +225,7 @@ fn get_invocation_by_call(
 }
 
 pub(crate) fn list_invocations(conn: &Connection, step_id: StepId) -> Result<Vec<InvocationRow>> {
-    let mut st = conn.prepare_cached(&format!(
+    let mut st = conn.prepare_cached(sql_once!(
         "SELECT {} FROM tool_invocations WHERE step_id = ?1 ORDER BY position",
         InvocationRow::COLUMNS
     ))?;

@@ -565,7 +565,7 @@ pub(crate) fn live_pins(
 
 /// Every pin of a session, superseded ones included, in order.
 pub(crate) fn list_pins(conn: &Connection, session_id: SessionId) -> Result<Vec<Pin>> {
-    let mut st = conn.prepare_cached(&format!(
+    let mut st = conn.prepare_cached(sql_once!(
         "SELECT {PIN_COLUMNS} FROM pins p WHERE p.session_id = ?1 ORDER BY p.id"
     ))?;
     let rows = st.query_map([session_id], pin_from_row)?;

@@ -9,7 +9,7 @@ use crate::store::ParentKind;
 use rusqlite::params;
 
 pub(crate) fn get_session(conn: &Connection, id: SessionId) -> Result<SessionRow> {
-    conn.prepare_cached(&format!(
+    conn.prepare_cached(sql_once!(
         "SELECT {} FROM sessions WHERE id = ?1",
         SessionRow::COLUMNS
     ))?
@@ -28,7 +28,7 @@ pub(crate) fn get_session(conn: &Connection, id: SessionId) -> Result<SessionRow
 }
 
 pub(crate) fn find_session(conn: &Connection, external_id: &str) -> Result<Option<SessionRow>> {
-    conn.prepare_cached(&format!(
+    conn.prepare_cached(sql_once!(
         "SELECT {} FROM sessions WHERE external_id = ?1",
         SessionRow::COLUMNS
     ))?
@@ -218,7 +218,7 @@ pub(crate) fn fork_session(
 /// The sessions that hang off `session_id` (forks and delegated children),
 /// oldest first.
 pub(crate) fn children(conn: &Connection, session_id: SessionId) -> Result<Vec<SessionRow>> {
-    let mut st = conn.prepare_cached(&format!(
+    let mut st = conn.prepare_cached(sql_once!(
         "SELECT {} FROM sessions WHERE parent_id = ?1 ORDER BY id",
         SessionRow::COLUMNS
     ))?;
@@ -275,7 +275,7 @@ pub(crate) fn delegate_child(
         ],
     )?;
     let child = tx
-        .prepare_cached(&format!(
+        .prepare_cached(sql_once!(
             "SELECT {} FROM sessions WHERE parent_id = ?1 AND parent_kind = 'delegate' \
              AND parent_turn = ?2 AND parent_call = ?3",
             SessionRow::COLUMNS

@@ -25,7 +25,7 @@ pub(crate) fn step_read(
 }
 
 pub(crate) fn get_step(conn: &Connection, id: StepId) -> Result<StepRow> {
-    conn.prepare_cached(&format!(
+    conn.prepare_cached(sql_once!(
         "SELECT {} FROM steps WHERE id = ?1",
         StepRow::COLUMNS
     ))?
@@ -35,7 +35,7 @@ pub(crate) fn get_step(conn: &Connection, id: StepId) -> Result<StepRow> {
 }
 
 pub(crate) fn list_steps(conn: &Connection, turn_id: TurnId) -> Result<Vec<StepRow>> {
-    let mut st = conn.prepare_cached(&format!(
+    let mut st = conn.prepare_cached(sql_once!(
         "SELECT {} FROM steps WHERE turn_id = ?1 ORDER BY idx",
         StepRow::COLUMNS
     ))?;
@@ -45,7 +45,7 @@ pub(crate) fn list_steps(conn: &Connection, turn_id: TurnId) -> Result<Vec<StepR
 
 /// The turn's newest step row, if any. A read: no transaction, no fence.
 pub(crate) fn last_step(conn: &Connection, turn_id: TurnId) -> Result<Option<StepRow>> {
-    conn.prepare_cached(&format!(
+    conn.prepare_cached(sql_once!(
         "SELECT {} FROM steps WHERE turn_id = ?1 ORDER BY idx DESC LIMIT 1",
         StepRow::COLUMNS
     ))?

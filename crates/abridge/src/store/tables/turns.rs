@@ -10,7 +10,7 @@ use crate::store::write_tx;
 use rusqlite::params;
 
 pub(crate) fn get_turn(conn: &Connection, id: TurnId) -> Result<TurnRow> {
-    conn.prepare_cached(&format!(
+    conn.prepare_cached(sql_once!(
         "SELECT {} FROM turns WHERE id = ?1",
         TurnRow::COLUMNS
     ))?
