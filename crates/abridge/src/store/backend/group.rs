@@ -227,12 +227,17 @@ impl Group {
             .recent
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| Some(shift(m)))
             .unwrap_or_else(|m| m);
-        let join = shift(before) & (u64::MAX >> (64 - RECENT)) != 0
-            || self.every_write.load(Ordering::Relaxed);
+        let join = self.batching(shift(before));
         if !join {
             self.alone.fetch_add(1, Ordering::Relaxed);
         }
         (writing, join)
+    }
+
+    /// Whether turn writes go to the batch, given the bits of the recent
+    /// ones (see [`Group::arrive`]).
+    fn batching(&self, recent: u64) -> bool {
+        recent & (u64::MAX >> (64 - RECENT)) != 0 || self.every_write.load(Ordering::Relaxed)
     }
 
     /// Takes the writer (waiting, at most the busy timeout, while another
@@ -284,10 +289,11 @@ impl Group {
 }
 
 impl Group {
-    /// Lends the writer for a read transaction when it is idle: no batch
-    /// open, no member waiting for it, and the turns' writes running in the
-    /// batch (see [`Group::arrive`]). None otherwise: the caller reads on its
-    /// own connection.
+    /// Lends the writer for a read transaction when it is idle: the turns'
+    /// writes go to the batch (see [`Group::arrive`]) and none is under way
+    /// (running, waiting for the writer, or waiting for its batch's end: so
+    /// no batch is open either). None otherwise: the caller reads on its own
+    /// connection.
     ///
     /// A read on the writer finds its page cache as the writer's last
     /// commit left it. Every other connection of the store drops its whole
@@ -297,9 +303,8 @@ impl Group {
     /// the WAL or the file.
     pub(crate) fn lend_idle_writer(&self) -> Option<Lent<'_>> {
         let mut st = self.state();
-        let joining = self.recent.load(Ordering::Relaxed) & (u64::MAX >> (64 - RECENT)) != 0
-            || self.every_write.load(Ordering::Relaxed);
-        if !joining || st.parts != 0 || st.waiting != 0 || self.writing.load(Ordering::Acquire) != 0
+        if !self.batching(self.recent.load(Ordering::Relaxed))
+            || self.writing.load(Ordering::Acquire) != 0
         {
             return None;
         }
