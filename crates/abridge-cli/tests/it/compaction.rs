@@ -1004,3 +1004,73 @@ async fn a_manual_compaction_of_a_session_that_fits_the_tail_folds_by_count() {
     assert_eq!(row.up_to_turn_index, 3);
     assert_verified(&store);
 }
+
+/// The size of each turn a session's verbatim tail walk keeps, counted from
+/// the strings the turn's rows were written with when this process wrote
+/// them all (not read back), is what the store's rows give: SQL `length()`
+/// of the turn's input, its steps' responses and their tool results. Over a
+/// run of inputs in several scripts and widths, the newest turn is among
+/// those kept after most turns; a turn with a NUL in its input (which
+/// SQLite's `length()` stops at) is not counted that way and is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_turn_sizes_kept_for_the_tail_are_what_the_rows_give() {
+    let (_d, path) = temp_db();
+    let store = open(&path);
+    let r = runner_with(&store, "sizes", extractive(), |c| {
+        c.compaction = c
+            .compaction
+            .clone()
+            .with_compact_at(Threshold::Tokens(1_500))
+            .with_keep_recent_tokens(1_200)
+    });
+    let sid = demo_session(&r, SEED, 0).await;
+    let exotic = [
+        "",
+        " naïve café",
+        " 👩‍👩‍👧 नमस्ते 東京 e\u{301}",
+        " \u{10FFFF}\u{FEFF}\u{200D}",
+    ];
+    let stored = |idx: i64| -> i64 {
+        store
+            .with_conn(move |c| {
+                c.query_row(
+                    "SELECT length(t.input) \
+                       + coalesce((SELECT sum(length(s.response)) FROM steps s \
+                           WHERE s.turn_id = t.id), 0) \
+                       + coalesce((SELECT sum(length(i.result)) FROM steps s2 \
+                           JOIN tool_invocations i ON i.step_id = s2.id \
+                           WHERE s2.turn_id = t.id), 0) \
+                     FROM turns t WHERE t.session_id = ?1 AND t.idx = ?2",
+                    rusqlite::params![sid.0, idx],
+                    |row| row.get::<_, i64>(0),
+                )
+            })
+            .unwrap()
+    };
+    let nul_turn = (!on_postgres()).then_some(17);
+    let (mut newest_kept, mut checked) = (0, 0);
+    for t in 0..30i64 {
+        let mut input = format!("{}{}", user_turn(SEED, 0, t as u64), exotic[t as usize % 4]);
+        if Some(t) == nul_turn {
+            input.push_str(" before\0after");
+        }
+        r.run_turn_at(sid, t, &input).await.unwrap();
+        let Some(kept) = r.compactor().kept_turn_sizes(sid) else {
+            continue;
+        };
+        for &(idx, chars) in &kept {
+            assert_eq!(chars, stored(idx), "turn {idx}'s size, kept after turn {t}");
+            checked += 1;
+        }
+        if kept.first().map(|k| k.0) == Some(t) {
+            assert_ne!(Some(t), nul_turn, "a NUL's turn is read, not counted");
+            newest_kept += 1;
+        }
+    }
+    assert!(checked >= 50, "{checked} sizes checked");
+    assert!(
+        newest_kept >= 15,
+        "the newest turn kept after {newest_kept} turns"
+    );
+    assert_verified(&store);
+}

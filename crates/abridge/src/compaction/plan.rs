@@ -139,6 +139,24 @@ impl Compactor {
 }
 
 impl Compactor {
+    /// Keeps the size of turn `turn`, just finished with the rows it holds
+    /// all written by this process, for the session's next tail walk, which
+    /// then reads no turn at all as a rule (see [`TurnSizes::finished`]).
+    pub(crate) fn turn_finished(&self, session: &SessionRow, turn: &crate::store::HistoryTurn) {
+        if let Some(chars) = store::turn_text_chars(turn) {
+            self.sizes.finished(session, turn.idx, chars);
+        }
+    }
+
+    /// The turns' sizes kept for `session` (newest first), to hold them to
+    /// what the store reads.
+    #[doc(hidden)]
+    pub fn kept_turn_sizes(&self, session: crate::ids::SessionId) -> Option<Vec<(i64, i64)>> {
+        self.sizes.last(session).map(|m| m.sizes)
+    }
+}
+
+impl Compactor {
     /// Says which of [`Compactor::plan`]'s reads for step `step_idx` of
     /// turn `turn_idx` follow (see [`crate::store::Connection::prefetch`]):
     /// the caller's next read takes them along, on PostgreSQL in one round
@@ -424,6 +442,28 @@ impl TurnSizes {
         (m.covered.0 <= top).then_some((top, m))
     }
 
+    /// Takes the size of turn `idx`, finished, into what is kept for
+    /// `session`, when what is kept reaches the turn before it (a session
+    /// whose tail was walked before in this process): a finished turn's
+    /// stored text never changes, so its size counted from the strings its
+    /// rows were written with is what a walk would read, and the next walk
+    /// reads none of the turns kept. Otherwise nothing is kept, and the
+    /// next walk reads the turn.
+    fn finished(&self, session: &SessionRow, idx: i64, chars: i64) {
+        let key = (session.created_at, session.redaction);
+        self.update(session.id, |m| {
+            if m.key != key || m.covered.1 != idx - 1 {
+                return;
+            }
+            m.sizes.insert(0, (idx, chars));
+            m.covered.1 = idx;
+            if m.sizes.len() > KEPT_SIZES {
+                m.sizes.truncate(KEPT_SIZES);
+                m.covered.0 = m.sizes.last().map_or(idx, |&(i, _)| i);
+            }
+        });
+    }
+
     /// The turns after `kept_up_to` that a walk at `turn_idx` reads first
     /// (as `after_idx` of [`store::walk_turn_sizes`]), when it takes older
     /// ones from here.
@@ -581,6 +621,18 @@ impl<T: Clone, const CAP: usize> SessionMemo<T, CAP> {
             .unwrap_or_else(|e| e.into_inner())
             .get(&session)
             .cloned()
+    }
+
+    /// Changes the value kept for `session`, if any, in place.
+    fn update(&self, session: SessionId, f: impl FnOnce(&mut T)) {
+        if let Some(v) = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&session)
+        {
+            f(v);
+        }
     }
 
     fn remember(&self, session: SessionId, value: T) {

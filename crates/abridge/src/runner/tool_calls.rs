@@ -179,6 +179,10 @@ impl Runner {
             drop(written);
             self.pin_turn(&tx, &plan.session, plan.turn.idx, whole.as_ref())?;
             tx.commit()?;
+            if let Some(whole) = &whole {
+                // Its size, for the session's next tail walk (not read back).
+                self.inner.compactor.turn_finished(&plan.session, whole);
+            }
             if tell {
                 happened.push(step_completed());
             }

@@ -121,8 +121,8 @@ pub(crate) use tables::turns::session_pace;
 pub(crate) use tables::turns::{
     abandon_turn, acquire_lease, background_summary_ms, begin_turn, fail_turn, get_turn,
     latest_context_tokens, list_turns, list_turns_after, prefetch_latest_context_tokens,
-    prefetch_recent_window, recent_window_boundary, running_turns, turn_paces, walk_turn_sizes,
-    Pace, Tail, TurnPace, PACE_TURNS,
+    prefetch_recent_window, recent_window_boundary, running_turns, turn_paces, turn_text_chars,
+    walk_turn_sizes, Pace, Tail, TurnPace, PACE_TURNS,
 };
 
 use crate::error::{Error, Result};

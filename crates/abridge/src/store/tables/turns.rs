@@ -496,6 +496,25 @@ pub(crate) fn walk_turn_sizes(
     Ok(())
 }
 
+/// What [`walk_turn_sizes`] reads for a finished turn (its input's, its
+/// steps' responses' and their tool results' characters, SQL's `length()`),
+/// counted from the very strings its rows were written with, so that the
+/// turn's size needs no read. None when one of them holds a NUL: SQLite's
+/// `length()` of a text stops at the first.
+pub(crate) fn turn_text_chars(turn: &crate::store::HistoryTurn) -> Option<i64> {
+    let texts = std::iter::once(turn.input.as_str()).chain(turn.steps.iter().flat_map(|s| {
+        std::iter::once(s.response.as_str()).chain(s.results.iter().map(|r| r.1.as_str()))
+    }));
+    let mut chars = 0usize;
+    for text in texts {
+        if text.as_bytes().contains(&0) {
+            return None;
+        }
+        chars += text.chars().count();
+    }
+    i64::try_from(chars).ok()
+}
+
 /// The verbatim tail as [`recent_window_boundary`] walks back through a
 /// session's turns, newest first.
 #[derive(Debug, Clone, Copy)]
