@@ -652,9 +652,10 @@ async fn a_crash_around_an_at_most_once_call_never_repeats_it() {
     }
 }
 
-/// The pins of a finished turn, and the next step's context, are built from
-/// the rows its runner has just written when it wrote all of them, and read
-/// back otherwise (a resumed turn). Both give the same: a session run
+/// The pins of a finished turn, and the next step's context (the next
+/// turn's first step's too: the whole turn before, and that turn's input
+/// from its row), are built from the rows its runner has just written when
+/// it wrote all of them, and read back otherwise (a resumed turn). Both give the same: a session run
 /// through and the same session with every step stopped before it completes
 /// and resumed by a new runner have the same pins and the same transcript,
 /// and every step of both rebuilds to its recorded hash.

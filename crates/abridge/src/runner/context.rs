@@ -21,7 +21,7 @@ use crate::message::{Message, ModelRequest};
 use crate::render::{render_steps, render_turn, RenderFormat};
 use crate::replay::build_for;
 use crate::store::Connection;
-use crate::store::{self, CompactionRow, HistoryStep, SessionRow};
+use crate::store::{self, CompactionRow, HistoryStep, HistoryTurn, SessionRow, TurnRow};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -43,6 +43,10 @@ pub(crate) struct Context {
     /// `(turn idx, step idx)`: the array holds everything before step `at.1`
     /// of turn `at.0`, that turn's input included.
     at: (i64, i64),
+    /// Turn `at.0` finished at step `at.1 - 1` (the runner that wrote its
+    /// last step said so, [`Context::finish_turn_written`]): the array holds
+    /// all of it, and the next turn's first step needs only that turn's input.
+    turn_finished: bool,
     /// The tool results of turn `at.0`'s first `elided` steps are
     /// placeholders (context overflow inside the turn; see
     /// `render::elide_results`). Holds for that turn only.
@@ -84,6 +88,7 @@ impl Context {
             redaction: session.redaction,
             compaction_id: compaction.map(|c| c.id),
             at,
+            turn_finished: false,
             elided,
             messages: std::sync::Arc::new(Vec::with_capacity(messages.len())),
             bytes: 1,
@@ -196,6 +201,7 @@ impl Context {
         }
         self.push(more);
         self.at = to;
+        self.turn_finished = false;
         Ok(())
     }
 
@@ -213,7 +219,45 @@ impl Context {
         render_steps(std::slice::from_ref(done), &mut more, RenderFormat::CURRENT)?;
         self.push(more);
         self.at = (turn_idx, done.idx + 1);
+        self.turn_finished = false;
         Ok(())
+    }
+
+    /// As [`extend_written`](Context::extend_written) with the step that
+    /// finished turn `turn_idx` (its final answer): the array then holds the
+    /// whole turn, and [`begin_turn_written`](Context::begin_turn_written)
+    /// takes it to the next turn's first step without a read.
+    pub(crate) fn finish_turn_written(&mut self, turn_idx: i64, done: &HistoryStep) -> Result<()> {
+        if self.at != (turn_idx, done.idx) {
+            return Ok(());
+        }
+        self.extend_written(turn_idx, done)?;
+        self.turn_finished = true;
+        Ok(())
+    }
+
+    /// Extends an array that holds the whole of the turn before `turn` (see
+    /// [`finish_turn_written`](Context::finish_turn_written)) to `turn`'s
+    /// first step: `turn`'s input, the string its row holds, rendered as
+    /// [`extend`](Context::extend) renders a turn read with no step yet.
+    /// Otherwise the array is left as it is, and the step reads what it
+    /// lacks.
+    pub(crate) fn begin_turn_written(&mut self, turn: &TurnRow) {
+        if !self.turn_finished || self.elided != 0 || turn.idx != self.at.0 + 1 {
+            return;
+        }
+        let mut more = Vec::new();
+        let input = HistoryTurn {
+            idx: turn.idx,
+            input: turn.input.clone(),
+            steps: Vec::new(),
+        };
+        if render_turn(&input, &mut more, RenderFormat::CURRENT).is_err() {
+            return;
+        }
+        self.push(more);
+        self.at = (turn.idx, 0);
+        self.turn_finished = false;
     }
 
     fn push(&mut self, messages: Vec<Message>) {
@@ -343,6 +387,7 @@ mod tests {
             redaction: 0,
             compaction_id: None,
             at: (0, 0),
+            turn_finished: false,
             elided: 0,
             messages: Default::default(),
             bytes: 1,
@@ -376,6 +421,7 @@ mod tests {
             redaction: 0,
             compaction_id: None,
             at: (0, 0),
+            turn_finished: false,
             elided: 0,
             messages: Default::default(),
             bytes: n,

@@ -260,6 +260,11 @@ impl Runner {
         // PostgreSQL.
         let mut running = None;
         let compactor = &self.inner.compactor;
+        // A context that holds the whole of the turn before takes this
+        // turn's input from its row: the turn's first step reads no history.
+        if let Some(ctx) = &mut ctx {
+            ctx.begin_turn_written(turn);
+        }
         let fast = store::in_step_read_tx(c, |c| {
             let next = Context::prefetch_next(ctx.as_ref(), c, session.id, turn.idx)?;
             compactor.prefetch_decision(c, session, turn.idx, next)?;

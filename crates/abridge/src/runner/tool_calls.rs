@@ -165,6 +165,12 @@ impl Runner {
         let mut written = plan.written.lock().unwrap_or_else(|e| e.into_inner());
         let done = written.step(plan.step_idx);
         if let Some(turn) = finished {
+            // The session's next turn starts from the whole of this one.
+            if let (Some(c), Some(done)) = (&mut ctx, &done) {
+                if c.finish_turn_written(plan.turn.idx, done).is_err() {
+                    ctx = None;
+                }
+            }
             let whole = match (written.turn.take(), done) {
                 (Some(mut steps), Some(done)) => {
                     steps.push(done);
