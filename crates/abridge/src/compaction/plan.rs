@@ -154,9 +154,7 @@ impl Compactor {
     pub fn kept_turn_sizes(&self, session: crate::ids::SessionId) -> Option<Vec<(i64, i64)>> {
         self.sizes.last(session).map(|m| m.sizes)
     }
-}
 
-impl Compactor {
     /// Says which of [`Compactor::plan`]'s reads for step `step_idx` of
     /// turn `turn_idx` follow (see [`crate::store::Connection::prefetch`]):
     /// the caller's next read takes them along, on PostgreSQL in one round

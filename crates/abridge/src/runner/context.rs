@@ -228,11 +228,9 @@ impl Context {
     /// whole turn, and [`begin_turn_written`](Context::begin_turn_written)
     /// takes it to the next turn's first step without a read.
     pub(crate) fn finish_turn_written(&mut self, turn_idx: i64, done: &HistoryStep) -> Result<()> {
-        if self.at != (turn_idx, done.idx) {
-            return Ok(());
-        }
+        let reached = self.at == (turn_idx, done.idx);
         self.extend_written(turn_idx, done)?;
-        self.turn_finished = true;
+        self.turn_finished = reached;
         Ok(())
     }
 

@@ -6,7 +6,6 @@ use crate::store::db::{Connection, OptionalExtension};
 use crate::store::rows::*;
 use crate::store::write_tx;
 use rusqlite::params;
-use std::sync::OnceLock;
 
 /// What a claim on a boundary found. Not a bool: each case asks the caller for
 /// something different.
@@ -83,13 +82,10 @@ pub(crate) fn compaction_at(
 
 /// Made once: a step reads it (and says it will) on every call.
 fn compaction_at_sql() -> &'static str {
-    static SQL: OnceLock<String> = OnceLock::new();
-    SQL.get_or_init(|| {
-        format!(
-            "SELECT {} FROM compactions WHERE session_id = ?1 AND up_to_turn_index = ?2",
-            CompactionRow::COLUMNS
-        )
-    })
+    sql_once!(
+        "SELECT {} FROM compactions WHERE session_id = ?1 AND up_to_turn_index = ?2",
+        CompactionRow::COLUMNS
+    )
 }
 
 /// Says that [`compaction_at`] follows (see [`Connection::prefetch`]).
@@ -149,14 +145,11 @@ fn latest_completed_id_sql() -> &'static str {
 /// Made once, as [`compaction_at_sql`]. The row is chosen by id and read
 /// once: a merge of whole rows would copy the summary's text into a sorter.
 fn latest_completed_sql() -> &'static str {
-    static SQL: OnceLock<String> = OnceLock::new();
-    SQL.get_or_init(|| {
-        format!(
-            "SELECT {} FROM compactions WHERE id = ({})",
-            CompactionRow::COLUMNS,
-            latest_completed_id_sql()
-        )
-    })
+    sql_once!(
+        "SELECT {} FROM compactions WHERE id = ({})",
+        CompactionRow::COLUMNS,
+        latest_completed_id_sql()
+    )
 }
 
 /// Says that [`latest_completed_id`] follows (see [`Connection::prefetch`]).
@@ -251,20 +244,17 @@ pub(crate) fn claim_compaction(
     let now = tx.now_ms();
     // The new row comes back with the insert (one request); a row already
     // there is read.
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let sql = SQL.get_or_init(|| {
-        format!(
-            "INSERT INTO compactions (id, session_id, up_to_turn_index, up_to_turn_id, \
+    let sql = sql_once!(
+        "INSERT INTO compactions (id, session_id, up_to_turn_index, up_to_turn_id, \
              previous_id, status, trigger, focus, attempts, lease_owner, lease_expires_at, \
              trigger_tokens, created_at, background, threshold_tokens, soft_threshold_tokens) \
              SELECT {}, ?1, ?2, b.turn_id, {PREVIOUS}, \
                'pending', ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9, ?10, ?11 \
              FROM {BOUNDARY_TURN} b WHERE b.turn_id IS NOT NULL \
              ON CONFLICT (session_id, up_to_turn_index) DO NOTHING RETURNING {}",
-            crate::store::next_id!("compactions"),
-            CompactionRow::COLUMNS
-        )
-    });
+        crate::store::next_id!("compactions"),
+        CompactionRow::COLUMNS
+    );
     let new = tx
         .prepare_cached(sql)?
         .query_row(
@@ -332,19 +322,16 @@ pub(crate) fn enqueue_compaction(
     thresholds: Thresholds,
 ) -> Result<bool> {
     let tx = write_tx(conn)?;
-    static SQL: OnceLock<String> = OnceLock::new();
-    let sql = SQL.get_or_init(|| {
-        format!(
-            "INSERT INTO compactions (id, session_id, up_to_turn_index, up_to_turn_id, previous_id, \
+    let sql = sql_once!(
+        "INSERT INTO compactions (id, session_id, up_to_turn_index, up_to_turn_id, previous_id, \
              status, trigger, attempts, trigger_tokens, created_at, background, threshold_tokens, \
              soft_threshold_tokens) \
              SELECT {}, ?1, ?2, b.turn_id, {PREVIOUS}, \
                'pending', 'auto', 0, ?3, ?4, 1, ?5, ?6 \
              FROM {BOUNDARY_TURN} b WHERE b.turn_id IS NOT NULL \
              ON CONFLICT (session_id, up_to_turn_index) DO NOTHING",
-            crate::store::next_id!("compactions")
-        )
-    });
+        crate::store::next_id!("compactions")
+    );
     let n = tx.prepare_cached(sql)?.execute(params![
         session_id,
         boundary,
@@ -413,10 +400,8 @@ pub(crate) fn complete_compaction(
     let tx = write_tx(conn)?;
     // The completed row comes back with the update (one request), or is
     // read when another completion won.
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let sql = SQL.get_or_init(|| {
-        format!(
-            "UPDATE compactions SET status = 'completed', summary = ?1, summary_sha256 = ?11, \
+    let sql = sql_once!(
+        "UPDATE compactions SET status = 'completed', summary = ?1, summary_sha256 = ?11, \
              model = ?2, prompt_sha256 = ?3, tokens_before = ?4, tokens_after = ?5, \
              input_tokens = ?6, output_tokens = ?7, summary_calls = ?8, completed_at = ?9, \
              lease_expires_at = NULL, error = NULL, pins_live = ?12, pins_added = ?13, \
@@ -425,9 +410,8 @@ pub(crate) fn complete_compaction(
                (SELECT coalesce(max(r.id), 0) FROM redactions r \
                 WHERE r.session_id = compactions.session_id) \
              RETURNING {}",
-            CompactionRow::COLUMNS
-        )
-    });
+        CompactionRow::COLUMNS
+    );
     let won = tx
         .prepare_cached(sql)?
         .query_row(

@@ -3,8 +3,8 @@
 //! into). Only these files, the schema and administration write SQL (and,
 //! under the `testing` feature, the bench seeder, as these files would).
 
-/// A statement's text built once from constant parts (a row's column list),
-/// for `prepare_cached`: `format!` at every run would allocate and build the
+/// A statement's text built once from constant parts (a row's column list,
+/// shared clauses), for `prepare_cached`: `format!` at every run would allocate and build the
 /// text again before the statement cache looks it up.
 macro_rules! sql_once {
     ($($arg:tt)*) => {{

@@ -502,20 +502,17 @@ fn window_sql(group: u8) -> String {
 /// window's two parts in SQL sorted them twice more (0.6x the read's time
 /// without those sorts, `the_live_pins_read_sorts_only_the_pins_superseded_after_the_boundary`).
 fn live_pins_sql() -> &'static str {
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SQL.get_or_init(|| {
-        format!(
-            "SELECT {PIN_COLUMNS} FROM pins p WHERE p.id IN (\
+    sql_once!(
+        "SELECT {PIN_COLUMNS} FROM pins p WHERE p.id IN (\
              SELECT p.id FROM pins p WHERE p.session_id = {OWNER} AND p.windowed = 0 \
              AND p.superseded_at IS NULL AND p.turn_index <= ?2 \
              UNION ALL \
              SELECT p.id FROM pins p WHERE p.session_id = {OWNER} AND p.windowed = 0 \
              AND p.superseded_at > ?2 AND p.turn_index <= ?2 \
              UNION ALL {w1} UNION ALL {w2}) ORDER BY p.id",
-            w1 = window_sql(1),
-            w2 = window_sql(2),
-        )
-    })
+        w1 = window_sql(1),
+        w2 = window_sql(2),
+    )
 }
 
 /// Keeps the `window` newest (by turn, then id) of each group in passing of

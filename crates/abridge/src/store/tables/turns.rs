@@ -422,9 +422,7 @@ pub(crate) fn insert_step(tx: &Transaction<'_>, turn_id: TurnId, idx: i64, now: 
 /// The sizes of turns `after_idx + 1 ..= before_idx - 1`, newest first:
 /// what [`recent_window_boundary`] walks back through.
 fn recent_window_sql() -> &'static str {
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SQL.get_or_init(|| {
-        format!(
+    sql_once!(
             "{} ORDER BY 1 DESC",
             crate::store::history::over_lineage(
                 "SELECT t.idx, length(t.input) \
@@ -433,8 +431,7 @@ fn recent_window_sql() -> &'static str {
                        JOIN tool_invocations i ON i.step_id = s2.id WHERE s2.turn_id = t.id), 0) \
                  FROM turns t WHERE t.session_id = ?1 AND t.idx < ?2 AND t.idx > ?3"
             )
-        )
-    })
+    )
 }
 
 /// Queues [`recent_window_boundary`]'s read (see [`Connection::prefetch`]).
