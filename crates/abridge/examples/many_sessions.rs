@@ -33,11 +33,15 @@
 //! the group commit's idle writer, whose page cache its commits keep, over
 //! steps), `turn_retries` (turn attempts that ended in a resumable
 //! error and were run again: a failed attempt's time is in no turn's
-//! latency), `summary_waits`/`summary_wait_s` (the steps that waited for a
+//! latency), `queue_beside_slow` (step parts that ran beside a part that
+//! had worked the store alone past the runner's `step_alone_for`),
+//! `summary_waits`/`summary_wait_s` (the steps that waited for a
 //! summary, and how long in all, as the store recorded them), and the
 //! counts behind them, and `model_ms` (the latency below). `--full` runs the
 //! store (and its floor) with every commit fsynced (`Synchronous::Full`);
-//! `--slots K` sets the runner's fair-queue slots and `--workers W` the
+//! `--slots K` sets the runner's fair-queue slots, `--alone-us U` its
+//! `step_alone_for` in microseconds (0: None, the slots' holders at once)
+//! and `--workers W` the
 //! runtime's worker threads (by default one a core), each process's;
 //! `--model-ms M` makes every model call take M ms (a model's I/O, waited on
 //! the runtime; by default 0, an instant model). Machines are shared and
@@ -129,6 +133,9 @@ struct Opts {
     slots: Option<usize>,
     /// The runtime's worker threads (None: tokio's default, one a core).
     workers: Option<usize>,
+    /// `--alone-us U`: the runner's `step_alone_for` in microseconds (0:
+    /// None, the slots' holders at once; unset: the default).
+    alone_us: Option<u64>,
     /// A child process: its index (its sessions are named after it).
     child: Option<usize>,
     /// This run's name, in every session's: a run on a store that earlier
@@ -160,7 +167,7 @@ impl Opts {
 }
 
 const USAGE: &str = "usage: many_sessions [--sessions N] [--procs P] [--db PATH|URL] \
-[--seconds S] [--slots K] [--workers W] [--warmup S] [--model-ms M] [--no-group-commit] [--full] \
+[--seconds S] [--slots K] [--alone-us U] [--workers W] [--warmup S] [--model-ms M] [--no-group-commit] [--full] \
 [--json]";
 
 fn parse() -> Opts {
@@ -172,6 +179,7 @@ fn parse() -> Opts {
         json: false,
         slots: None,
         workers: None,
+        alone_us: None,
         child: None,
         run: format!(
             "{:x}",
@@ -200,6 +208,7 @@ fn parse() -> Opts {
             "--child" => o.child = Some(value(i).parse().expect("--child I")),
             "--slots" => o.slots = Some(value(i).parse().expect("--slots K")),
             "--workers" => o.workers = Some(value(i).parse().expect("--workers W")),
+            "--alone-us" => o.alone_us = Some(value(i).parse().expect("--alone-us U")),
             "--run" => o.run = value(i),
             "--warmup" => o.warmup = Some(value(i).parse().expect("--warmup S")),
             "--model-ms" => o.model_ms = value(i).parse().expect("--model-ms M"),
@@ -262,6 +271,8 @@ struct Measured {
     /// Step parts that waited in the runner's fair queue, and for how long.
     queue_waits: u64,
     queue_wait_us: u64,
+    /// Step parts that ran beside a part past `step_alone_for`.
+    queue_beside_slow: u64,
     /// Steps that waited for a summary, and for how long.
     summary_waits: u64,
     summary_wait_ms: u64,
@@ -283,7 +294,8 @@ impl Measured {
                "session_turns": self.session_turns,
                "lagged": self.lagged, "elapsed_s": self.elapsed_s,
                "busy_sleep_us": self.busy_sleep_us, "queue_waits": self.queue_waits,
-               "queue_wait_us": self.queue_wait_us, "summary_waits": self.summary_waits,
+               "queue_wait_us": self.queue_wait_us, "queue_beside_slow": self.queue_beside_slow,
+               "summary_waits": self.summary_waits,
                "summary_wait_ms": self.summary_wait_ms,
                "group_commits": self.group_commits, "group_parts": self.group_parts,
                "reads_lent": self.reads_lent,
@@ -320,6 +332,7 @@ impl Measured {
             busy_sleep_us: v["busy_sleep_us"].as_u64().unwrap_or(0),
             queue_waits: v["queue_waits"].as_u64().unwrap_or(0),
             queue_wait_us: v["queue_wait_us"].as_u64().unwrap_or(0),
+            queue_beside_slow: v["queue_beside_slow"].as_u64().unwrap_or(0),
             summary_waits: v["summary_waits"].as_u64().unwrap_or(0),
             summary_wait_ms: v["summary_wait_ms"].as_u64().unwrap_or(0),
             group_commits: v["group_commits"].as_u64().unwrap_or(0),
@@ -342,6 +355,7 @@ impl Measured {
         self.busy_sleep_us += other.busy_sleep_us;
         self.queue_waits += other.queue_waits;
         self.queue_wait_us += other.queue_wait_us;
+        self.queue_beside_slow += other.queue_beside_slow;
         self.summary_waits += other.summary_waits;
         self.summary_wait_ms += other.summary_wait_ms;
         self.group_commits += other.group_commits;
@@ -375,6 +389,9 @@ async fn run_sessions(db: &str, sessions: usize, seconds: f64, tag: &str, o: &Op
         let mut cfg = RunnerConfig::default().with_owner(format!("many-{tag}"));
         if let Some(k) = o.slots {
             cfg.step_slots = k;
+        }
+        if let Some(us) = o.alone_us {
+            cfg.step_alone_for = (us > 0).then(|| Duration::from_micros(us));
         }
         cfg
     })
@@ -495,6 +512,7 @@ async fn run_sessions(db: &str, sessions: usize, seconds: f64, tag: &str, o: &Op
     m.reads_lent = store.group_commit_reads_lent() - lent0;
     let q = runner.queue_stats();
     (m.queue_waits, m.queue_wait_us) = (q.waits, q.waited_us);
+    m.queue_beside_slow = q.beside_slow;
     runner.finish_background().await;
     drop(runner);
     // The channel closes once the runner's last handle is gone; the
@@ -637,6 +655,12 @@ fn main() {
                             .flatten(),
                     )
                     .args(
+                        o.alone_us
+                            .map(|us| ["--alone-us".to_string(), us.to_string()])
+                            .into_iter()
+                            .flatten(),
+                    )
+                    .args(
                         o.workers
                             .map(|w| ["--workers".to_string(), w.to_string()])
                             .into_iter()
@@ -687,6 +711,7 @@ fn main() {
         "busy_sleep_s": m.busy_sleep_us as f64 / 1e6,
         "queue_waits": m.queue_waits,
         "queue_wait_s": m.queue_wait_us as f64 / 1e6,
+        "queue_beside_slow": m.queue_beside_slow,
         "summary_waits": m.summary_waits,
         "summary_wait_s": m.summary_wait_ms as f64 / 1e3,
         "group_commits_per_step": m.group_commits as f64 / (m.steps.max(1)) as f64,

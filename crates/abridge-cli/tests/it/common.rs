@@ -207,6 +207,11 @@ pub fn demo_runner_with(
     extras: &[&str],
     owner: &str,
 ) -> Runner {
+    demo_runner_of(store, seed, extras, test_config(compact_at, hook, owner))
+}
+
+/// As [`demo_runner_with`], with the runner's configuration given whole.
+pub fn demo_runner_of(store: &Store, seed: u64, extras: &[&str], cfg: RunnerConfig) -> Runner {
     Runner::builder(store.clone(), Arc::new(demo_model(seed, extras)))
         .tools(demo_tools(
             Some(OutsideService {
@@ -216,7 +221,7 @@ pub fn demo_runner_with(
             Duration::ZERO,
         ))
         .summariser(SlowSummariser::default())
-        .config(test_config(compact_at, hook, owner))
+        .config(cfg)
         .build()
         .unwrap()
 }

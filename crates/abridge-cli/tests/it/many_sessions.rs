@@ -603,7 +603,12 @@ async fn turns_of_sessions_writing_at_once_share_commits_and_the_store_verifies(
     let (_d, path) = common::temp_db();
     let store = common::open(&path);
     let grouped = store.backend() == abridge::store::BackendKind::Sqlite;
-    let runner = common::demo_runner(&store, 7, abridge::Threshold::Tokens(2_000), None);
+    // The batches are what this test is about: the slots' holders at once,
+    // as under `Synchronous::Full` (under `Normal` they take the store one
+    // at a time by default, and seldom meet).
+    let mut cfg = common::test_config(abridge::Threshold::Tokens(2_000), None, "test-runner");
+    cfg.step_alone_for = None;
+    let runner = common::demo_runner_of(&store, 7, &["notify_customer", "charge_card"], cfg);
     let mut sessions = Vec::new();
     for i in 0..12 {
         sessions.push((i, common::demo_session(&runner, 7, i).await));

@@ -67,13 +67,34 @@ pub struct RunnerConfig {
     /// ran 1.1-1.15x the steps a second of the default with a model that
     /// answers at once, and 1.24-1.37x (a turn's p50 0.72-0.80x) with 200 ms
     /// model calls and 3,000 sessions (docs/benchmarks.md, "One slot, or no
-    /// group" and "With a model's latency"). More slots let commits share a
-    /// transaction (under `Synchronous::Full` the default ran 1.25-1.32x one
-    /// slot's steps a second), let a part waiting on PostgreSQL's round
-    /// trips leave the CPU to others, and let a slow part (a long history's
-    /// rebuild, a slow transactional tool) hold up fewer sessions. See
+    /// group" and "With a model's latency"); under `Normal` the slots'
+    /// holders take the store one at a time anyway, unless one is slow (see
+    /// `step_alone_for`). More slots let commits share a transaction (under
+    /// `Synchronous::Full` the default ran 1.25-1.32x one slot's steps a
+    /// second), let a part waiting on PostgreSQL's round trips leave the CPU
+    /// to others, and let a slow part (a long history's rebuild, a slow
+    /// transactional tool) hold up fewer sessions. See
     /// [`Runner::queue_stats`].
     pub step_slots: usize,
+    /// On an SQLite store under [`Synchronous::Normal`](crate::Synchronous)
+    /// (the default), the slots' holders work the store one at a time: a
+    /// part that has its slot waits for the part running to end, or to
+    /// have run for this long (a long history's rebuild, a wait for another
+    /// process's write lock, a slow transactional tool), and then runs
+    /// beside it. Parts that overlap on one SQLite file mostly contend (one
+    /// writer; every other connection's commit drops a connection's page
+    /// cache; the group commit's hand-offs cost more than the commits they
+    /// share, which under `Normal` are appends to the WAL): with 1,000
+    /// sessions of a model that answers at once, on two cores, 1.14x the
+    /// steps a second and 0.86x the CPU a step of the slots' holders all at
+    /// once (four rounds; about 0.9x one slot's steps a second), at a part's wait behind
+    /// a slow one bounded by this time (docs/benchmarks.md, "One part at a
+    /// time"). Default 5 ms. None, and on PostgreSQL or under
+    /// `Synchronous::Full` whatever it is: the slots' holders run at once
+    /// (a round trip leaves the CPU to the others; a commit's `fsync` is
+    /// shared by the group commit's batch). See
+    /// [`QueueStats::beside_slow`](crate::runner::QueueStats::beside_slow).
+    pub step_alone_for: Option<Duration>,
     /// Compaction settings.
     pub compaction: CompactionConfig,
     /// Finds the facts a compaction must never lose (G8) when a turn is
@@ -137,6 +158,7 @@ impl Default for RunnerConfig {
             approval: crate::tools::Approval::none(),
             decision_deadline: None,
             step_slots: super::queue::default_slots(),
+            step_alone_for: Some(Duration::from_millis(5)),
             compaction: CompactionConfig::default(),
             pin_extractor: Some(Arc::new(RuleExtractor)),
             testing: TestKnobs::default(),
@@ -287,6 +309,7 @@ impl RunnerBuilder {
             events.clone(),
             dead,
         )?;
+        let store_synchronous = self.store.synchronous();
         let renewals = crate::lease::Renewals::new(&self.store, cfg.lease_ttl);
         Ok(Runner {
             inner: Arc::new(Inner {
@@ -295,7 +318,10 @@ impl RunnerBuilder {
                 model: self.model,
                 tools: self.tools,
                 contexts: ContextCache::new(cfg.context_cache_bytes),
-                queue: StepQueue::new(cfg.step_slots),
+                queue: StepQueue::new(
+                    cfg.step_slots,
+                    super::queue::alone_for(cfg.step_alone_for, store_synchronous),
+                ),
                 cfg,
                 compactor,
                 events,

@@ -335,6 +335,8 @@ pub struct Store {
     /// The WAL's size, watched for [`Checkpoints::OffTheStep`] (None: SQLite
     /// checkpoints on commit, or the store is on a server).
     wal: Option<Arc<WalWatch>>,
+    /// An SQLite store's durability (None on a server).
+    synchronous: Option<Synchronous>,
     /// Last: dropped with the last handle, after `pool`, it waits for the
     /// pool's connections to close (see `pool`).
     _closer: Arc<pool::Closer>,
@@ -692,6 +694,7 @@ impl Store {
             leases_kept: Default::default(),
             in_flight: Default::default(),
             wal,
+            synchronous: Some(opts.synchronous),
             pool,
             backend: BackendKind::Sqlite,
             path,
@@ -748,6 +751,7 @@ impl Store {
                 leases_kept: Default::default(),
                 in_flight: Default::default(),
                 wal: None,
+                synchronous: None,
                 pool,
                 backend: BackendKind::Postgres,
                 path: PathBuf::from(&target.display),
@@ -776,6 +780,12 @@ impl Store {
     /// Which database this store is on.
     pub fn backend(&self) -> BackendKind {
         self.backend
+    }
+
+    /// An SQLite store's durability ([`StoreOptions::synchronous`]); None
+    /// on PostgreSQL.
+    pub fn synchronous(&self) -> Option<Synchronous> {
+        self.synchronous
     }
 
     /// The database file (for a PostgreSQL store, its URL without the
