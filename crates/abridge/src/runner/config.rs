@@ -87,9 +87,9 @@ pub struct RunnerConfig {
     /// share, which under `Normal` are appends to the WAL): with 1,000
     /// sessions of a model that answers at once, on two cores, 1.14x the
     /// steps a second and 0.86x the CPU a step of the slots' holders all at
-    /// once (four rounds; about 0.9x one slot's steps a second), at a part's wait behind
-    /// a slow one bounded by this time (docs/benchmarks.md, "One part at a
-    /// time"). Default 5 ms. None, and on PostgreSQL or under
+    /// once (four rounds; about 0.9x one slot's steps a second), at a
+    /// part's wait behind a slow one bounded by this time
+    /// (docs/benchmarks.md, "One part at a time"). Default 5 ms. None, and on PostgreSQL or under
     /// `Synchronous::Full` whatever it is: the slots' holders run at once
     /// (a round trip leaves the CPU to the others; a commit's `fsync` is
     /// shared by the group commit's batch). See

@@ -46,8 +46,6 @@ pub(crate) struct StepQueue {
     /// The gate that makes the slots' holders run one at a time (None:
     /// they run at once).
     gate: Option<Gate>,
-    /// Parts that ran beside a part that had held the gate past its time.
-    beside: AtomicU64,
     /// Parts that found every slot taken and waited.
     waits: AtomicU64,
     /// Their time in the line, in microseconds, in all and at most.
@@ -79,6 +77,8 @@ struct Gate {
     /// clock, which its sleeps read).
     taken_at: AtomicU64,
     epoch: tokio::time::Instant,
+    /// Parts that ran beside a part that had held the gate past its time.
+    beside: AtomicU64,
 }
 
 impl Gate {
@@ -86,9 +86,9 @@ impl Gate {
         u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
-    fn took(&self, permit: OwnedSemaphorePermit) -> Option<OwnedSemaphorePermit> {
+    fn took(&self, permit: OwnedSemaphorePermit) -> OwnedSemaphorePermit {
         self.taken_at.store(self.now_us(), Ordering::Relaxed);
-        Some(permit)
+        permit
     }
 
     /// How long the gate's holder has held it.
@@ -101,9 +101,9 @@ impl Gate {
     /// first served) until it is free or its holder has held it past
     /// `alone_for`. Some: this part holds it; None: it runs beside a part
     /// past its time (`beside` counts it).
-    async fn pass(&self, beside: &AtomicU64) -> Option<OwnedSemaphorePermit> {
+    async fn pass(&self) -> Option<OwnedSemaphorePermit> {
         if let Ok(p) = self.permit.clone().try_acquire_owned() {
-            return self.took(p);
+            return Some(self.took(p));
         }
         let take = self.permit.clone().acquire_owned();
         tokio::pin!(take);
@@ -112,10 +112,10 @@ impl Gate {
             tokio::select! {
                 biased;
                 // The semaphore is never closed: acquiring fails only then.
-                p = &mut take => return p.ok().and_then(|p| self.took(p)),
+                p = &mut take => return p.ok().map(|p| self.took(p)),
                 _ = tokio::time::sleep(left) => {
                     if self.held_for() >= self.alone_for {
-                        beside.fetch_add(1, Ordering::Relaxed);
+                        self.beside.fetch_add(1, Ordering::Relaxed);
                         return None;
                     }
                 }
@@ -155,8 +155,8 @@ impl StepQueue {
                 alone_for,
                 taken_at: AtomicU64::new(0),
                 epoch: tokio::time::Instant::now(),
+                beside: AtomicU64::new(0),
             }),
-            beside: AtomicU64::new(0),
             waits: AtomicU64::new(0),
             waited_us: AtomicU64::new(0),
             longest_us: AtomicU64::new(0),
@@ -178,7 +178,7 @@ impl StepQueue {
     /// The gate's part of taking a slot (nothing without a gate).
     async fn pass_gate(&self, mut slot: Slot) -> Slot {
         if let Some(gate) = &self.gate {
-            slot.1 = gate.pass(&self.beside).await;
+            slot.1 = gate.pass().await;
         }
         slot
     }
@@ -210,10 +210,7 @@ impl StepQueue {
             None => Slot(None, None),
             Some(slots) => match slots.clone().try_acquire_owned() {
                 Ok(p) => Slot(Some(p), None),
-                Err(_) => {
-                    let slot = self.wait(slots).await;
-                    return self.pass_gate(slot).await;
-                }
+                Err(_) => return self.pass_gate(self.wait(slots).await).await,
             },
         };
         let_ready_tasks_run().await;
@@ -231,7 +228,10 @@ impl StepQueue {
         QueueStats {
             slots: self.size,
             waits: self.waits.load(Ordering::Relaxed),
-            beside_slow: self.beside.load(Ordering::Relaxed),
+            beside_slow: self
+                .gate
+                .as_ref()
+                .map_or(0, |g| g.beside.load(Ordering::Relaxed)),
             waited_us: self.waited_us.load(Ordering::Relaxed),
             longest_us: self.longest_us.load(Ordering::Relaxed),
         }

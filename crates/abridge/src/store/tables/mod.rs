@@ -4,8 +4,8 @@
 //! under the `testing` feature, the bench seeder, as these files would).
 
 /// A statement's text built once from constant parts (a row's column list,
-/// shared clauses), for `prepare_cached`: `format!` at every run would allocate and build the
-/// text again before the statement cache looks it up.
+/// shared clauses), for `prepare_cached`: `format!` at every run would
+/// allocate and build the text again before the statement cache looks it up.
 macro_rules! sql_once {
     ($($arg:tt)*) => {{
         static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();

@@ -423,14 +423,14 @@ pub(crate) fn insert_step(tx: &Transaction<'_>, turn_id: TurnId, idx: i64, now: 
 /// what [`recent_window_boundary`] walks back through.
 fn recent_window_sql() -> &'static str {
     sql_once!(
-            "{} ORDER BY 1 DESC",
-            crate::store::history::over_lineage(
-                "SELECT t.idx, length(t.input) \
-                   + coalesce((SELECT sum(length(s.response)) FROM steps s WHERE s.turn_id = t.id), 0) \
-                   + coalesce((SELECT sum(length(i.result)) FROM steps s2 \
-                       JOIN tool_invocations i ON i.step_id = s2.id WHERE s2.turn_id = t.id), 0) \
-                 FROM turns t WHERE t.session_id = ?1 AND t.idx < ?2 AND t.idx > ?3"
-            )
+        "{} ORDER BY 1 DESC",
+        crate::store::history::over_lineage(
+            "SELECT t.idx, length(t.input) \
+               + coalesce((SELECT sum(length(s.response)) FROM steps s WHERE s.turn_id = t.id), 0) \
+               + coalesce((SELECT sum(length(i.result)) FROM steps s2 \
+                   JOIN tool_invocations i ON i.step_id = s2.id WHERE s2.turn_id = t.id), 0) \
+             FROM turns t WHERE t.session_id = ?1 AND t.idx < ?2 AND t.idx > ?3"
+        )
     )
 }
 
